@@ -1,0 +1,324 @@
+"""The config model: one file, three layers (network, bandwidth, http).
+
+Field names here are the user interface (see README "The file format"):
+fields may be added, never renamed. Values are parsed into canonical types
+(Rate, PortRange, ip networks, bits/s, bytes) so the compiler never re-parses.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from .units import (
+    PortRange,
+    Rate,
+    format_bandwidth,
+    format_size,
+    parse_bandwidth,
+    parse_port,
+    parse_rate,
+    parse_size,
+)
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
+
+
+def _parse_network(value: object) -> IPNetwork:
+    if isinstance(value, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected an address or CIDR like '10.0.0.0/8' or '2001:db8::/32', got {value!r}")
+    try:
+        return ipaddress.ip_network(value.strip(), strict=True)
+    except ValueError:
+        try:
+            net = ipaddress.ip_network(value.strip(), strict=False)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address or CIDR network") from None
+        raise ValueError(f"{value!r} has host bits set: did you mean '{net}'?") from None
+
+
+def _ser_str(v: Any) -> str:
+    return str(v)
+
+
+CIDR = Annotated[
+    IPNetwork,
+    BeforeValidator(_parse_network),
+    PlainSerializer(_ser_str, return_type=str),
+    WithJsonSchema({"type": "string", "description": "IPv4 or IPv6 address or CIDR, e.g. 10.0.0.0/8"}),
+]
+RateT = Annotated[
+    Rate,
+    BeforeValidator(parse_rate),
+    PlainSerializer(_ser_str, return_type=str),
+    WithJsonSchema({
+        "type": "string",
+        "pattern": r"^\s*\d+\s*/\s*(s|sec|secs?|seconds?|m|mins?|minutes?|h|hr|hours?|d|days?)\s*$",
+        "description": "N/second|minute|hour|day, also 100/s, 6/m",
+        "examples": ["100/second", "3/minute"],
+    }),
+]
+PortT = Annotated[
+    PortRange,
+    BeforeValidator(parse_port),
+    PlainSerializer(_ser_str, return_type=str),
+    WithJsonSchema({
+        "anyOf": [
+            {"type": "integer", "minimum": 1, "maximum": 65535},
+            {"type": "string", "pattern": r"^\d+(-\d+)?$"},
+        ],
+        "description": "a port or a range '8000-8100'",
+    }),
+]
+BandwidthT = Annotated[
+    int,
+    BeforeValidator(parse_bandwidth),
+    PlainSerializer(format_bandwidth, return_type=str),
+    WithJsonSchema({
+        "type": "string",
+        "pattern": r"^\d+(\.\d+)?\s*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$",
+        "description": "bits/s as tc writes them: 10mbit (bps = bytes/s)",
+        "examples": ["10mbit"],
+    }),
+]
+SizeT = Annotated[
+    int,
+    BeforeValidator(parse_size),
+    PlainSerializer(format_size, return_type=str),
+    WithJsonSchema({
+        "anyOf": [{"type": "integer", "minimum": 1},
+                  {"type": "string", "pattern": r"^\d+(\.\d+)?\s*(b|k|kb|m|mb|g|gb|kbit|mbit|gbit)?$"}],
+        "description": "bytes as tc writes them: 64kb (1024-based)",
+    }),
+]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+def _check_name(v: str) -> str:
+    if not NAME_RE.match(v):
+        raise ValueError(
+            f"name {v!r} must be 1-48 characters of letters, digits, '-', '_' or '.', starting with a letter or digit"
+        )
+    return v
+
+
+# --- network (iptables) -----------------------------------------------------------
+
+
+class NetworkRule(Strict):
+    """A packet-rate or connection limit enforced by iptables/ip6tables."""
+
+    name: str = Field(description="unique rule name; tags kernel objects as netlimit:<name>")
+    protocol: Literal["tcp", "udp", "icmp", "all"] = Field("all", description="tcp | udp | icmp | all")
+    ports: list[PortT] = Field(default_factory=list, description="destination ports; ranges '8000-8100'")
+    new_connections: bool = Field(False, description="count only new connections (SYN / ctstate NEW)")
+    limit: RateT | None = Field(None, description="N/second|minute|hour|day")
+    burst: int | None = Field(None, ge=1, description="packets allowed above the rate at once (hashlimit)")
+    per: Literal["source", "destination", "source+port", "all"] = Field(
+        "source", description="what gets its own bucket: source address, destination address, "
+        "source address + destination port, or one bucket for all")
+    method: Literal["hashlimit", "recent"] = Field("hashlimit", description="hashlimit (default) | recent")
+    action: Literal["drop", "reject", "log"] = Field(
+        "drop", description="drop | reject | log (shadow: count + log, never block)")
+    source_prefix: int | None = Field(None, ge=0, le=32, description="group IPv4 sources by this prefix length")
+    source_prefix6: int | None = Field(None, ge=0, le=128, description="group IPv6 sources by this prefix length")
+    sources: list[CIDR] = Field(default_factory=list, description="only packets from these CIDRs")
+    destinations: list[CIDR] = Field(default_factory=list, description="only packets to these CIDRs")
+    max_connections: int | None = Field(None, ge=1, description="concurrent connections per source (connlimit)")
+    chain: Literal["input", "forward"] = Field("input", description="input (to this host) | forward (routed)")
+    interface: str | None = Field(None, description="only packets arriving on this interface")
+    htable_size: int | None = Field(None, ge=1, le=1 << 20, description="hashlimit buckets in the hash table")
+    htable_max: int | None = Field(None, ge=1, le=1 << 24, description="hashlimit max entries")
+    htable_expire: int | None = Field(None, ge=1, description="hashlimit entry expiry in milliseconds")
+
+    _v_name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
+
+    @property
+    def families(self) -> tuple[int, ...]:
+        return families_of(self.sources, self.destinations)
+
+    @model_validator(mode="after")
+    def _shape(self) -> "NetworkRule":
+        if self.limit is None and self.max_connections is None:
+            raise ValueError("set 'limit' (a rate) or 'max_connections' (concurrent connections)")
+        if self.limit is not None and self.max_connections is not None:
+            raise ValueError("'limit' and 'max_connections' are separate rules: split them in two")
+        return self
+
+
+def families_of(*lists: list[IPNetwork]) -> tuple[int, ...]:
+    """IP families a rule applies to: those its addresses name, else both."""
+    fams = {n.version for lst in lists for n in lst}
+    return tuple(sorted(fams)) if fams else (4, 6)
+
+
+# --- bandwidth (tc) -------------------------------------------------------------
+
+
+class BandwidthRule(Strict):
+    """A bandwidth cap enforced by tc (TBF/HTB; ingress through an IFB device)."""
+
+    name: str = Field(description="unique rule name")
+    interface: str = Field(description="network interface, e.g. eth0")
+    direction: Literal["egress", "ingress"] = Field("egress", description="egress | ingress (through an IFB device)")
+    ports: list[PortT] = Field(default_factory=list,
+                               description="optional; on egress the local (source) port, on ingress the destination port")
+    protocol: Literal["tcp", "udp", "all"] = Field("all", description="protocol for port matches: tcp | udp | all")
+    sources: list[CIDR] = Field(default_factory=list,
+                                description="optional CIDRs; on egress the destination address, on ingress the source")
+    rate: BandwidthT = Field(description="bit/kbit/mbit/gbit")
+    burst: SizeT | None = Field(None, description="optional; a safe default is derived from rate")
+
+    _v_name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
+
+    @field_validator("interface")
+    @classmethod
+    def _iface(cls, v: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", v) or v in (".", ".."):
+            raise ValueError(f"interface {v!r} is not a valid Linux interface name (1-15 characters, no '/' or spaces)")
+        return v
+
+    @property
+    def whole_interface(self) -> bool:
+        return not self.ports and not self.sources
+
+
+# --- http (sidecar, Lyft ratelimit format) --------------------------------------
+
+HTTP_UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
+UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400,
+                "month": 30 * 86400, "year": 365 * 86400}
+ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
+
+
+class RateLimit(Strict):
+    unit: Literal["second", "minute", "hour", "day", "week", "month", "year"]
+    requests_per_unit: int = Field(ge=0)
+    name: str | None = None
+
+    @field_validator("unit", mode="before")
+    @classmethod
+    def _lower(cls, v: object) -> object:
+        return v.lower() if isinstance(v, str) else v
+
+    @property
+    def period(self) -> int:
+        return UNIT_SECONDS[self.unit]
+
+
+class Replaces(Strict):
+    name: str
+
+
+class Descriptor(Strict):
+    """A node of the Lyft descriptor tree, plus netlimit's algorithm / burst / delay."""
+
+    key: str = Field(min_length=1)
+    value: str | None = None
+    rate_limit: RateLimit | None = None
+    algorithm: Literal["token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log",
+                       "sliding_window_counter"] = Field(
+        "fixed_window", description="fixed_window is Lyft's behaviour and the default")
+    burst: int | None = Field(None, ge=1, description="token bucket capacity / leaky bucket queue depth")
+    delay: bool = Field(False, description="leaky_bucket: queue requests to their slot instead of rejecting")
+    unlimited: bool = False
+    shadow_mode: bool = False
+    replaces: list[Replaces] = Field(default_factory=list)
+    detailed_metric: bool = False
+    descriptors: list["Descriptor"] = Field(default_factory=list)
+
+    @field_validator("value", mode="before")
+    @classmethod
+    def _value_text(cls, v: object) -> object:
+        # YAML turns `value: 80` into an int; Lyft treats every value as text.
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return str(v)
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Descriptor":
+        if self.unlimited and self.rate_limit is not None:
+            raise ValueError("'unlimited: true' and 'rate_limit' exclude each other")
+        if self.burst is not None and self.algorithm not in ("token_bucket", "leaky_bucket"):
+            raise ValueError(f"'burst' applies to token_bucket and leaky_bucket, not {self.algorithm}")
+        if self.delay and self.algorithm != "leaky_bucket":
+            raise ValueError("'delay' applies to algorithm: leaky_bucket only")
+        return self
+
+
+ACTION_RE = re.compile(r"^(remote_address|path|method|header:[!#$%&'*+.^_`|~0-9A-Za-z-]+|generic:[^=\s]+=\S*)$")
+
+
+class HttpConfig(Strict):
+    domain: str = Field(min_length=1, description="Lyft domain of the descriptors")
+    storage: str = Field("memory", description="memory | redis://host:6379/0")
+    actions: list[list[str]] = Field(
+        default_factory=list,
+        description="how a request becomes descriptor lists: remote_address, path, method, "
+        "header:<Name>, generic:<key>=<value>")
+    descriptors: list[Descriptor] = Field(default_factory=list)
+    trusted_proxies: list[CIDR] = Field(default_factory=list,
+                                        description="peers whose X-Forwarded-For is believed")
+    on_store_failure: Literal["open", "local", "closed"] = Field(
+        "local", description="when Redis is slow or down: allow (open), decide locally (local), or deny (closed)")
+    store_timeout_ms: int = Field(50, ge=1, le=60000, description="per-call Redis timeout")
+    max_keys: int = Field(100_000, ge=1, description="memory store: most keys kept (LRU)")
+    max_key_length: int = Field(256, ge=16, le=8192, description="longer keys are hashed")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage(cls, v: str) -> str:
+        if v == "memory" or re.match(r"^(redis|rediss|unix)://", v):
+            return v
+        raise ValueError(f"storage {v!r}: expected 'memory' or a URL like redis://127.0.0.1:6379/0")
+
+    @field_validator("actions")
+    @classmethod
+    def _actions(cls, v: list[list[str]]) -> list[list[str]]:
+        for group in v:
+            if not group:
+                raise ValueError("an action list is empty: give at least one of remote_address, path, ...")
+            for item in group:
+                if not ACTION_RE.match(item):
+                    raise ValueError(
+                        f"unknown action {item!r}: expected remote_address, path, method, "
+                        "header:<Name> or generic:<key>=<value>")
+        return v
+
+
+# --- the file ------------------------------------------------------------------
+
+
+class Config(Strict):
+    """A netlimit file. Every layer is optional."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, title="netlimit configuration",
+                              str_strip_whitespace=True)
+
+    version: Literal[1] = Field(description="file format version; must be 1")
+    exempt: list[CIDR] = Field(default_factory=list,
+                               description="addresses never limited, matched before any rule")
+    network: list[NetworkRule] = Field(default_factory=list, description="L3/L4 packet and connection limits")
+    bandwidth: list[BandwidthRule] = Field(default_factory=list, description="L3/L4 shaping (tc)")
+    http: HttpConfig | None = Field(None, description="L7 sidecar rules")
+    on_stop: Literal["flush", "keep"] = Field(
+        "flush", description="daemon stop: remove rules (flush) or leave them in place (keep)")

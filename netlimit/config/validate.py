@@ -1,0 +1,323 @@
+"""Load + validate a netlimit file: every problem as FILE:LINE:COL: RULE: MESSAGE.
+
+Three passes, each reporting all it finds:
+1. YAML syntax and duplicate keys (loader.py);
+2. shape and types (pydantic models, errors mapped back to line/column, with
+   did-you-mean for unknown fields);
+3. meaning: duplicate names, and limits this kernel cannot honour.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from . import kernel_limits as kl
+from .loader import Document, Problem, YamlError, load_text
+from .model import BandwidthRule, Config, Descriptor, HttpConfig, NetworkRule, RateLimit
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+
+class ConfigError(Exception):
+    """A file that cannot be used; .problems lists every reason."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+@dataclass
+class Loaded:
+    """A valid config with where it came from (for hashes and messages)."""
+
+    config: Config
+    path: str
+    text: str
+    doc: Document = field(repr=False)
+    warnings: list[Problem] = field(default_factory=list)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    def position(self, *path: Any) -> tuple[int, int]:
+        return self.doc.pos(path)
+
+
+def load_file(path: str | FsPath) -> Loaded:
+    """Read and validate a file. Raises ConfigError (never anything else for bad input)."""
+    name = str(path)
+    try:
+        raw = FsPath(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError([Problem(name, 0, 0, "file", "no such file")]) from None
+    except IsADirectoryError:
+        raise ConfigError([Problem(name, 0, 0, "file", "is a directory, expected a YAML file")]) from None
+    except OSError as exc:
+        raise ConfigError([Problem(name, 0, 0, "file", f"cannot read: {exc.strerror}")]) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError([Problem(name, 1, 1, "file", f"file is {len(raw)} bytes; the limit is {MAX_FILE_BYTES}")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([Problem(name, 1, 1, "file", f"not UTF-8 text (byte {exc.start})")]) from None
+    return load_string(text, name)
+
+
+def load_string(text: str, filename: str = "<string>") -> Loaded:
+    try:
+        doc = load_text(text, filename)
+    except YamlError as exc:
+        raise ConfigError(exc.problems) from None
+    if doc.data is None:
+        raise ConfigError([Problem(filename, 1, 1, "file", "the file is empty: start with 'version: 1'")])
+    if not isinstance(doc.data, dict):
+        line, col = doc.pos(())
+        raise ConfigError([Problem(filename, line, col, "file",
+                                   "the file must be a mapping with 'version: 1' and sections "
+                                   "network / bandwidth / http")])
+    problems: list[Problem] = []
+    try:
+        config = Config.model_validate(doc.data)
+    except ValidationError as exc:
+        problems.extend(_map_errors(exc, doc, filename))
+        problems.sort(key=lambda p: (p.line, p.col))
+        raise ConfigError(problems) from None
+    problems.extend(_semantic(config, doc, filename))
+    if problems:
+        problems.sort(key=lambda p: (p.line, p.col))
+        raise ConfigError(problems)
+    return Loaded(config=config, path=filename, text=text, doc=doc)
+
+
+# --- mapping pydantic errors ----------------------------------------------------
+
+
+def _rule_label(data: Any, loc: tuple[Any, ...]) -> str:
+    """The name an error is reported under: the rule's name, or the section."""
+    if not loc:
+        return "file"
+    section = loc[0]
+    if section in ("network", "bandwidth") and len(loc) >= 2 and isinstance(loc[1], int):
+        try:
+            name = data[section][loc[1]].get("name")
+        except (AttributeError, IndexError, KeyError, TypeError):
+            name = None
+        return str(name) if isinstance(name, str) and name else f"{section}[{loc[1]}]"
+    if section == "http":
+        return "http"
+    return str(section)
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model whose fields live at `loc` (for did-you-mean)."""
+    model: type[BaseModel] | None = Config
+    items: dict[str, type[BaseModel]] = {
+        "network": NetworkRule, "bandwidth": BandwidthRule, "http": HttpConfig,
+        "descriptors": Descriptor, "rate_limit": RateLimit,
+    }
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        nxt = items.get(part) if model is not None and part in model.model_fields else None
+        if nxt is None:
+            return None
+        model = nxt
+    return model
+
+
+def _plain_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Drop pydantic's function-name segments (e.g. 'function-after[...]')."""
+    return tuple(p for p in loc if isinstance(p, int) or not (isinstance(p, str) and ("[" in p or p.startswith("function"))))
+
+
+def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: set[tuple[int, int, str]] = set()
+    for err in exc.errors(include_url=False):
+        loc = _plain_loc(tuple(err["loc"]))
+        etype = err["type"]
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        if etype == "extra_forbidden":
+            field_name = loc[-1]
+            model = _model_at(loc[:-1])
+            hint = ""
+            if model is not None:
+                close = difflib.get_close_matches(str(field_name), list(model.model_fields), n=1, cutoff=0.6)
+                if close:
+                    hint = f" (did you mean '{close[0]}'?)"
+                else:
+                    hint = f"; known fields: {', '.join(model.model_fields)}"
+            msg = f"unknown field '{field_name}'{hint}"
+            line, col = doc.pos(loc, key=True)
+        elif etype == "missing":
+            msg = f"missing required field '{loc[-1]}'"
+            line, col = doc.pos(loc[:-1])
+        elif etype == "literal_error":
+            expected = err.get("ctx", {}).get("expected", "")
+            msg = f"'{loc[-1]}' must be one of {expected.replace(' or ', ', ')}, got {err.get('input')!r}"
+            line, col = doc.pos(loc)
+        elif etype in ("int_type", "int_parsing", "int_from_float"):
+            msg = f"'{loc[-1]}' must be a whole number, got {err.get('input')!r}"
+            line, col = doc.pos(loc)
+        elif etype in ("bool_type", "bool_parsing"):
+            msg = f"'{loc[-1]}' must be true or false, got {err.get('input')!r}"
+            line, col = doc.pos(loc)
+        elif etype in ("list_type",):
+            msg = f"'{_last_name(loc)}' must be a list (YAML '- item' lines or [a, b])"
+            line, col = doc.pos(loc)
+        elif etype in ("model_type", "dict_type", "model_attributes_type"):
+            msg = f"'{_last_name(loc)}' must be a mapping of fields, got {type(err.get('input')).__name__}"
+            line, col = doc.pos(loc)
+        elif etype in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+            msg = f"'{loc[-1]}' {msg[0].lower()}{msg[1:]}, got {err.get('input')!r}"
+            line, col = doc.pos(loc)
+        elif etype == "string_type":
+            msg = f"'{_last_name(loc)}' must be text, got {err.get('input')!r}"
+            line, col = doc.pos(loc)
+        else:
+            line, col = doc.pos(loc)
+            if loc and isinstance(loc[-1], str) and not msg.startswith(("'", "set ", "bad ")) and etype != "value_error":
+                msg = f"'{loc[-1]}': {msg}"
+        key = (line, col, msg)
+        if key in seen:
+            continue
+        seen.add(key)
+        problems.append(Problem(filename, line, col, _rule_label(doc.data, loc), msg))
+    return problems
+
+
+def _last_name(loc: tuple[Any, ...]) -> str:
+    for part in reversed(loc):
+        if isinstance(part, str):
+            return part
+    return "value"
+
+
+# --- meaning ------------------------------------------------------------------
+
+
+def hashlimit_name(rule_name: str) -> str:
+    """Kernel hashlimit table name for a rule (<= 15 chars, deterministic, unique)."""
+    if len(rule_name) <= kl.HASHLIMIT_NAME_MAX:
+        return rule_name
+    digest = hashlib.sha1(rule_name.encode()).hexdigest()[:5]
+    return f"{rule_name[:9]}~{digest}"
+
+
+def _semantic(config: Config, doc: Document, filename: str) -> list[Problem]:
+    out: list[Problem] = []
+    limits = kl.host_limits()
+
+    def add(path: tuple[Any, ...], rule: str, message: str, *, key: bool = False) -> None:
+        line, col = doc.pos(path, key=key)
+        out.append(Problem(filename, line, col, rule, message))
+
+    names: dict[str, tuple[str, int]] = {}
+    hl_names: dict[str, str] = {}
+    for section, rules in (("network", config.network), ("bandwidth", config.bandwidth)):
+        for i, rule in enumerate(rules):
+            where = (section, i, "name")
+            if rule.name in names:
+                sec0, i0 = names[rule.name]
+                line0 = doc.pos((sec0, i0, "name"))[0]
+                add(where, rule.name, f"duplicate rule name (first used at line {line0}); names must be unique "
+                                      "across network and bandwidth")
+            else:
+                names[rule.name] = (section, i)
+
+    for i, r in enumerate(config.network):
+        p = ("network", i)
+        if r.ports and r.protocol not in ("tcp", "udp"):
+            add(p + ("ports",), r.name, f"ports need protocol: tcp or udp (protocol is {r.protocol})")
+        if r.new_connections and r.protocol not in ("tcp", "all", "udp"):
+            add(p + ("new_connections",), r.name, "new_connections counts TCP/UDP connections; "
+                                                  f"protocol {r.protocol} has none")
+        fams = r.families
+        if r.source_prefix is not None and 4 not in fams:
+            add(p + ("source_prefix",), r.name, "source_prefix is for IPv4 but this rule only matches IPv6 "
+                                                "addresses: use source_prefix6")
+        if r.source_prefix6 is not None and 6 not in fams:
+            add(p + ("source_prefix6",), r.name, "source_prefix6 is for IPv6 but this rule only matches IPv4 "
+                                                 "addresses: use source_prefix")
+        for a, b in ((r.sources, r.destinations),):
+            if a and b and not ({n.version for n in a} & {n.version for n in b}):
+                add(p + ("destinations",), r.name, "sources and destinations are of different IP families: "
+                                                   "no packet can match both")
+        if r.max_connections is not None:
+            if r.method != "hashlimit" and "method" in doc.data["network"][i]:
+                add(p + ("method",), r.name, "method applies to 'limit' rules; max_connections uses connlimit")
+            if r.burst is not None:
+                add(p + ("burst",), r.name, "burst applies to 'limit' rules, not max_connections")
+            if r.per in ("source+port",):
+                add(p + ("per",), r.name, "max_connections counts per source, destination or all; "
+                                          "'source+port' is not possible with connlimit")
+            if r.protocol not in ("tcp", "udp"):
+                add(p + ("protocol",), r.name, "max_connections needs protocol: tcp (or udp)")
+            continue
+        assert r.limit is not None
+        rate = r.limit
+        if r.method == "recent":
+            if rate.count > limits.recent_max_hitcount:
+                add(p + ("limit",), r.name,
+                    f"method: recent can count at most {limits.recent_max_hitcount} hits per address "
+                    f"({limits.recent_source}); {rate.count}/{rate.unit} needs more: use method: hashlimit")
+            if r.per not in ("source", "destination"):
+                add(p + ("per",), r.name, f"method: recent tracks one address per entry: per must be source or "
+                                          f"destination, not {r.per} (use method: hashlimit)")
+            if r.burst is not None:
+                add(p + ("burst",), r.name, "method: recent has no burst: it allows exactly N per window")
+            if r.source_prefix is not None or r.source_prefix6 is not None:
+                add(p + ("method",), r.name, "method: recent cannot group sources by prefix: use method: hashlimit")
+            for fld in ("htable_size", "htable_max", "htable_expire"):
+                if getattr(r, fld) is not None:
+                    add(p + (fld,), r.name, f"{fld} applies to method: hashlimit only")
+        else:
+            if rate.per_second > kl.HASHLIMIT_MAX_PER_SECOND:
+                add(p + ("limit",), r.name, f"{rate} is faster than hashlimit can express "
+                                            f"(at most {kl.HASHLIMIT_MAX_PER_SECOND}/second)")
+            elif rate.period / rate.count > kl.HASHLIMIT_MAX_INTERVAL_S:
+                add(p + ("limit",), r.name,
+                    f"{rate} is slower than hashlimit can express (at least one per "
+                    f"{int(kl.HASHLIMIT_MAX_INTERVAL_S)} s, e.g. 1/hour or 21/day); "
+                    "for new connections use method: recent")
+            if r.burst is not None and r.burst > kl.HASHLIMIT_BURST_MAX:
+                add(p + ("burst",), r.name, f"burst {r.burst} is above hashlimit's maximum {kl.HASHLIMIT_BURST_MAX}")
+            hl = hashlimit_name(r.name)
+            if hl in hl_names:
+                add(p + ("name",), r.name, f"hashlimit table name {hl!r} collides with rule {hl_names[hl]!r}")
+            hl_names[hl] = r.name
+            if (r.htable_max is not None and r.htable_size is not None and r.htable_max < r.htable_size):
+                add(p + ("htable_max",), r.name, "htable_max must be at least htable_size")
+
+    hz = limits.hz
+    for i, b in enumerate(config.bandwidth):
+        p = ("bandwidth", i)
+        if b.burst is not None:
+            need = kl.min_tc_burst(b.rate, hz)
+            if b.burst < need:
+                add(p + ("burst",), b.name,
+                    f"burst {b.burst} bytes is below one MTU-sized frame per timer tick at this rate "
+                    f"({need} bytes at HZ={hz}); the cap would not be reached. Raise it or omit burst "
+                    f"(default {kl.default_tc_burst(b.rate, hz)} bytes)")
+        if b.protocol != "all" and not b.ports:
+            add(p + ("protocol",), b.name, "protocol only narrows port matches: add ports or drop protocol")
+    # whole-interface caps: at most one per interface and direction
+    seen_whole: dict[tuple[str, str], str] = {}
+    for i, b in enumerate(config.bandwidth):
+        if b.whole_interface:
+            k = (b.interface, b.direction)
+            if k in seen_whole:
+                add(("bandwidth", i, "interface"), b.name,
+                    f"{b.direction} on {b.interface} already has a whole-interface rate in rule "
+                    f"{seen_whole[k]!r}: one interface has one cap per direction")
+            seen_whole[k] = b.name
+    return out
