@@ -1,0 +1,136 @@
+"""The `netlimit` command line (typer).
+
+This module holds the frame and the config commands (validate, schema).
+Each layer adds its own commands through a `register(app)` function in its
+package (netlimit.kernel.cli, netlimit.http.cli, netlimit.daemon), so heavy
+imports (python-iptables, pyroute2, aiohttp) happen only when a command runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import List
+
+import typer
+
+from . import __version__
+
+app = typer.Typer(
+    name="netlimit",
+    help="Rate limits at L3/L4 (iptables, tc) and L7 (HTTP sidecar) from one YAML file.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# Exit codes shared by every command.
+EXIT_OK = 0
+EXIT_INVALID = 1      # the file (or input) is invalid; nothing was changed
+EXIT_FAILED = 2       # the operation failed (kernel refused, ...); previous state restored
+EXIT_USAGE = 64       # wrong flags / not root / missing tool
+
+
+def err(message: str) -> None:
+    """Print an error line to stderr (no colour, journal-friendly)."""
+    typer.echo(message, err=True)
+
+
+def load_or_exit(path: Path):
+    """Load + validate a config file, or print every problem and exit 1."""
+    from .config.validate import ConfigError, load_file
+
+    try:
+        return load_file(path)
+    except ConfigError as exc:
+        for p in exc.problems:
+            err(str(p))
+        err(f"{path}: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}; nothing was changed")
+        raise typer.Exit(EXIT_INVALID) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"netlimit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """netlimit: one declarative file, limits at three layers."""
+
+
+@app.command()
+def validate(
+    files: List[Path] = typer.Argument(..., help="Config files to check.", show_default=False),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing when valid."),
+) -> None:
+    """Check files without root: print every problem as FILE:LINE:COL: RULE: MESSAGE.
+
+    Exit 0 when every file is valid, 1 otherwise.
+    """
+    from .config.validate import ConfigError, load_file
+
+    bad = 0
+    for path in files:
+        try:
+            loaded = load_file(path)
+        except ConfigError as exc:
+            bad += 1
+            for p in exc.problems:
+                typer.echo(str(p))
+            continue
+        if not quiet:
+            c = loaded.config
+            parts = [f"{len(c.network)} network", f"{len(c.bandwidth)} bandwidth"]
+            if c.http is not None:
+                parts.append(f"http domain {c.http.domain!r}")
+            typer.echo(f"{path}: valid ({', '.join(parts)})")
+    if bad:
+        raise typer.Exit(EXIT_INVALID)
+
+
+@app.command()
+def schema(
+    indent: int = typer.Option(2, help="JSON indentation."),
+) -> None:
+    """Print the JSON Schema of the config file (for editor completion)."""
+    from .config.model import Config
+
+    s = Config.model_json_schema(mode="validation")
+    s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    s["$id"] = "https://netlimit.invalid/schema/v1.json"
+    typer.echo(json.dumps(s, indent=indent, sort_keys=False))
+
+
+# Layers register their commands here (each import is cheap: heavy modules
+# are imported inside the command functions).
+_LAYERS = ("netlimit.kernel.cli", "netlimit.http.cli", "netlimit.daemon")
+for _mod in _LAYERS:
+    try:
+        _m = importlib.import_module(_mod)
+    except ModuleNotFoundError as _exc:  # layer not built yet
+        if _exc.name != _mod:
+            raise
+        continue
+    _m.register(app)
+
+
+def main() -> None:
+    app(prog_name="netlimit")
+
+
+def daemon_main() -> None:
+    """`netlimitd` = `netlimit daemon`."""
+    sys.argv = ["netlimit", "daemon", *sys.argv[1:]]
+    app(prog_name="netlimit")
+
+
+if __name__ == "__main__":
+    main()
