@@ -268,10 +268,22 @@ class Descriptor(Strict):
 ACTION_RE = re.compile(r"^(remote_address|path|method|header:[!#$%&'*+.^_`|~0-9A-Za-z-]+|generic:[^=\s]+=\S*)$")
 
 
+def _check_action(item: object) -> str:
+    if not isinstance(item, str) or not ACTION_RE.match(item):
+        raise ValueError(
+            f"unknown action {item!r}: expected remote_address, path, method, "
+            "header:<Name> or generic:<key>=<value>")
+    return item
+
+
+ActionT = Annotated[str, BeforeValidator(_check_action)]
+ActionList = Annotated[list[ActionT], Field(min_length=1)]
+
+
 class HttpConfig(Strict):
     domain: str = Field(min_length=1, description="Lyft domain of the descriptors")
     storage: str = Field("memory", description="memory | redis://host:6379/0")
-    actions: list[list[str]] = Field(
+    actions: list[ActionList] = Field(
         default_factory=list,
         description="how a request becomes descriptor lists: remote_address, path, method, "
         "header:<Name>, generic:<key>=<value>")
@@ -290,19 +302,6 @@ class HttpConfig(Strict):
         if v == "memory" or re.match(r"^(redis|rediss|unix)://", v):
             return v
         raise ValueError(f"storage {v!r}: expected 'memory' or a URL like redis://127.0.0.1:6379/0")
-
-    @field_validator("actions")
-    @classmethod
-    def _actions(cls, v: list[list[str]]) -> list[list[str]]:
-        for group in v:
-            if not group:
-                raise ValueError("an action list is empty: give at least one of remote_address, path, ...")
-            for item in group:
-                if not ACTION_RE.match(item):
-                    raise ValueError(
-                        f"unknown action {item!r}: expected remote_address, path, method, "
-                        "header:<Name> or generic:<key>=<value>")
-        return v
 
 
 # --- the file ------------------------------------------------------------------

@@ -180,6 +180,10 @@ def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Prob
         elif etype in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
             msg = f"'{loc[-1]}' {msg[0].lower()}{msg[1:]}, got {err.get('input')!r}"
             line, col = doc.pos(loc)
+        elif etype == "too_short":
+            need = err.get("ctx", {}).get("min_length", 1)
+            msg = f"'{_last_name(loc)}' needs at least {need} item{'s' if need != 1 else ''}, got an empty list"
+            line, col = doc.pos(loc)
         elif etype == "string_type":
             msg = f"'{_last_name(loc)}' must be text, got {err.get('input')!r}"
             line, col = doc.pos(loc)
@@ -191,7 +195,8 @@ def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Prob
         if key in seen:
             continue
         seen.add(key)
-        problems.append(Problem(filename, line, col, _rule_label(doc.data, loc), msg))
+        label_loc = loc[:-1] if etype in ("missing", "extra_forbidden") and len(loc) == 1 else loc
+        problems.append(Problem(filename, line, col, _rule_label(doc.data, label_loc), msg))
     return problems
 
 
