@@ -93,3 +93,20 @@ def test_schema_is_valid_json_schema():
     assert s["$schema"].endswith("2020-12/schema")
     assert s["required"] == ["version"]
     assert {"NetworkRule", "BandwidthRule", "HttpConfig", "Descriptor"} <= set(s["$defs"])
+
+
+@pytest.mark.parametrize("path", RULES, ids=[p.name for p in RULES])
+def test_schema_accepts_every_example(path):
+    import jsonschema
+    import yaml
+
+    res = runner.invoke(app, ["schema"])
+    jsonschema.validate(yaml.safe_load(path.read_text()), json.loads(res.output))
+
+
+def test_schema_rejects_unknown_fields():
+    import jsonschema
+
+    s = json.loads(runner.invoke(app, ["schema"]).output)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"version": 1, "network": [{"name": "a", "limt": "1/s"}]}, s)
