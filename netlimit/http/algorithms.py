@@ -1,0 +1,422 @@
+"""The five L7 rate-limit algorithms as small pure functions.
+
+Every algorithm has the shape ``f(limit, state, now, cost) -> (Decision, new_state)``.
+``state`` is ``None`` for a key never seen (or forgotten); ``now`` is the caller's
+clock in seconds (injected in tests; ``time.time()`` in the memory store, the
+Redis server's ``TIME`` in the Redis store).  The Lua scripts in ``lua/`` perform
+exactly the same floating-point operations in the same order, so both stores
+return identical decisions for identical inputs (``tests/http/test_conformance.py``).
+
+Common rules
+------------
+* ``cost`` is an int >= 0.  ``cost == 0`` is a free probe: allowed, state unchanged.
+* A rejected request never changes the state (the function returns the *same*
+  state object it was given) and never consumes quota.
+* A cost larger than the most the algorithm can ever admit at once (bucket
+  capacity, window limit) is always rejected with ``retry_after = inf``.
+* ``retry_after`` (when rejected) is the time after which the same request is
+  admitted if nothing else is admitted meanwhile.  It is computed in floating
+  point, so retrying at exactly ``now + retry_after`` may land one ulp early;
+  callers rounding up to whole seconds (``Retry-After``) are always safe.
+* ``limit == 0`` denies every request of cost >= 1 (``retry_after = inf``).
+* A clock that steps backwards is treated conservatively (state is never
+  "refilled" by going back in time).
+
+State records (kept tiny: the memory store holds one per key)
+-------------------------------------------------------------
+* token_bucket / leaky_bucket: one float, the GCRA "theoretical arrival time"
+  measured in *token units* (``now * rate``).  Integer costs are added to it
+  exactly, so boundaries such as "20 requests at t=0" do not drift with float
+  error.  (Rates are bounded to 1e6/s so that ``now * rate`` keeps sub-token
+  precision for wall-clock times.)
+* fixed_window: one int, ``window_index << 32 | count``.
+* sliding_window_counter: one int, ``window_index << 64 | previous << 32 | current``.
+* sliding_window_log: an ``array('d')`` of admitted timestamps, ascending, one
+  entry per unit of cost.  This one is updated *in place* (copying it per call
+  would cost O(limit)); expired entries are pruned on every call, which never
+  changes a decision.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_right, insort
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = [
+    "ALGORITHMS",
+    "Limit",
+    "Decision",
+    "decide",
+    "is_idle",
+    "token_bucket",
+    "leaky_bucket",
+    "fixed_window",
+    "sliding_window_log",
+    "sliding_window_counter",
+    "DECIDERS",
+    "MAX_BUCKET_RATE",
+]
+
+ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
+
+#: Bucket rates above this (tokens per second) would lose sub-token precision in
+#: the token-unit GCRA state at wall-clock times (~2^53 / 4e9 s).
+MAX_BUCKET_RATE = 1_000_000.0
+_MAX_COUNT = 0xFFFFFFFF  # counters are packed into 32-bit fields
+_MASK = 0xFFFFFFFF
+_INF = math.inf
+_floor = math.floor
+
+_ABBREV = {
+    "token_bucket": "tb",
+    "leaky_bucket": "lb",
+    "fixed_window": "fw",
+    "sliding_window_log": "swl",
+    "sliding_window_counter": "swc",
+}
+
+# Process-local short namespace ids: equal Limits (every field, name included)
+# share one id, so the memory store keys state per (Limit, key) with a 2-4 byte
+# prefix instead of a long one.  ``_LIMIT_BY_NS`` lets the store find the Limit
+# of a stored entry to decide whether it is idle.
+_NS_BY_SIG: dict[str, str] = {}
+_LIMIT_BY_NS: dict[str, "Limit"] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One rate limit rule.  Validated on construction (ValueError with the reason).
+
+    ``burst`` is the token bucket capacity (default ``limit``) or the leaky bucket
+    capacity = queue depth (default ``limit``); it is refused for the window
+    algorithms.  ``delay`` (leaky bucket only) selects queue mode, see
+    :func:`leaky_bucket`.  State is kept per (Limit, key): two Limits that differ
+    in any field, ``name`` included, never share state, so changing a rule's
+    parameters on reload starts it from fresh state instead of misreading old state.
+    """
+
+    algorithm: str
+    limit: int
+    period: float
+    burst: int | None = None
+    delay: bool = False
+    name: str = ""
+    # derived, not part of equality: namespace ids used by the stores
+    _ns: str = field(init=False, repr=False, compare=False, default="")
+    _sig: str = field(init=False, repr=False, compare=False, default="")
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
+            if isinstance(self.limit, float) and self.limit.is_integer():
+                object.__setattr__(self, "limit", int(self.limit))
+            else:
+                raise ValueError(f"limit must be an integer, got {self.limit!r}")
+        if not 0 <= self.limit <= _MAX_COUNT:
+            raise ValueError(f"limit must be between 0 and {_MAX_COUNT}, got {self.limit}")
+        try:
+            period = float(self.period)
+        except (TypeError, ValueError):
+            raise ValueError(f"period must be a number of seconds, got {self.period!r}") from None
+        if not (period > 0 and math.isfinite(period)):
+            raise ValueError(f"period must be a positive number of seconds, got {self.period!r}")
+        object.__setattr__(self, "period", period)
+        bucket = self.algorithm in ("token_bucket", "leaky_bucket")
+        if self.burst is not None:
+            if not bucket:
+                raise ValueError(f"burst applies to token_bucket and leaky_bucket, not {self.algorithm}")
+            if isinstance(self.burst, bool) or not isinstance(self.burst, int) or not 1 <= self.burst <= _MAX_COUNT:
+                raise ValueError(f"burst must be an integer between 1 and {_MAX_COUNT}, got {self.burst!r}")
+        if self.delay and self.algorithm != "leaky_bucket":
+            raise ValueError("delay (queue mode) applies to leaky_bucket only")
+        object.__setattr__(self, "delay", bool(self.delay))
+        if bucket and self.limit / period > MAX_BUCKET_RATE:
+            raise ValueError(
+                f"{self.algorithm} rate {self.limit}/{period:g}s exceeds {MAX_BUCKET_RATE:g}/s; "
+                "use a window algorithm or a coarser cost unit")
+        sig = (f"{self.name}|{_ABBREV[self.algorithm]}|{self.limit}/{period!r}"
+               f"|b{'' if self.burst is None else self.burst}|{'q' if self.delay else 'm'}")
+        ns = _NS_BY_SIG.get(sig)
+        if ns is None:
+            ns = f"{len(_NS_BY_SIG):x}:"
+            _NS_BY_SIG[sig] = ns
+            _LIMIT_BY_NS[ns] = self
+        object.__setattr__(self, "_sig", sig)
+        object.__setattr__(self, "_ns", ns)
+
+    @property
+    def capacity(self) -> int:
+        """Most cost that can ever be admitted at once (reported as Decision.limit)."""
+        if self.algorithm == "token_bucket":
+            return self.limit if self.burst is None else self.burst
+        if self.algorithm == "leaky_bucket":
+            cap = self.limit if self.burst is None else self.burst
+            return cap + 1 if self.delay else cap
+        return self.limit
+
+    @property
+    def rate(self) -> float:
+        """Refill / outflow rate in units per second."""
+        return self.limit / self.period
+
+
+@dataclass(slots=True)
+class Decision:
+    allowed: bool
+    limit: int          # quota reported to the client (capacity for buckets)
+    remaining: int      # >= 0
+    retry_after: float  # 0 when allowed; inf when the cost can never be admitted
+    reset: float        # seconds until fully replenished (buckets, sliding) / window end (fixed)
+    delay: float = 0.0  # leaky bucket queue mode: wait this long before forwarding
+
+
+def _deny_all(cost: int) -> Decision:
+    if cost == 0:
+        return Decision(True, 0, 0, 0.0, 0.0)
+    return Decision(False, 0, 0, _INF, 0.0)
+
+
+# --------------------------------------------------------------------------- buckets
+
+def _gcra(cap: int, rate: float, tat: float | None, now: float, cost: int, queue: bool):
+    """Generic cell rate algorithm in token units; shared by both buckets.
+
+    ``tat`` is the time (in token units) at which the bucket is full again
+    (token bucket) / empty (leaky bucket).  A request of ``cost`` fits when
+    ``max(tat, now_u) + cost - now_u <= cap``.
+    """
+    now_u = now * rate
+    if tat is None or tat < now_u:
+        base = now_u
+    else:
+        base = tat
+    if cost > cap:
+        remaining = _floor(cap - (base - now_u))
+        return Decision(False, cap, remaining if remaining > 0 else 0, _INF, (base - now_u) / rate), tat
+    new_tat = base + cost
+    over = new_tat - now_u - cap
+    if over > 0:
+        remaining = _floor(cap - (base - now_u))
+        return Decision(False, cap, remaining if remaining > 0 else 0, over / rate, (base - now_u) / rate), tat
+    remaining = _floor(cap - (new_tat - now_u))
+    if cost == 0:
+        new_tat = tat
+    return Decision(True, cap, remaining if remaining > 0 else 0, 0.0, (base + cost - now_u) / rate,
+                    (base - now_u) / rate if queue else 0.0), new_tat
+
+
+def token_bucket(limit: Limit, state: float | None, now: float, cost: int = 1):
+    """Token bucket: ``rate = limit/period`` tokens/s refill a bucket of ``burst``
+    (default ``limit``) tokens; a request takes ``cost`` tokens or is rejected.
+
+    Example: 10/s burst 20 -> 20 allowed at t=0, the 21st is rejected with
+    ``retry_after = 0.1``.  ``remaining`` = whole tokens left, ``reset`` = time
+    until the bucket is full.
+    """
+    lim = limit.limit
+    if lim == 0:
+        return _deny_all(cost), state
+    burst = limit.burst
+    return _gcra(lim if burst is None else burst, lim / limit.period, state, now, cost, False)
+
+
+def leaky_bucket(limit: Limit, state: float | None, now: float, cost: int = 1):
+    """Leaky bucket of ``capacity = burst or limit`` units draining at ``limit/period``/s.
+
+    Meter mode (``delay=False``): a request is admitted at once if it fits in the
+    bucket, else rejected (mathematically a token bucket; ``reset`` = time until
+    the bucket is empty).
+
+    Queue mode (``delay=True``), like nginx ``limit_req burst=capacity`` without
+    ``nodelay``: requests are scheduled one slot (``period/limit``) apart
+    (GCRA virtual scheduling); a request is admitted if at most ``capacity``
+    units are queued ahead of it, and ``Decision.delay`` tells the caller how long
+    to hold it before forwarding.  So at an idle key ``capacity + 1`` requests
+    are admitted at once (one immediately, ``capacity`` delayed), as in nginx;
+    ``Decision.limit`` reports that ``capacity + 1``.
+    """
+    lim = limit.limit
+    if lim == 0:
+        return _deny_all(cost), state
+    burst = limit.burst
+    cap = lim if burst is None else burst
+    if limit.delay:
+        return _gcra(cap + 1, lim / limit.period, state, now, cost, True)
+    return _gcra(cap, lim / limit.period, state, now, cost, False)
+
+
+# --------------------------------------------------------------------------- windows
+
+def fixed_window(limit: Limit, state: int | None, now: float, cost: int = 1):
+    """Fixed window: at most ``limit`` per window ``[k*period, (k+1)*period)``
+    (epoch-aligned, ``k = floor(now/period)``).  ``reset`` = time until the
+    window ends; a rejected request's ``retry_after`` is the same.
+    """
+    lim = limit.limit
+    if lim == 0:
+        return _deny_all(cost), state
+    period = limit.period
+    w = _floor(now / period)
+    count = 0
+    if state is not None:
+        sw = state >> 32
+        if sw >= w:  # same window (or the clock stepped back: keep the later one)
+            w = sw
+            count = state & _MASK
+    reset = (w + 1) * period - now
+    if cost > lim:
+        return Decision(False, lim, lim - count if count < lim else 0, _INF, reset), state
+    new = count + cost
+    if new > lim:
+        return Decision(False, lim, lim - count if count < lim else 0, reset, reset), state
+    if cost == 0:
+        return Decision(True, lim, lim - new, 0.0, reset), state
+    return Decision(True, lim, lim - new, 0.0, reset), (w << 32) | new
+
+
+def sliding_window_counter(limit: Limit, state: int | None, now: float, cost: int = 1):
+    """Sliding window counter (Cloudflare's approximation).
+
+    Counts are kept for the current and the previous aligned window; the
+    estimate is ``previous * (1 - elapsed/period) + current`` where ``elapsed`` is
+    the time since the current window began.  A request is admitted if
+    ``estimate + cost <= limit``.  ``remaining = floor(limit - estimate)``;
+    ``reset`` = time until the estimate decays to zero; ``retry_after`` solves the
+    linear decay for the moment the request fits.
+    """
+    lim = limit.limit
+    if lim == 0:
+        return _deny_all(cost), state
+    period = limit.period
+    w = _floor(now / period)
+    prev = 0
+    curr = 0
+    if state is not None:
+        sw = state >> 64
+        if sw >= w:
+            w = sw
+            prev = (state >> 32) & _MASK
+            curr = state & _MASK
+        elif sw == w - 1:
+            prev = state & _MASK
+    ws = w * period
+    elapsed = now - ws
+    if elapsed < 0:
+        elapsed = 0.0
+    est = prev * (1 - elapsed / period) + curr
+    if cost > lim or est + cost > lim:
+        if cost > lim:
+            retry = _INF
+        else:
+            room = lim - cost - curr
+            if room >= 0 and prev > 0:
+                t = ws + period * (1 - room / prev)
+            else:
+                room = lim - cost
+                if curr <= room:
+                    t = ws + period
+                else:
+                    t = ws + period + period * (1 - room / curr)
+            retry = t - now
+            if retry < 0:
+                retry = 0.0
+        if curr > 0:
+            reset = (w + 2) * period - now
+        elif prev > 0:
+            reset = (w + 1) * period - now
+        else:
+            reset = 0.0
+        remaining = _floor(lim - est)
+        return Decision(False, lim, remaining if remaining > 0 else 0, retry, reset), state
+    remaining = _floor(lim - est - cost)
+    if cost == 0:
+        new_state = state
+        if curr > 0:
+            reset = (w + 2) * period - now
+        elif prev > 0:
+            reset = (w + 1) * period - now
+        else:
+            reset = 0.0
+    else:
+        curr += cost
+        new_state = (w << 64) | (prev << 32) | curr
+        reset = (w + 2) * period - now
+    return Decision(True, lim, remaining if remaining > 0 else 0, 0.0, reset), new_state
+
+
+def sliding_window_log(limit: Limit, state: array | None, now: float, cost: int = 1):
+    """Sliding window log: timestamps of admitted requests (one per unit of cost)
+    in the last ``period``; never more than ``limit`` admitted in any half-open
+    window ``(t - period, t]``.  An entry stamped ``t`` expires at ``t + period``.
+
+    ``state`` is updated in place (see module doc).  ``retry_after`` is the time
+    until enough of the oldest entries expire; ``reset`` the time until all do.
+    """
+    lim = limit.limit
+    if lim == 0:
+        return _deny_all(cost), state
+    period = limit.period
+    if state:
+        i = bisect_right(state, now - period)
+        if i:
+            del state[:i]
+        count = len(state)
+    else:
+        count = 0
+    if cost > lim or count + cost > lim:
+        retry = _INF if cost > lim else state[count + cost - lim - 1] + period - now
+        reset = state[-1] + period - now if count else 0.0
+        return Decision(False, lim, lim - count if count < lim else 0, retry, reset), state
+    if cost == 0:
+        reset = state[-1] + period - now if count else 0.0
+        return Decision(True, lim, lim - count, 0.0, reset), state
+    if state is None:
+        state = array("d", (now,)) * cost
+    elif state and now < state[-1]:  # clock stepped back: keep the log sorted
+        for _ in range(cost):
+            insort(state, now)
+    elif cost == 1:
+        state.append(now)
+    else:
+        state.extend(array("d", (now,)) * cost)
+    return Decision(True, lim, lim - count - cost, 0.0, state[-1] + period - now), state
+
+
+# --------------------------------------------------------------------------- dispatch
+
+DECIDERS: dict[str, Callable[..., tuple[Decision, Any]]] = {
+    "token_bucket": token_bucket,
+    "leaky_bucket": leaky_bucket,
+    "fixed_window": fixed_window,
+    "sliding_window_log": sliding_window_log,
+    "sliding_window_counter": sliding_window_counter,
+}
+
+
+def decide(limit: Limit, state: Any, now: float, cost: int = 1) -> tuple[Decision, Any]:
+    """Apply ``limit``'s algorithm: ``(Decision, new_state)``.  Pure except that the
+    sliding log's array is updated in place (and returned)."""
+    if cost < 0:
+        raise ValueError(f"cost must be >= 0, got {cost}")
+    return DECIDERS[limit.algorithm](limit, state, now, cost)
+
+
+def is_idle(limit: Limit, state: Any, now: float) -> bool:
+    """True when ``state`` decides exactly like no state at all at ``now`` (and at
+    any later time), so a store may forget it."""
+    if state is None or limit.limit == 0:
+        return True
+    alg = limit.algorithm
+    if alg == "token_bucket" or alg == "leaky_bucket":
+        return state <= now * (limit.limit / limit.period)
+    w = _floor(now / limit.period)
+    if alg == "fixed_window":
+        return (state >> 32) < w
+    if alg == "sliding_window_counter":
+        sw = state >> 64
+        return sw < w - 1 or (sw == w - 1 and state & _MASK == 0)
+    return not state or state[-1] <= now - limit.period
