@@ -1,0 +1,46 @@
+-- netlimit fixed window; mirrors algorithms.fixed_window.
+-- KEYS[1] state key (string: "<window index> <count>")
+-- ARGV: 1 limit, 2 period (s), 3 capacity (= limit), 4 unused, 5 cost,
+--       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
+-- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
+-- '%.17g' strings because Redis truncates Lua numbers to integers.
+local function fmt(x) return string.format('%.17g', x) end
+local now
+if ARGV[6] ~= '' then
+  now = tonumber(ARGV[6])
+else
+  if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local key = KEYS[1]
+local lim = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local cost = tonumber(ARGV[5])
+local dry = ARGV[7] == '1'
+
+local w = math.floor(now / period)
+local count = 0
+local v = redis.call('GET', key)
+if v then
+  local a, b = string.match(v, '^(%S+) (%S+)$')
+  local sw = tonumber(a)
+  if sw >= w then -- same window (or the clock stepped back: keep the later one)
+    w = sw
+    count = tonumber(b)
+  end
+end
+local reset = (w + 1) * period - now
+local remaining = lim - count
+if remaining < 0 then remaining = 0 end
+if cost > lim then
+  return {0, lim, remaining, fmt(math.huge), fmt(reset), '0'}
+end
+local new = count + cost
+if new > lim then
+  return {0, lim, remaining, fmt(reset), fmt(reset), '0'}
+end
+if cost > 0 and not dry then
+  redis.call('SET', key, fmt(w) .. ' ' .. fmt(new), 'PX', math.ceil(reset * 1000) + 1000)
+end
+return {1, lim, lim - new, '0', fmt(reset), '0'}

@@ -1,0 +1,82 @@
+-- netlimit sliding window counter (Cloudflare's approximation);
+-- mirrors algorithms.sliding_window_counter.
+-- KEYS[1] state key (string: "<window index> <previous count> <current count>")
+-- ARGV: 1 limit, 2 period (s), 3 capacity (= limit), 4 unused, 5 cost,
+--       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
+-- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
+-- '%.17g' strings because Redis truncates Lua numbers to integers.
+local function fmt(x) return string.format('%.17g', x) end
+local now
+if ARGV[6] ~= '' then
+  now = tonumber(ARGV[6])
+else
+  if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes (Redis < 5)
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local key = KEYS[1]
+local lim = tonumber(ARGV[1])
+local period = tonumber(ARGV[2])
+local cost = tonumber(ARGV[5])
+local dry = ARGV[7] == '1'
+
+local w = math.floor(now / period)
+local prev, curr = 0, 0
+local v = redis.call('GET', key)
+if v then
+  local a, b, c = string.match(v, '^(%S+) (%S+) (%S+)$')
+  local sw = tonumber(a)
+  if sw >= w then
+    w = sw
+    prev = tonumber(b)
+    curr = tonumber(c)
+  elseif sw == w - 1 then
+    prev = tonumber(c)
+  end
+end
+local ws = w * period
+local elapsed = now - ws
+if elapsed < 0 then elapsed = 0 end
+local est = prev * (1 - elapsed / period) + curr
+
+local function reset_of(p, c)
+  if c > 0 then return (w + 2) * period - now end
+  if p > 0 then return (w + 1) * period - now end
+  return 0
+end
+
+if cost > lim or est + cost > lim then
+  local retry
+  if cost > lim then
+    retry = math.huge
+  else
+    local room = lim - cost - curr
+    local t
+    if room >= 0 and prev > 0 then
+      t = ws + period * (1 - room / prev)
+    else
+      room = lim - cost
+      if curr <= room then
+        t = ws + period
+      else
+        t = ws + period + period * (1 - room / curr)
+      end
+    end
+    retry = t - now
+    if retry < 0 then retry = 0 end
+  end
+  local remaining = math.floor(lim - est)
+  if remaining < 0 then remaining = 0 end
+  return {0, lim, remaining, fmt(retry), fmt(reset_of(prev, curr)), '0'}
+end
+local remaining = math.floor(lim - est - cost)
+if remaining < 0 then remaining = 0 end
+if cost == 0 then
+  return {1, lim, remaining, '0', fmt(reset_of(prev, curr)), '0'}
+end
+curr = curr + cost
+local reset = (w + 2) * period - now
+if not dry then
+  redis.call('SET', key, fmt(w) .. ' ' .. fmt(prev) .. ' ' .. fmt(curr), 'PX', math.ceil(reset * 1000) + 1000)
+end
+return {1, lim, remaining, '0', fmt(reset), '0'}
