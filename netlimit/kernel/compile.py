@@ -1,0 +1,439 @@
+"""Config model -> desired kernel objects. Pure: no kernel access, no root.
+
+`compile_config(config, hz=...)` is the one function both `netlimit plan` and
+the kernel backends call. Its output (objects.py) is deterministic: the same
+file and HZ give the same objects, names and handles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import math
+from typing import Iterable
+
+from ..config import kernel_limits as kl
+from ..config.model import BandwidthRule, Config, NetworkRule
+from ..config.units import PortRange, format_bandwidth
+from ..config.validate import hashlimit_name
+from .objects import (
+    CHAIN_FORWARD,
+    CHAIN_INPUT,
+    CHAIN_MAX,
+    COMMENT_EXEMPT,
+    COMMENT_JUMP,
+    COMMENT_PREFIX,
+    IFB_PREFIX,
+    LOG_CHAIN_PREFIX,
+    LOG_PREFIX_MAX,
+    TC_INGRESS_PRIO,
+    TC_MAJOR,
+    TC_MINOR_DEFAULT,
+    TC_MINOR_FIRST_RULE,
+    TC_MINOR_TOP,
+    UNLIMITED_BITS,
+    Desired,
+    Device,
+    IptChain,
+    IptRule,
+    Match,
+    TcClass,
+    TcFilter,
+    TcLink,
+    TcQdisc,
+    TcObject,
+    U32Key,
+    tc_handle,
+)
+
+TABLE = "filter"
+# Defaults for values iptables would otherwise pick itself (we always set them).
+HASHLIMIT_DEFAULT_BURST = 5          # iptables' own default
+HASHLIMIT_DEFAULT_SIZE = 4096
+HASHLIMIT_DEFAULT_MAX = 65536
+HASHLIMIT_MIN_EXPIRE_MS = 10_000     # iptables' own default
+LOG_LIMIT = "10/min"                 # an `action: log` rule logs at most this often
+LOG_LIMIT_BURST = "5"
+MULTIPORT_MAX = 15                   # entries per multiport match (a range counts 2)
+
+_RATE_UNIT = {"second": "sec", "minute": "min", "hour": "hour", "day": "day"}
+_PROTO_NUM = {"tcp": 6, "udp": 17}
+
+
+# --- names ------------------------------------------------------------------------
+
+
+def _short(name: str, room: int) -> str:
+    """`name` if it fits in `room` characters, else a prefix + '~' + 5-hex digest."""
+    if len(name) <= room:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:5]
+    return f"{name[:room - 6]}~{digest}"
+
+
+def log_chain_name(rule_name: str) -> str:
+    return LOG_CHAIN_PREFIX + _short(rule_name, CHAIN_MAX - len(LOG_CHAIN_PREFIX))
+
+
+def ifb_name(interface: str) -> str:
+    """IFB device for ingress shaping of `interface` (<= 15 characters, deterministic)."""
+    return IFB_PREFIX + _short(interface, 15 - len(IFB_PREFIX))
+
+
+def log_prefix(rule_name: str) -> str:
+    return COMMENT_PREFIX + _short(rule_name, LOG_PREFIX_MAX - len(COMMENT_PREFIX) - 1) + " "
+
+
+def comment_for(rule_name: str) -> str:
+    return COMMENT_PREFIX + rule_name
+
+
+# --- iptables ---------------------------------------------------------------------
+
+
+def _ipt_rate(count: int, unit: str) -> str:
+    return f"{count}/{_RATE_UNIT[unit]}"
+
+
+def _multiport_chunks(ports: list[PortRange]) -> list[str]:
+    """Split ports into multiport-sized groups ('22,80,8000:8100')."""
+    chunks: list[str] = []
+    cur: list[str] = []
+    used = 0
+    for p in sorted(set(ports)):
+        cost = 1 if p.first == p.last else 2
+        if used + cost > MULTIPORT_MAX:
+            chunks.append(",".join(cur))
+            cur, used = [], 0
+        cur.append(p.iptables)
+        used += cost
+    if cur:
+        chunks.append(",".join(cur))
+    return chunks
+
+
+def _fam_nets(nets: Iterable, family: int) -> list[str | None]:
+    """A rule's CIDRs of one family; a /0 matches everything and is written as no -s/-d."""
+    return [str(n) if n.prefixlen else None for n in nets if n.version == family]
+
+
+def _protocol(rule: NetworkRule, family: int) -> str | None:
+    if rule.protocol == "all":
+        return None
+    if rule.protocol == "icmp":
+        return "icmp" if family == 4 else "ipv6-icmp"
+    return rule.protocol
+
+
+def _host_mask(family: int, prefix: int | None) -> str:
+    bits = 32 if family == 4 else 128
+    plen = bits if prefix is None else prefix
+    net = ipaddress.ip_network(f"{'0.0.0.0' if family == 4 else '::'}/{plen}")
+    return str(net.netmask)
+
+
+def _target(rule: NetworkRule, family: int) -> tuple[str, tuple[tuple[str, str | None], ...]]:
+    if rule.action == "drop":
+        return "DROP", ()
+    if rule.action == "reject":
+        if rule.protocol == "tcp":
+            return "REJECT", (("reject-with", "tcp-reset"),)
+        return "REJECT", (("reject-with", "icmp-port-unreachable" if family == 4 else "icmp6-port-unreachable"),)
+    return log_chain_name(rule.name), ()
+
+
+def _limit_match(rule: NetworkRule, family: int) -> list[Match]:
+    """The match(es) that decide 'over the limit' (the rule's target then fires)."""
+    prefix = rule.source_prefix if family == 4 else rule.source_prefix6
+    if rule.max_connections is not None:
+        opts: list[tuple[str, str | None]] = [("connlimit-above", str(rule.max_connections))]
+        if rule.per == "all":
+            opts.append(("connlimit-mask", "0"))
+        else:
+            bits = 32 if family == 4 else 128
+            opts.append(("connlimit-mask", str(bits if prefix is None else prefix)))
+        opts.append(("connlimit-daddr" if rule.per == "destination" else "connlimit-saddr", None))
+        return [Match("connlimit", tuple(opts))]
+    assert rule.limit is not None
+    rate = rule.limit
+    if rule.method == "recent":
+        return [Match("recent", (
+            ("update", None),
+            ("seconds", str(rate.period)),
+            ("hitcount", str(rate.count)),
+            ("name", rule.name),
+            ("mask", _host_mask(family, None)),
+            ("rdest" if rule.per == "destination" else "rsource", None),
+        ))]
+    burst = rule.burst if rule.burst is not None else HASHLIMIT_DEFAULT_BURST
+    size = rule.htable_size if rule.htable_size is not None else HASHLIMIT_DEFAULT_SIZE
+    hmax = rule.htable_max if rule.htable_max is not None else max(HASHLIMIT_DEFAULT_MAX, size)
+    if rule.htable_expire is not None:
+        expire = rule.htable_expire
+    else:
+        # an entry must outlive the time its bucket needs to refill, or an idle
+        # source would come back to a full bucket early
+        refill_ms = math.ceil(1000 * burst * rate.period / rate.count)
+        expire = max(HASHLIMIT_MIN_EXPIRE_MS, refill_ms)
+    mode = {"source": "srcip", "destination": "dstip", "source+port": "srcip,dstport", "all": None}[rule.per]
+    opts = [("hashlimit-above", _ipt_rate(rate.count, rate.unit)), ("hashlimit-burst", str(burst))]
+    if mode:
+        opts.append(("hashlimit-mode", mode))
+    opts += [
+        ("hashlimit-name", hashlimit_name(rule.name)),
+        ("hashlimit-htable-size", str(size)),
+        ("hashlimit-htable-max", str(hmax)),
+        ("hashlimit-htable-expire", str(expire)),
+    ]
+    if prefix is not None and mode and "srcip" in mode:
+        opts.append(("hashlimit-srcmask", str(prefix)))
+    return [Match("hashlimit", tuple(opts))]
+
+
+def _describe_network(rule: NetworkRule) -> str:
+    what = rule.protocol if rule.protocol != "all" else "all protocols"
+    if rule.ports:
+        what += " port " + ",".join(str(p) for p in rule.ports)
+    if rule.new_connections:
+        what += ", new connections"
+    if rule.max_connections is not None:
+        lim = f"more than {rule.max_connections} concurrent connections per {rule.per} (connlimit)"
+    else:
+        lim = f"over {rule.limit} per {rule.per} ({rule.method}"
+        if rule.method == "hashlimit":
+            lim += f", burst {rule.burst if rule.burst is not None else HASHLIMIT_DEFAULT_BURST}"
+        lim += ")"
+    act = {"drop": "drop", "reject": "reject", "log": "log + count, never drop"}[rule.action]
+    return f"{what}: {lim} -> {act}"
+
+
+def _network_rules(rule: NetworkRule, family: int, chain: str) -> list[IptRule]:
+    srcs = _fam_nets(rule.sources, family) if rule.sources else [None]
+    dsts = _fam_nets(rule.destinations, family) if rule.destinations else [None]
+    if not srcs or not dsts:
+        return []
+    proto = _protocol(rule, family)
+    ports = _multiport_chunks(rule.ports) if rule.ports else [None]
+    new = rule.new_connections or rule.max_connections is not None
+    target, topts = _target(rule, family)
+    limit = _limit_match(rule, family)
+    out: list[IptRule] = []
+    note = _describe_network(rule)
+    for s in srcs:
+        for d in dsts:
+            for pchunk in ports:
+                base: list[Match] = []
+                if pchunk is not None:
+                    base.append(Match("multiport", (("dports", pchunk),)))
+                if new:
+                    base.append(Match("conntrack", (("ctstate", "NEW"),)))
+                common = dict(family=family, table=TABLE, chain=chain, rule=rule.name,
+                              comment=comment_for(rule.name), src=s, dst=d,
+                              in_iface=rule.interface, protocol=proto)
+                out.append(IptRule(**common, matches=tuple(base + limit), target=target,
+                                   target_options=topts, note=note))
+                if rule.method == "recent" and rule.max_connections is None:
+                    # the counting half: remember this source (after the check above)
+                    rec = limit[0]
+                    set_opts = (("set", None),) + tuple(o for o in rec.options if o[0] in ("name", "mask", "rsource", "rdest"))
+                    out.append(IptRule(**common, matches=tuple(base + [Match("recent", set_opts)]),
+                                       target=None, note="remember the source for the check above"))
+    return out
+
+
+def _log_chain_rules(rule: NetworkRule, family: int) -> list[IptRule]:
+    return [IptRule(
+        family=family, table=TABLE, chain=log_chain_name(rule.name), rule=rule.name,
+        comment=comment_for(rule.name),
+        matches=(Match("limit", (("limit", LOG_LIMIT), ("limit-burst", LOG_LIMIT_BURST))),),
+        target="LOG", target_options=(("log-prefix", log_prefix(rule.name)),),
+        note="shadow mode: log (rate-limited) and return; the jump above counts every packet over the limit",
+    )]
+
+
+def compile_network(config: Config) -> tuple[list[IptChain], list[IptRule]]:
+    chains: list[IptChain] = []
+    rules: list[IptRule] = []
+    for family in (4, 6):
+        exempt = [str(n) for n in config.exempt if n.version == family]
+        per_chain: dict[str, list[IptRule]] = {}
+        log_rules: list[tuple[IptChain, list[IptRule]]] = []
+        for r in config.network:
+            if family not in r.families:
+                continue
+            chain = CHAIN_INPUT if r.chain == "input" else CHAIN_FORWARD
+            body = _network_rules(r, family, chain)
+            if not body:
+                continue
+            per_chain.setdefault(chain, []).extend(body)
+            if r.action == "log":
+                log_rules.append((IptChain(family, TABLE, log_chain_name(r.name), r.name),
+                                  _log_chain_rules(r, family)))
+        for chain, builtin in ((CHAIN_INPUT, "INPUT"), (CHAIN_FORWARD, "FORWARD")):
+            if chain not in per_chain:
+                continue
+            chains.append(IptChain(family, TABLE, chain, ""))
+            for cidr in exempt:
+                rules.append(IptRule(family=family, table=TABLE, chain=chain, rule="", comment=COMMENT_EXEMPT,
+                                     src=cidr, target="RETURN", note="exempt: never limited"))
+            rules.extend(per_chain[chain])
+        for ch, body in log_rules:
+            chains.append(ch)
+            rules.extend(body)
+        for chain, builtin in ((CHAIN_INPUT, "INPUT"), (CHAIN_FORWARD, "FORWARD")):
+            if chain in per_chain:
+                rules.append(IptRule(family=family, table=TABLE, chain=builtin, rule="", comment=COMMENT_JUMP,
+                                     target=chain, position=0, note=f"jump from {builtin} (first rule)"))
+    return chains, rules
+
+
+# --- tc -----------------------------------------------------------------------------
+
+
+def _quantum(rate_bits: int) -> int:
+    """HTB quantum: rate/10 (tc's r2q) kept between one frame and 60000 bytes."""
+    return int(min(max(rate_bits // 8 // 10, kl.ETH_FRAME), 60000))
+
+
+def _port_blocks(p: PortRange) -> list[tuple[int, int]]:
+    """A port range as (value, mask) blocks a u32 match can express."""
+    out: list[tuple[int, int]] = []
+    lo, hi = p.first, p.last
+    while lo <= hi:
+        size = lo & -lo if lo else 1 << 16
+        while size > hi - lo + 1:
+            size >>= 1
+        out.append((lo, (0xFFFF & ~(size - 1))))
+        lo += size
+    return out
+
+
+def _addr_keys(net: ipaddress.IPv4Network | ipaddress.IPv6Network, which: str) -> list[U32Key]:
+    if net.version == 4:
+        off = 12 if which == "src" else 16
+        if net.prefixlen == 0:
+            return []
+        return [U32Key(int(net.network_address), int(net.netmask), off)]
+    base = 8 if which == "src" else 24
+    addr = int(net.network_address).to_bytes(16, "big")
+    mask = int(net.netmask).to_bytes(16, "big")
+    keys = []
+    for i in range(4):
+        m = int.from_bytes(mask[4 * i:4 * i + 4], "big")
+        if m:
+            keys.append(U32Key(int.from_bytes(addr[4 * i:4 * i + 4], "big"), m, base + 4 * i))
+    return keys
+
+
+def _proto_key(family: int, proto: str) -> U32Key:
+    if family == 4:
+        return U32Key(_PROTO_NUM[proto] << 16, 0x00FF0000, 8)
+    return U32Key(_PROTO_NUM[proto] << 8, 0x0000FF00, 4)
+
+
+def _port_key(family: int, port_field: str, value: int, mask: int) -> U32Key:
+    off = 20 if family == 4 else 40    # no IPv4 options / IPv6 extension headers
+    if port_field == "sport":
+        return U32Key(value << 16, mask << 16, off)
+    return U32Key(value, mask, off)
+
+
+def _describe_bw(b: BandwidthRule) -> str:
+    parts = [f"{b.direction} {b.interface}"]
+    if b.ports:
+        parts.append(f"{b.protocol if b.protocol != 'all' else 'tcp+udp'} "
+                     f"{'sport' if b.direction == 'egress' else 'dport'} " + ",".join(str(p) for p in b.ports))
+    if b.sources:
+        parts.append(("to " if b.direction == "egress" else "from ") + ",".join(str(s) for s in b.sources))
+    if b.whole_interface:
+        parts.append("whole interface")
+    return ", ".join(parts) + f": {format_bandwidth(b.rate)}"
+
+
+def _filters_for(b: BandwidthRule, dev: str, parent: int, flowid: int, index: int) -> list[TcFilter]:
+    out: list[TcFilter] = []
+    port_field = "sport" if b.direction == "egress" else "dport"
+    addr_field = "dst" if b.direction == "egress" else "src"
+    fams = sorted({n.version for n in b.sources}) or [4, 6]
+    protos = [b.protocol] if b.protocol != "all" else (["tcp", "udp"] if b.ports else [None])
+    note = _describe_bw(b)
+    for fam in fams:
+        nets = [n for n in b.sources if n.version == fam] or [None]
+        prio = (index + 1) * 10 + (0 if fam == 4 else 1)
+        for net in nets:
+            akeys = _addr_keys(net, addr_field) if net is not None else []
+            for proto in protos:
+                pkeys = [_proto_key(fam, proto)] if proto else []
+                blocks = [blk for p in b.ports for blk in _port_blocks(p)] if b.ports else [None]
+                for blk in blocks:
+                    keys = list(pkeys) + list(akeys)
+                    if blk is not None:
+                        keys.append(_port_key(fam, port_field, *blk))
+                    if not keys:
+                        keys = [U32Key(0, 0, 0)]
+                    out.append(TcFilter(dev=dev, parent=parent, protocol="ip" if fam == 4 else "ipv6",
+                                        prio=prio, keys=tuple(keys), flowid=flowid, rule=b.name, note=note))
+    return out
+
+
+def compile_bandwidth(config: Config, hz: int) -> list[Device]:
+    groups: dict[tuple[str, str], list[BandwidthRule]] = {}
+    for b in config.bandwidth:
+        groups.setdefault((b.interface, b.direction), []).append(b)
+    devices: list[Device] = []
+    root = tc_handle(TC_MAJOR)
+    for (iface, direction), rules in groups.items():
+        objs: list[TcObject] = []
+        dev = iface if direction == "egress" else ifb_name(iface)
+        if direction == "ingress":
+            objs.append(TcLink(name=dev, kind="ifb", for_dev=iface))
+        cap = next((b for b in rules if b.whole_interface), None)
+        classes = [b for b in rules if not b.whole_interface]
+        default_minor = TC_MINOR_TOP if cap is not None and not classes else TC_MINOR_DEFAULT
+        objs.append(TcQdisc(dev=dev, kind="htb", handle=root, parent="root", default_minor=default_minor))
+        if cap is not None:
+            burst = cap.burst or kl.default_tc_burst(cap.rate, hz)
+            top = tc_handle(TC_MAJOR, TC_MINOR_TOP)
+            objs.append(TcClass(dev=dev, classid=top, parent=root, rate=cap.rate, ceil=cap.rate, burst=burst,
+                                cburst=burst, quantum=_quantum(cap.rate), rule=cap.name, note=_describe_bw(cap)))
+            parent, ceiling = top, cap.rate
+        else:
+            parent, ceiling = root, UNLIMITED_BITS
+        if classes:
+            used = sum(min(b.rate, ceiling) for b in classes)
+            drate = max(ceiling - used, ceiling // 100, 8) if cap is not None else ceiling
+            dburst = kl.default_tc_burst(ceiling, hz)
+            objs.append(TcClass(dev=dev, classid=tc_handle(TC_MAJOR, TC_MINOR_DEFAULT), parent=parent,
+                                rate=drate, ceil=ceiling, burst=dburst, cburst=dburst,
+                                quantum=_quantum(drate),
+                                note="default class: unclassified traffic" +
+                                     (" (shares the interface cap)" if cap is not None else " (not limited)")))
+            for i, b in enumerate(classes):
+                rate = min(b.rate, ceiling)
+                burst = b.burst or kl.default_tc_burst(rate, hz)
+                cid = tc_handle(TC_MAJOR, TC_MINOR_FIRST_RULE + i)
+                objs.append(TcClass(dev=dev, classid=cid, parent=parent, rate=rate, ceil=rate, burst=burst,
+                                    cburst=burst, quantum=_quantum(rate), rule=b.name, note=_describe_bw(b)))
+            for i, b in enumerate(classes):
+                objs.extend(_filters_for(b, dev, root, tc_handle(TC_MAJOR, TC_MINOR_FIRST_RULE + i), i))
+        if direction == "ingress":
+            objs.append(TcQdisc(dev=iface, kind="ingress", handle=0xFFFF0000, parent="ingress"))
+            objs.append(TcFilter(dev=iface, parent=0xFFFF0000, protocol="all", prio=TC_INGRESS_PRIO,
+                                 keys=(U32Key(0, 0, 0),), redirect_to=dev,
+                                 note=f"redirect everything arriving on {iface} to {dev}"))
+        devices.append(Device(dev=dev, interface=iface, direction=direction, objects=tuple(objs)))
+    return devices
+
+
+# --- the whole file -------------------------------------------------------------
+
+
+def compile_config(config: Config, hz: int | None = None) -> Desired:
+    """Compile a validated config into the objects netlimit installs."""
+    if hz is None:
+        hz = kl.host_limits().hz
+    chains, rules = compile_network(config)
+    devices = compile_bandwidth(config, hz)
+    names = tuple(r.name for r in config.network) + tuple(b.name for b in config.bandwidth)
+    return Desired(chains=tuple(chains), rules=tuple(rules), devices=tuple(devices), rule_names=names,
+                   notes=(f"HZ={hz}",))

@@ -1,0 +1,135 @@
+"""Network namespaces and the xtables lock.
+
+`run_in_netns(name, fn)` runs `fn` in a dedicated thread that has joined the
+namespace with setns(2) (Python 3.11 has no os.setns), so the calling thread —
+and the rest of the process — never leave their own namespace. Namespaces are
+per thread: sockets the worker opens (libiptc, netlink) live in the target
+namespace, and /proc/thread-self/net shows its tables.
+
+Never creates a namespace: pyroute2's IPRoute(netns=...) would silently do so
+for a missing name; we check /run/netns/NAME first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import re
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = "/run/netns"
+XTABLES_LOCK = "/run/xtables.lock"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NetnsError(Exception):
+    pass
+
+
+def netns_path(name: str) -> str:
+    if not _NAME_RE.match(name) or name in (".", ".."):
+        raise NetnsError(f"invalid network namespace name {name!r}")
+    return os.path.join(NETNS_DIR, name)
+
+
+def check_netns(name: str) -> str:
+    """The path of an existing namespace, or NetnsError (never creates one)."""
+    path = netns_path(name)
+    if not os.path.exists(path):
+        raise NetnsError(f"network namespace {name!r} does not exist ({path} is missing); "
+                         f"create it with 'ip netns add {name}' or check the name with 'ip netns list'")
+    return path
+
+
+def setns(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            e = ctypes.get_errno()
+            raise NetnsError(f"setns({path}) failed: {os.strerror(e)}")
+    finally:
+        os.close(fd)
+
+
+def run_in_netns(name: str | None, fn: Callable[..., T], *args, **kwargs) -> T:
+    """Call fn(*args, **kwargs) inside namespace `name` (None: the current one)."""
+    if name is None:
+        return fn(*args, **kwargs)
+    path = check_netns(name)
+    box: dict[str, object] = {}
+
+    def worker() -> None:
+        try:
+            setns(path)
+            box["result"] = fn(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    th = threading.Thread(target=worker, name=f"netns-{name}", daemon=True)
+    th.start()
+    th.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]
+
+
+def proc_net(*parts: str) -> str:
+    """A /proc/net path as the *calling thread's* namespace sees it."""
+    return os.path.join("/proc/thread-self/net", *parts)
+
+
+def exec_prefix(netns: str | None) -> list[str]:
+    return ["ip", "netns", "exec", netns] if netns else []
+
+
+def run(cmd: list[str], netns: str | None = None, *, check: bool = True, timeout: float = 30,
+        **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(exec_prefix(netns) + cmd, check=check, timeout=timeout, capture_output=True,
+                          text=True, **kw)
+
+
+class LockTimeout(Exception):
+    pass
+
+
+@contextmanager
+def xtables_lock(timeout: float = 10.0) -> Iterator[None]:
+    """flock /run/xtables.lock as iptables-legacy does (python-iptables takes no lock)."""
+    fd = os.open(XTABLES_LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    raise LockTimeout(f"another program has held {XTABLES_LOCK} for {timeout:.0f} s "
+                                      "(an iptables command still running?); nothing was changed") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+_process_lock = threading.RLock()
+
+
+@contextmanager
+def kernel_lock() -> Iterator[None]:
+    """Serialise netlimit's own kernel work inside this process (python-iptables
+    Table objects are per-process singletons)."""
+    with _process_lock:
+        yield

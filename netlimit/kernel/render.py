@@ -1,0 +1,248 @@
+"""Desired objects -> text: iptables-save lines, tc commands, the plan, JSON.
+
+Pure. The iptables lines are what `iptables-legacy-save` prints for the same
+rules (option order included), so plan output can be compared with the kernel
+by eye and pasted into `iptables-legacy-restore --noflush`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..config.units import format_bandwidth
+from .objects import (
+    Desired,
+
+    IptChain,
+    IptRule,
+    TcClass,
+    TcFilter,
+    TcLink,
+    TcObject,
+    TcQdisc,
+    fmt_handle,
+)
+
+FAMILY_TOOL = {4: "iptables", 6: "ip6tables"}
+
+
+def _q(value: str) -> str:
+    """Quote like iptables-save does: only when needed, with double quotes."""
+    if value and all(c.isalnum() or c in "-_./:,+=@%" for c in value):
+        return value
+    return _dq(value)
+
+
+# options iptables-save always prints in double quotes
+_ALWAYS_QUOTED = {"comment", "log-prefix"}
+
+
+def _opts(options) -> list[str]:
+    out: list[str] = []
+    for k, v in options:
+        out.append(f"--{k}")
+        if v is not None:
+            out.append(_dq(v) if k in _ALWAYS_QUOTED else _q(v))
+    return out
+
+
+def _dq(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+
+def rule_spec(r: IptRule) -> str:
+    """The rule without '-A CHAIN': '-s 10.0.0.0/8 -p tcp -m comment ... -j DROP'."""
+    parts: list[str] = []
+    if r.src:
+        parts += ["-s", r.src]
+    if r.dst:
+        parts += ["-d", r.dst]
+    if r.in_iface:
+        parts += ["-i", r.in_iface]
+    if r.protocol:
+        parts += ["-p", r.protocol]
+    for m in r.all_matches:
+        parts += ["-m", m.module] + _opts(m.options)
+    if r.target:
+        parts += ["-j", r.target] + _opts(r.target_options)
+    return " ".join(parts)
+
+
+def rule_line(r: IptRule) -> str:
+    if r.position == 0:
+        return f"-I {r.chain} 1 {rule_spec(r)}"
+    return f"-A {r.chain} {rule_spec(r)}"
+
+
+def iptables_save_text(desired: Desired, family: int, *, headers: bool = True) -> str:
+    """One family's rules as an iptables-restore --noflush input, grouped by rule."""
+    chains = desired.family_chains(family)
+    rules = desired.family_rules(family)
+    if not rules:
+        return ""
+    lines = ["*filter"]
+    for c in chains:
+        lines.append(f":{c.name} - [0:0]")
+    last: tuple[str, str] | None = None
+    for r in rules:
+        group = (r.chain, r.rule or r.comment)
+        if headers and group != last:
+            lines.append(f"# {_group_title(r)}")
+            last = group
+        lines.append(rule_line(r))
+    lines.append("COMMIT")
+    return "\n".join(lines) + "\n"
+
+
+def _group_title(r: IptRule) -> str:
+    if r.rule:
+        return f"rule {r.rule}: {r.note}" if r.note and not r.note.startswith(("remember", "shadow")) \
+            else f"rule {r.rule}"
+    return r.note or r.comment
+
+
+# --- tc -------------------------------------------------------------------------
+
+
+def _bits(v: int) -> str:
+    return format_bandwidth(v)
+
+
+def _proto(p: str) -> str:
+    return p
+
+
+def tc_command(o: TcObject) -> str:
+    if isinstance(o, TcLink):
+        return f"ip link add {o.name} type {o.kind} && ip link set {o.name} up"
+    if isinstance(o, TcQdisc):
+        if o.kind == "ingress":
+            return f"tc qdisc add dev {o.dev} handle ffff: ingress"
+        return (f"tc qdisc add dev {o.dev} root handle {fmt_handle(o.handle)} htb "
+                f"default {o.default_minor:x}")
+    if isinstance(o, TcClass):
+        return (f"tc class add dev {o.dev} parent {fmt_handle(o.parent)} classid {fmt_handle(o.classid)} htb "
+                f"rate {_bits(o.rate)} ceil {_bits(o.ceil)} burst {o.burst}b cburst {o.cburst}b "
+                f"quantum {o.quantum}")
+    if isinstance(o, TcFilter):
+        keys = " ".join(f"match u32 0x{k.value:08x} 0x{k.mask:08x} at {k.offset}" for k in o.keys)
+        head = (f"tc filter add dev {o.dev} parent {fmt_handle(o.parent)} protocol {_proto(o.protocol)} "
+                f"prio {o.prio} u32 {keys}")
+        if o.redirect_to:
+            return f"{head} action mirred egress redirect dev {o.redirect_to}"
+        return f"{head} flowid {fmt_handle(o.flowid or 0)}"
+    raise TypeError(o)
+
+
+def tc_text(desired: Desired, *, headers: bool = True) -> str:
+    lines: list[str] = []
+    for d in desired.devices:
+        if headers:
+            what = f"{d.direction} on {d.interface}" + (f" (shaped on {d.dev})" if d.dev != d.interface else "")
+            lines.append(f"# device {d.dev}: {what}")
+        last = None
+        for o in d.objects:
+            if headers:
+                grp = o.rule or ""
+                if grp != last and grp:
+                    note = getattr(o, "note", "")
+                    lines.append(f"#   rule {grp}" + (f": {note}" if note else ""))
+                elif grp != last:
+                    lines.append("#   netlimit (shared)")
+                last = grp
+            lines.append(tc_command(o))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+# --- the plan -------------------------------------------------------------------
+
+
+def plan_text(desired: Desired, *, source: str = "", sha256: str = "") -> str:
+    out: list[str] = []
+    head = "# netlimit plan"
+    if source:
+        head += f" for {source}"
+    out.append(head)
+    if sha256:
+        out.append(f"# sha256 {sha256}")
+    n_ipt = len(desired.rules)
+    n_tc = len(desired.tc_objects)
+    out.append(f"# {len(desired.rule_names)} rules -> {n_ipt} iptables/ip6tables rules, "
+               f"{len(desired.chains)} chains, {n_tc} tc objects ({', '.join(desired.notes)})")
+    if not n_ipt and not n_tc:
+        out.append("# nothing to install: this file has no network or bandwidth rules")
+        return "\n".join(out) + "\n"
+    for fam in (4, 6):
+        text = iptables_save_text(desired, fam)
+        if text:
+            out.append("")
+            out.append(f"# --- {FAMILY_TOOL[fam]} (legacy x_tables; paste into {FAMILY_TOOL[fam]}-legacy-restore "
+                       f"--noflush) ---")
+            out.append(text.rstrip("\n"))
+    tct = tc_text(desired)
+    if tct:
+        out.append("")
+        out.append("# --- tc (run in this order) ---")
+        out.append(tct.rstrip("\n"))
+    return "\n".join(out) + "\n"
+
+
+def chain_dict(c: IptChain) -> dict[str, Any]:
+    return {"family": c.family, "table": c.table, "name": c.name, "rule": c.rule or None}
+
+
+def rule_dict(r: IptRule) -> dict[str, Any]:
+    return {
+        "layer": "iptables" if r.family == 4 else "ip6tables",
+        "family": r.family, "table": r.table, "chain": r.chain, "rule": r.rule or None,
+        "comment": r.comment, "position": r.position, "spec": rule_spec(r), "line": rule_line(r),
+        "note": r.note,
+    }
+
+
+def tc_dict(o: TcObject) -> dict[str, Any]:
+    d: dict[str, Any] = {"layer": "tc", "rule": o.rule or None, "dev": o.dev, "command": tc_command(o)}
+    if isinstance(o, TcLink):
+        d.update(object="link", kind=o.kind, for_dev=o.for_dev)
+    elif isinstance(o, TcQdisc):
+        d.update(object="qdisc", kind=o.kind, handle=fmt_handle(o.handle), parent=o.parent)
+        if o.kind == "htb":
+            d["default"] = fmt_handle((o.handle & 0xFFFF0000) | o.default_minor)
+    elif isinstance(o, TcClass):
+        d.update(object="class", kind="htb", classid=fmt_handle(o.classid), parent=fmt_handle(o.parent),
+                 rate_bits=o.rate, ceil_bits=o.ceil, burst=o.burst, cburst=o.cburst, quantum=o.quantum,
+                 note=o.note)
+    elif isinstance(o, TcFilter):
+        d.update(object="filter", kind="u32", parent=fmt_handle(o.parent), protocol=o.protocol, prio=o.prio,
+                 keys=[k.pyroute2() for k in o.keys], note=o.note)
+        if o.flowid is not None:
+            d["flowid"] = fmt_handle(o.flowid)
+        if o.redirect_to:
+            d["redirect_to"] = o.redirect_to
+    return d
+
+
+def plan_dict(desired: Desired, *, source: str = "", sha256: str = "") -> dict[str, Any]:
+    return {
+        "file": source or None,
+        "sha256": sha256 or None,
+        "notes": list(desired.notes),
+        "rules": list(desired.rule_names),
+        "iptables": {
+            "chains": [chain_dict(c) for c in desired.chains],
+            "rules": [rule_dict(r) for r in desired.rules],
+            "restore": {FAMILY_TOOL[f]: iptables_save_text(desired, f, headers=False) for f in (4, 6)},
+        },
+        "tc": {
+            "devices": [{"dev": d.dev, "interface": d.interface, "direction": d.direction,
+                         "objects": [tc_dict(o) for o in d.objects]} for d in desired.devices],
+        },
+    }
+
+
+def plan_json(desired: Desired, **kw: str) -> str:
+    return json.dumps(plan_dict(desired, **kw), indent=2) + "\n"
+
+
