@@ -1,0 +1,574 @@
+"""The HTTP sidecar: aiohttp front doors around the limiter core.
+
+Endpoints (decision mode, i.e. without ``--upstream``)::
+
+    GET  /v1/check        decision endpoint for nginx auth_request (and similar):
+                          the original request comes from X-Original-URI and
+                          X-Original-Method (or X-Forwarded-Uri / -Method);
+                          200 = allow, else ``deny_status`` (query, default 429).
+                          Denials also carry X-Netlimit-Problem (the 429 problem
+                          JSON) for nginx, which cannot read the body.
+    ANY  /v1/authz/<path> Envoy ext_authz (HTTP service, path_prefix /v1/authz):
+                          the original path is what follows the prefix, the
+                          original method is the request's; 200 or 429.
+    POST /v1/check        JSON API, Lyft-compatible shape (see _json_check).
+    GET  /v1/rules        the loaded rules.
+    GET  /healthz         liveness + state (JSON).
+    GET  /metrics         Prometheus text format.
+
+Proxy mode (``--upstream URL``): every request is checked, then forwarded to the
+upstream (or answered 429); the sidecar's own endpoints move under
+``/_netlimit/`` (``/_netlimit/healthz``, ``/_netlimit/metrics``, ...) so that
+they never shadow the application's paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, client_exceptions, hdrs, web
+from multidict import CIMultiDict
+from yarl import URL
+
+from ..config.validate import ConfigError, load_file
+from .actions import ActionPlan, path_of_uri
+from .headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_headers, simple_problem
+from .limiter import CODE_NAMES, OVER_LIMIT, SRC_NONE, CheckResult, Limiter
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import Metrics
+from .rules import RuleSet, from_loaded
+from .store import MemoryStore, RedisStore
+
+log = logging.getLogger("netlimit.sidecar")
+
+MAX_JSON_BODY = 64 * 1024
+MAX_DESCRIPTORS = 64
+MAX_ENTRIES = 32
+MAX_COST = 1_000_000
+MAX_DELAY = 60.0
+ADMIN_PREFIX = "/_netlimit"
+
+# RFC 9110 §7.6.1: Connection and the fields it names, plus the classic
+# hop-by-hop fields, are not forwarded.  Expect is answered by this hop.
+HOP_BY_HOP = frozenset((
+    "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+    "proxy-authenticate", "proxy-authorization",
+))
+_SKIP_AUTO = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _hop_tokens(headers) -> frozenset[str] | None:
+    conn = headers.getall(hdrs.CONNECTION, None)
+    if not conn:
+        return None
+    return frozenset(t.strip().lower() for v in conn for t in v.split(",") if t.strip())
+
+
+class Sidecar:
+    """Config, limiter and front doors of one sidecar process."""
+
+    def __init__(self, config_path: str, *, upstream: str | None = None, redis_url: str | None = None,
+                 reload_interval: float = 1.0, retry_interval: float = 1.0, log_interval: float = 10.0):
+        self.config_path = str(config_path)
+        loaded = load_file(self.config_path)  # ConfigError goes to the caller
+        rules = from_loaded(loaded)
+        http = loaded.config.http
+        assert http is not None
+        self.loaded = loaded
+        self.plan = ActionPlan(http.actions, http.trusted_proxies)
+        self.metrics = Metrics()
+        self.redis_override = redis_url
+        self.storage = redis_url or http.storage
+        self._store_settings = (http.storage, http.store_timeout_ms, http.max_keys, http.max_key_length)
+        if self.storage == "memory":
+            store: Any = MemoryStore(max_keys=http.max_keys, max_key_length=http.max_key_length)
+        else:
+            store = RedisStore(self.storage, timeout_ms=http.store_timeout_ms, max_key_length=http.max_key_length)
+        self.limiter = Limiter(rules, store, on_store_failure=http.on_store_failure, hooks=self.metrics,
+                               retry_interval=retry_interval, log_interval=log_interval)
+        self.upstream = URL(upstream.rstrip("/")) if upstream else None
+        self.reload_interval = reload_interval
+        self.last_reload_error: str | None = None
+        self.session: ClientSession | None = None
+        self._watch_task: asyncio.Task | None = None
+        self._file_sig = self._stat()
+        self._stat_error_logged = False
+        self._xff_warned = False
+
+    # -- reload --------------------------------------------------------------------
+
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = os.stat(self.config_path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def reload(self, why: str) -> bool:
+        """Load the file again; on any problem keep the running rules and log why."""
+        path = self.config_path
+        try:
+            loaded = load_file(path)
+            rules = from_loaded(loaded)
+            http = loaded.config.http
+            assert http is not None
+            plan = ActionPlan(http.actions, http.trusted_proxies)
+        except ConfigError as exc:
+            for p in exc.problems:
+                log.error("%s", p)
+            n = len(exc.problems)
+            self.last_reload_error = "; ".join(str(p) for p in exc.problems[:5])
+            log.error("%s: reload (%s) failed with %d problem%s; keeping the previous rules (sha256 %s)",
+                      path, why, n, "" if n == 1 else "s", self.loaded.sha256[:12])
+            self.metrics.reload(False)
+            return False
+        except Exception as exc:  # noqa: BLE001 - a reload must never take the sidecar down
+            self.last_reload_error = repr(exc)
+            log.exception("%s: reload (%s) failed: %r; keeping the previous rules", path, why, exc)
+            self.metrics.reload(False)
+            return False
+        settings = (http.storage, http.store_timeout_ms, http.max_keys, http.max_key_length)
+        if settings != self._store_settings:
+            log.warning("%s: storage, store_timeout_ms, max_keys and max_key_length take effect at restart; "
+                        "the running store is kept", path)
+        self.plan = plan
+        self.limiter.set_rules(rules, http.on_store_failure)
+        self.loaded = loaded
+        self.last_reload_error = None
+        self.metrics.reload(True)
+        log.info("%s: reloaded (%s): domain %r, %d rules, on_store_failure %s, sha256 %s",
+                 path, why, rules.domain, len(rules.rules), http.on_store_failure, loaded.sha256[:12])
+        return True
+
+    async def watch(self) -> None:
+        """Poll the file's (device, inode, mtime, size) every reload_interval seconds;
+        an editor that replaces the file by rename changes the inode."""
+        while True:
+            await asyncio.sleep(self.reload_interval)
+            sig = self._stat()
+            if sig == self._file_sig:
+                continue
+            if sig is None:
+                if not self._stat_error_logged:
+                    log.error("%s: cannot read the file any more; keeping the current rules", self.config_path)
+                    self._stat_error_logged = True
+                self._file_sig = None
+                continue
+            self._stat_error_logged = False
+            self._file_sig = sig
+            self.reload("file changed")
+
+    def on_sighup(self) -> None:
+        self._file_sig = self._stat()
+        self.reload("SIGHUP")
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.upstream is not None:
+            self.session = ClientSession(
+                connector=TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=60),
+                cookie_jar=DummyCookieJar(), auto_decompress=False, skip_auto_headers=_SKIP_AUTO,
+                timeout=ClientTimeout(total=None, connect=5, sock_read=300), trust_env=False,
+            )
+        self._watch_task = asyncio.create_task(self.watch())
+
+    async def stop(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            try:
+                await self._watch_task
+            except asyncio.CancelledError:
+                pass
+        if self.session is not None:
+            await self.session.close()
+        await self.limiter.close()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _descriptors(self, request: web.Request, method: str, path) -> list:
+        h = request.headers
+        peer = request.remote or ""
+        plan = self.plan
+        if not self._xff_warned and plan.needs_remote and hdrs.X_FORWARDED_FOR in h and peer not in plan.trusted:
+            self._xff_warned = True
+            log.warning("request from %s carries X-Forwarded-For but %s is not in http.trusted_proxies: "
+                        "the header is ignored and remote_address is the peer (add the proxy's address "
+                        "to trusted_proxies if it is yours)", peer, peer)
+        return plan.descriptors(peer=peer, method=method, path=path, headers=h)
+
+    @staticmethod
+    def _deny_response(result: CheckResult, status: int, headers: dict[str, str], nginx: bool = False) -> web.Response:
+        body = problem_body(result, status)
+        if nginx:
+            headers[PROBLEM_HEADER] = body if status == 429 else problem_body(result, 429)
+        return web.Response(status=status, text=body, content_type=PROBLEM_TYPE, headers=headers)
+
+    # -- decision endpoints -----------------------------------------------------------
+
+    async def check_get(self, request: web.Request) -> web.Response:
+        """nginx auth_request / forward-auth: GET /v1/check[?deny_status=403]."""
+        h = request.headers
+        deny_status = 429
+        if request.query_string:
+            ds = request.query.get("deny_status")
+            if ds is not None:
+                if not ds.isdigit() or not 400 <= int(ds) <= 499:
+                    return _problem(400, "Bad Request", f"deny_status must be a 4xx status code, got {ds!r}")
+                deny_status = int(ds)
+        uri = h.get("X-Original-URI") or h.get("X-Forwarded-Uri")
+        if uri is None and self.plan.needs_path:
+            self.metrics.request("check", "bad_request")
+            return _problem(400, "Bad Request",
+                            "the actions use 'path' but the request has no X-Original-URI header "
+                            "(nginx: proxy_set_header X-Original-URI $request_uri;)")
+        method = h.get("X-Original-Method") or h.get("X-Forwarded-Method") or "GET"
+        descs = self._descriptors(request, method, (lambda: path_of_uri(uri)) if uri is not None else "/")
+        result = await self.limiter.check(self.limiter.rules.domain, descs)
+        headers = rate_headers(result)
+        if result.code == OVER_LIMIT:
+            self.metrics.request("check", "over_limit")
+            return self._deny_response(result, deny_status, headers, nginx=True)
+        if result.delay > 0:
+            await asyncio.sleep(min(result.delay, MAX_DELAY))
+        self.metrics.request("check", "ok")
+        return web.Response(status=200, headers=headers)
+
+    async def authz(self, request: web.Request) -> web.Response:
+        """Envoy ext_authz HTTP service with path_prefix /v1/authz."""
+        raw = request.raw_path
+        i = raw.find("/v1/authz")
+        tail = raw[i + 9:] if i >= 0 else raw
+        descs = self._descriptors(request, request.method, lambda: path_of_uri(tail or "/"))
+        result = await self.limiter.check(self.limiter.rules.domain, descs)
+        headers = rate_headers(result)
+        if result.code == OVER_LIMIT:
+            self.metrics.request("authz", "over_limit")
+            return self._deny_response(result, 429, headers)
+        if result.delay > 0:
+            await asyncio.sleep(min(result.delay, MAX_DELAY))
+        self.metrics.request("authz", "ok")
+        return web.Response(status=200, headers=headers)
+
+    async def check_dispatch(self, request: web.Request) -> web.StreamResponse:
+        if request.method == hdrs.METH_POST:
+            return await self.json_check(request)
+        return await self.check_get(request)
+
+    async def json_check(self, request: web.Request) -> web.Response:
+        """POST /v1/check (Lyft's /json shape)::
+
+            {"domain": "api", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}],
+             "hits_addend": 1}
+
+        → 200 (OK) or 429 (OVER_LIMIT), rate headers, and::
+
+            {"overallCode": "OK", "statuses": [{"code": "OK", "currentLimit": {"name": ..., "requestsPerUnit": 10,
+             "unit": "MINUTE"}, "limitRemaining": 9, "durationUntilReset": "42s", "rule": ..., "algorithm": ...,
+             "shadowMode": false, "source": "store"}]}
+        """
+        if request.content_length is not None and request.content_length > MAX_JSON_BODY:
+            self.metrics.request("json", "bad_request")
+            return _problem(413, "Content Too Large", f"the JSON body is limited to {MAX_JSON_BODY} bytes")
+        raw = await request.content.read(MAX_JSON_BODY + 1)
+        if len(raw) > MAX_JSON_BODY:
+            self.metrics.request("json", "bad_request")
+            return _problem(413, "Content Too Large", f"the JSON body is limited to {MAX_JSON_BODY} bytes")
+        try:
+            domain, descs, cost = parse_json_request(raw)
+        except BadRequest as exc:
+            self.metrics.request("json", "bad_request")
+            return _problem(400, "Bad Request", str(exc))
+        result = await self.limiter.check(domain, descs, cost)
+        body = json.dumps(result_json(result), separators=(",", ":"))
+        headers = rate_headers(result)
+        over = result.code == OVER_LIMIT
+        self.metrics.request("json", "over_limit" if over else "ok")
+        return web.Response(status=429 if over else 200, text=body, content_type="application/json",
+                            headers=headers)
+
+    # -- admin -----------------------------------------------------------------------------
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        lim = self.limiter
+        body = {
+            "status": "ok",
+            "mode": "proxy" if self.upstream is not None else "decision",
+            "domain": lim.rules.domain,
+            "rules": len(lim.rules.rules),
+            "store": "memory" if self.storage == "memory" else "redis",
+            "store_available": lim.store_available,
+            "on_store_failure": lim.on_store_failure,
+            "config": self.config_path,
+            "config_sha256": self.loaded.sha256,
+            "last_reload_error": self.last_reload_error,
+        }
+        return web.json_response(body)
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={hdrs.CONTENT_TYPE: METRICS_CONTENT_TYPE})
+
+    async def rules_handler(self, request: web.Request) -> web.Response:
+        rs = self.limiter.rules
+        return web.json_response({"domain": rs.domain, "rules": rs.describe()})
+
+    # -- reverse proxy -----------------------------------------------------------------
+
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        descs = self._descriptors(request, request.method, lambda: path_of_uri(request.raw_path))
+        result = await self.limiter.check(self.limiter.rules.domain, descs)
+        rh = rate_headers(result)
+        if result.code == OVER_LIMIT:
+            self.metrics.request("proxy", "over_limit")
+            return self._deny_response(result, 429, rh)
+        if result.delay > 0:
+            await asyncio.sleep(min(result.delay, MAX_DELAY))
+        h = request.headers
+        drop = _hop_tokens(h)
+        fwd: CIMultiDict[str] = CIMultiDict()
+        for k, v in h.items():
+            kl = k.lower()
+            if kl in HOP_BY_HOP or kl == "expect" or (drop is not None and kl in drop):
+                continue
+            fwd.add(k, v)
+        peer = request.remote or ""
+        xff = fwd.get(hdrs.X_FORWARDED_FOR)
+        fwd[hdrs.X_FORWARDED_FOR] = f"{xff}, {peer}" if xff else peer
+        via = fwd.get(hdrs.VIA)
+        v = f"{request.version.major}.{request.version.minor} netlimit"
+        fwd[hdrs.VIA] = f"{via}, {v}" if via else v
+        data = request.content if request.body_exists else None
+        assert self.session is not None and self.upstream is not None
+        url = URL(str(self.upstream) + request.raw_path, encoded=True)
+        resp: web.StreamResponse | None = None
+        try:
+            async with self.session.request(request.method, url, headers=fwd, data=data,
+                                            allow_redirects=False, compress=None) as up:
+                resp = web.StreamResponse(status=up.status, reason=up.reason)
+                uh = up.headers
+                drop = _hop_tokens(uh)
+                out = resp.headers
+                for k, val in uh.items():
+                    kl = k.lower()
+                    if kl in HOP_BY_HOP or (drop is not None and kl in drop):
+                        continue
+                    out.add(k, val)
+                for k, val in rh.items():
+                    out[k] = val
+                await resp.prepare(request)
+                if request.method != hdrs.METH_HEAD:
+                    async for chunk in up.content.iter_any():
+                        await resp.write(chunk)
+                await resp.write_eof()
+        except (client_exceptions.ClientConnectorError, client_exceptions.ServerDisconnectedError,
+                client_exceptions.ClientOSError) as exc:
+            if resp is not None and resp.prepared:
+                raise
+            self.metrics.request("proxy", "upstream_error")
+            log.warning("upstream %s: %r", self.upstream, exc)
+            return _problem(502, "Bad Gateway", "the upstream application is unreachable", rh)
+        except (asyncio.TimeoutError, client_exceptions.ServerTimeoutError):
+            if resp is not None and resp.prepared:
+                raise
+            self.metrics.request("proxy", "upstream_error")
+            return _problem(504, "Gateway Timeout", "the upstream application did not answer in time", rh)
+        except client_exceptions.ClientPayloadError:
+            # the upstream broke off mid-body: the client's response cannot be completed either
+            self.metrics.request("proxy", "upstream_error")
+            if resp is not None and resp.prepared:
+                raise
+            return _problem(502, "Bad Gateway", "the upstream application sent an invalid response", rh)
+        self.metrics.request("proxy", "ok")
+        return resp
+
+    # -- the application ---------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_JSON_BODY)
+        prefix = ADMIN_PREFIX if self.upstream is not None else ""
+        r = app.router
+        r.add_route("*", prefix + "/v1/check", self.check_dispatch)
+        r.add_route("*", prefix + "/v1/authz", self.authz)
+        r.add_route("*", prefix + "/v1/authz/{tail:.*}", self.authz)
+        r.add_get(prefix + "/v1/rules", self.rules_handler)
+        r.add_get(prefix + "/healthz", self.healthz)
+        r.add_get(prefix + "/metrics", self.metrics_handler)
+        if self.upstream is not None:
+            r.add_route("*", "/{tail:.*}", self.proxy)
+
+        async def on_startup(_app: web.Application) -> None:
+            await self.start()
+
+        async def on_cleanup(_app: web.Application) -> None:
+            await self.stop()
+
+        app.on_startup.append(on_startup)
+        app.on_cleanup.append(on_cleanup)
+        return app
+
+
+def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=simple_problem(status, title, detail), content_type=PROBLEM_TYPE,
+                        headers=headers)
+
+
+# --- JSON API -----------------------------------------------------------------------------
+
+
+def parse_json_request(raw: bytes) -> tuple[str, list[list[tuple[str, str]]], int]:
+    """Validate a JSON API body; BadRequest with a message that names the field."""
+    if not raw.strip():
+        raise BadRequest('empty body: expected JSON like {"domain": "api", "descriptors": '
+                         '[{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}')
+    try:
+        obj = json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest(f"the body must be a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - {"domain", "descriptors", "hits_addend", "hitsAddend"}
+    if unknown:
+        raise BadRequest(f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}: expected domain, descriptors, "
+                         "hits_addend")
+    domain = obj.get("domain")
+    if not isinstance(domain, str) or not domain:
+        raise BadRequest("'domain' must be a non-empty string")
+    descs = obj.get("descriptors")
+    if not isinstance(descs, list):
+        raise BadRequest("'descriptors' must be a list of {\"entries\": [{\"key\": ..., \"value\": ...}]}")
+    if len(descs) > MAX_DESCRIPTORS:
+        raise BadRequest(f"at most {MAX_DESCRIPTORS} descriptors per request, got {len(descs)}")
+    out: list[list[tuple[str, str]]] = []
+    for i, d in enumerate(descs):
+        if not isinstance(d, dict) or not isinstance(d.get("entries"), list):
+            raise BadRequest(f"descriptors[{i}] must be an object with an 'entries' list")
+        entries = d["entries"]
+        if not entries:
+            raise BadRequest(f"descriptors[{i}].entries is empty")
+        if len(entries) > MAX_ENTRIES:
+            raise BadRequest(f"descriptors[{i}].entries: at most {MAX_ENTRIES} entries, got {len(entries)}")
+        es = []
+        for j, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise BadRequest(f"descriptors[{i}].entries[{j}] must be an object with 'key' and 'value'")
+            k = e.get("key")
+            v = e.get("value", "")
+            if not isinstance(k, str) or not k:
+                raise BadRequest(f"descriptors[{i}].entries[{j}].key must be a non-empty string")
+            if not isinstance(v, str):
+                raise BadRequest(f"descriptors[{i}].entries[{j}].value must be a string")
+            es.append((k, v))
+        out.append(es)
+    cost = obj.get("hits_addend", obj.get("hitsAddend", 1))
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= MAX_COST:
+        raise BadRequest(f"'hits_addend' must be a whole number from 0 to {MAX_COST}, got {cost!r}")
+    if cost == 0:  # proto3 default: unset means 1 (Lyft)
+        cost = 1
+    return domain, out, cost
+
+
+def _duration(seconds: float) -> str:
+    """A protobuf Duration in JSON form ("42s", "0.250s")."""
+    if seconds <= 0 or not math.isfinite(seconds):
+        return "0s"
+    if abs(seconds - round(seconds)) < 1e-6:
+        return f"{round(seconds)}s"
+    return f"{seconds:.3f}s"
+
+
+def result_json(result: CheckResult) -> dict[str, Any]:
+    statuses = []
+    for st in result.statuses:
+        s: dict[str, Any] = {"code": CODE_NAMES[st.code]}
+        rule = st.rule
+        if rule is not None:
+            s["rule"] = rule.name
+            if rule.unlimited:
+                s["unlimited"] = True
+            else:
+                s["currentLimit"] = {"name": rule.name, "requestsPerUnit": rule.requests_per_unit,
+                                     "unit": rule.unit.upper()}
+                s["algorithm"] = rule.algorithm
+                s["shadowMode"] = rule.shadow
+                d = st.decision
+                if d is not None:
+                    s["limitRemaining"] = d.remaining
+                    s["durationUntilReset"] = _duration(d.reset)
+                    if not d.allowed:
+                        from .headers import retry_seconds
+                        s["retryAfter"] = retry_seconds(st)
+                    if d.delay > 0:
+                        s["delay"] = _duration(d.delay)
+                if st.shadow_over:
+                    s["shadowOverLimit"] = True
+                if st.source != SRC_NONE:
+                    s["source"] = st.source
+        statuses.append(s)
+    return {"overallCode": CODE_NAMES[result.code], "statuses": statuses}
+
+
+# --- running ------------------------------------------------------------------------------
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """HOST:PORT, [v6]:PORT or :PORT (all interfaces) → (host, port)."""
+    t = text.strip()
+    if t.startswith("["):
+        end = t.find("]")
+        if end < 0 or not t[end + 1:].startswith(":"):
+            raise ValueError(f"--listen {text!r}: expected [ADDRESS]:PORT")
+        host, port_s = t[1:end], t[end + 2:]
+    else:
+        host, sep, port_s = t.rpartition(":")
+        if not sep:
+            raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8181")
+        if ":" in host:
+            raise ValueError(f"--listen {text!r}: write IPv6 addresses as [ADDRESS]:PORT")
+    if not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
+        raise ValueError(f"--listen {text!r}: port must be 0-65535")
+    return host or "0.0.0.0", int(port_s)
+
+
+async def serve(sidecar: Sidecar, host: str, port: int) -> None:
+    """Run until SIGTERM / SIGINT; SIGHUP reloads the rules."""
+    app = sidecar.make_app()
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=1024)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, sidecar.on_sighup)
+    addrs = runner.addresses
+    a = addrs[0] if addrs else (host, port)
+    shown = f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}"
+    rs = sidecar.limiter.rules
+    mode = f"proxy to {sidecar.upstream}" if sidecar.upstream is not None else "decision endpoint"
+    store = "memory" if sidecar.storage == "memory" else "redis"
+    log.info("listening on http://%s (%s; domain %r, %d rules, store %s, on_store_failure %s)",
+             shown, mode, rs.domain, len(rs.rules), store, sidecar.limiter.on_store_failure)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(s)
+        await runner.cleanup()
