@@ -14,7 +14,6 @@ through exactly the objects `apply` installs, so there is one spelling.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -140,14 +139,24 @@ def from_iptc(rule, family: int, chain: str) -> IptRule:
         matches.append(Match(m.name, opts))
     tname = rule.target.name if rule.target is not None else ""
     topts = tuple((k.replace("_", "-"), v if v != "" else None) for k, v in _params(rule.target)) if tname else ()
-    src = rule.src if rule.src not in _ANY else None
-    dst = rule.dst if rule.dst not in _ANY else None
+    src = _cidr(rule.src) if rule.src not in _ANY else None
+    dst = _cidr(rule.dst) if rule.dst not in _ANY else None
     proto = rule.protocol if rule.protocol and rule.protocol not in ("ip", "all", "0") else None
     name = comment[len(COMMENT_PREFIX):] if comment.startswith(COMMENT_PREFIX) and \
         not comment.startswith(COMMENT_PREFIX + " ") else ""
     return IptRule(family=family, table=TABLE, chain=chain, rule=name, comment=comment, src=src, dst=dst,
                    in_iface=rule.in_interface or None, protocol=proto, matches=tuple(matches),
                    target=tname or None, target_options=topts)
+
+
+def _cidr(addr: str) -> str:
+    """python-iptables spells 10.0.0.0/255.255.255.0; iptables-save (and we) 10.0.0.0/24."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(addr, strict=False))
+    except ValueError:
+        return addr
 
 
 def desired_kspecs(rules: Iterable[IptRule]) -> list[str]:
@@ -264,7 +273,6 @@ def diff_family(family: int, chains: list[IptChain], rules: list[IptRule], state
             by_chain[r.chain].append(r)
         else:
             jumps.append(r)
-    live_specs_all = {lr.kspec for lst in state.rules.values() for lr in lst}
     want_specs_all = {kspecs[r] for r in rules}
     want_hl = set().union(*(_hashlimit_names(s) for s in want_specs_all)) if want_specs_all else set()
     for c in want_chains:
@@ -308,7 +316,6 @@ def diff_family(family: int, chains: list[IptChain], rules: list[IptRule], state
         if key not in seen:
             plan.add_jumps.append(j)
             plan.changes.append(("+", j.chain, "", rule_line(j)))
-    _ = live_specs_all
     return plan
 
 
@@ -462,5 +469,3 @@ def host_iptables_variant() -> tuple[str, str]:
     real = os.path.realpath(exe)
     return ("legacy" if "legacy" in real else "unknown"), out
 
-
-_ = ctypes

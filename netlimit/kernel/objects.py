@@ -147,6 +147,8 @@ class U32Key:
     offset: int                # from the network header, 4-byte aligned
 
     def pyroute2(self) -> str:
+        if self.mask == 0:
+            return f"0x0/0x0+{self.offset}"   # pyroute2 strips '00' pairs from a mask: keep one digit
         return f"0x{self.value:08x}/0x{self.mask:08x}+{self.offset}"
 
 

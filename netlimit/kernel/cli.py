@@ -1,0 +1,257 @@
+"""`netlimit plan / apply / list / flush / demo` (registered by netlimit/cli.py).
+
+Importing this module is cheap: python-iptables and pyroute2 are imported by
+the commands that touch the kernel, so `netlimit validate` and `netlimit plan`
+stay fast and need no root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+NETNS_HELP = "Run against this network namespace (/run/netns/NAME); it must exist."
+
+
+def _cli():
+    from .. import cli as base  # the frame: load_or_exit, err, exit codes
+
+    return base
+
+
+def _need_root(what: str) -> None:
+    base = _cli()
+    if os.geteuid() != 0:
+        base.err(f"netlimit {what} changes or reads kernel tables: run it as root "
+                 "(or `netlimit plan FILE` to see what would be installed, without root)")
+        raise typer.Exit(base.EXIT_USAGE)
+
+
+def _check_netns(netns: Optional[str]) -> None:
+    if netns is None:
+        return
+    from .netns import NetnsError, check_netns
+
+    try:
+        check_netns(netns)
+    except NetnsError as exc:
+        base = _cli()
+        base.err(f"error: {exc}")
+        raise typer.Exit(base.EXIT_USAGE) from None
+
+
+def backend_note(netns: Optional[str] = None) -> str | None:
+    """A clear word when the host's `iptables` is the nf_tables variant."""
+    from .iptables import host_iptables_variant
+
+    variant, version = host_iptables_variant()
+    if variant != "nf_tables":
+        return None
+    ns = f"ip netns exec {netns} " if netns else ""
+    return (f"note: this host's `iptables` is the nf_tables variant ({version}). netlimit installs its rules "
+            "through python-iptables into the legacy x_tables, which the kernel evaluates as well: "
+            f"`{ns}iptables -S` and `nft list ruleset` will NOT show them (iptables -S only warns "
+            f"'iptables-legacy tables present'); see them with `{ns}iptables-legacy -S`, "
+            f"`{ns}ip6tables-legacy -S`, or `netlimit list`, which reads the kernel.")
+
+
+def _compile(loaded):
+    from .compile import compile_config
+
+    return compile_config(loaded.config)
+
+
+def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command below
+    @app.command()
+    def plan(
+        file: Path = typer.Argument(..., help="The netlimit YAML file.", show_default=False),
+        json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+        live: bool = typer.Option(False, "--live", help="Diff against the kernel (root); changes nothing."),
+        netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP + " Implies --live."),
+    ) -> None:
+        """Print what `apply` would install: iptables-save rules and tc commands, grouped by rule.
+
+        Without --live no root is needed and the kernel is not touched.
+        """
+        base = _cli()
+        loaded = base.load_or_exit(file)
+        desired = _compile(loaded)
+        if not live and netns is None:
+            from .render import plan_json, plan_text
+
+            if json_out:
+                typer.echo(plan_json(desired, source=str(file), sha256=loaded.sha256), nl=False)
+            else:
+                typer.echo(plan_text(desired, source=str(file), sha256=loaded.sha256), nl=False)
+            return
+        _need_root("plan --live")
+        _check_netns(netns)
+        from .reconcile import ApplyError, apply as do_apply
+
+        try:
+            res = do_apply(desired, netns, dry_run=True)
+        except ApplyError as exc:
+            base.err(f"error: {exc}")
+            raise typer.Exit(base.EXIT_FAILED) from None
+        lines = res.changes.lines()
+        if json_out:
+            typer.echo(json.dumps({"file": str(file), "netns": netns, "changed": bool(lines),
+                                   "changes": lines, "counts": res.changes.counts()}, indent=2))
+            return
+        where = f" in netns {netns}" if netns else ""
+        if not lines:
+            typer.echo(f"no changes: the kernel{where} already matches {file}")
+            return
+        typer.echo(f"# changes apply would make{where} (+ add, - remove, ~ reorder):")
+        for line in lines:
+            typer.echo(line)
+        c = res.changes.counts()
+        typer.echo(f"# {c['add']} to add, {c['remove']} to remove; nothing was changed")
+
+    @app.command()
+    def apply(
+        file: Path = typer.Argument(..., help="The netlimit YAML file.", show_default=False),
+        netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP),
+        json_out: bool = typer.Option(False, "--json", help="Machine-readable result."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and the summary."),
+    ) -> None:
+        """Make the kernel equal to FILE: print the diff, then write it atomically (root).
+
+        Idempotent: a second apply of the same file writes nothing. On failure the
+        previous state is restored and the exit code is 2.
+        """
+        base = _cli()
+        loaded = base.load_or_exit(file)
+        desired = _compile(loaded)
+        _need_root("apply")
+        _check_netns(netns)
+        from .reconcile import ApplyError, apply as do_apply
+
+        note = backend_note(netns)
+        if note and not quiet and not json_out:
+            base.err(note)
+        try:
+            res = do_apply(desired, netns)
+        except ApplyError as exc:
+            base.err(f"error: {exc}")
+            raise typer.Exit(base.EXIT_FAILED) from None
+        lines = res.changes.lines()
+        if json_out:
+            typer.echo(json.dumps({"file": str(file), "netns": netns, "changed": bool(lines), "changes": lines,
+                                   "counts": res.changes.counts(),
+                                   "timings_s": {k: round(v, 4) for k, v in res.timings.items()}}, indent=2))
+            return
+        where = f" in netns {netns}" if netns else ""
+        if not lines:
+            typer.echo(f"no changes: the kernel{where} already matches {file}")
+            return
+        if not quiet:
+            for line in lines:
+                typer.echo(line)
+        c = res.changes.counts()
+        t = res.timings
+        typer.echo(f"applied {file}{where}: {c['add']} added, {c['remove']} removed in {t.get('total', 0):.2f} s "
+                   f"(iptables {t.get('iptables', 0):.2f} s, tc {t.get('tc', 0):.2f} s)")
+
+    @app.command("list")
+    def list_cmd(
+        netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP),
+        json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+        file: Optional[Path] = typer.Option(None, "--file", "-f",
+                                            help="Name tc objects after this file's rules "
+                                                 "(default: what the last apply remembered)."),
+    ) -> None:
+        """Show every object netlimit owns, by rule, with packets/bytes matched and dropped (root)."""
+        base = _cli()
+        desired = _compile(base.load_or_exit(file)) if file else None
+        _need_root("list")
+        _check_netns(netns)
+        from .reconcile import list_owned
+
+        rows = list_owned(netns, desired)
+        if json_out:
+            typer.echo(json.dumps({"netns": netns, "objects": rows}, indent=2))
+            return
+        note = backend_note(netns)
+        if note:
+            base.err(note)
+        if not rows:
+            typer.echo("netlimit owns nothing here" + (f" (netns {netns})" if netns else ""))
+            return
+        typer.echo(format_list(rows))
+
+    @app.command()
+    def flush(
+        netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
+    ) -> None:
+        """Remove everything netlimit owns (both families, tc trees, ingress redirects, IFBs) and nothing else."""
+        base = _cli()
+        _need_root("flush")
+        _check_netns(netns)
+        from .reconcile import flush as do_flush
+
+        try:
+            st = do_flush(netns)
+        except Exception as exc:
+            base.err(f"error: flush failed: {exc}")
+            raise typer.Exit(base.EXIT_FAILED) from None
+        if not quiet:
+            n_ipt = sum(len(s.chains) + sum(len(v) for v in s.rules.values()) + sum(len(v) for v in s.jumps.values())
+                        for s in st.iptables.values())
+            n_tc = len(st.tc.objects()) if st.tc is not None else 0
+            where = f" in netns {netns}" if netns else ""
+            if n_ipt + n_tc == 0:
+                typer.echo(f"nothing to flush{where}")
+            else:
+                typer.echo(f"flushed{where}: {n_ipt} iptables/ip6tables objects, {n_tc} tc objects")
+
+    @app.command()
+    def demo(
+        duration: float = typer.Option(4.0, "--seconds", min=1.0, max=10.0,
+                                       help="Length of each traffic run."),
+        keep: bool = typer.Option(False, "--keep", help="Leave the namespaces up for a look (then `ip netns del`)."),
+    ) -> None:
+        """Show netlimit working: two throw-away namespaces, rules/demo.yaml, real traffic,
+        configured vs measured. Never touches this host's own namespace."""
+        base = _cli()
+        _need_root("demo")
+        from .demo import DemoError, run_demo
+
+        try:
+            ok = run_demo(duration=duration, keep=keep)
+        except DemoError as exc:
+            base.err(f"error: {exc}")
+            raise typer.Exit(base.EXIT_FAILED) from None
+        if not ok:
+            raise typer.Exit(base.EXIT_FAILED)
+
+
+def _human(n: int) -> str:
+    for unit, div in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def format_list(rows: list[dict]) -> str:
+    out: list[str] = []
+    header = f"{'RULE':<20} {'LAYER':<9} {'PACKETS':>8} {'BYTES':>8} {'DROPPED':>8}  OBJECT"
+    out.append(header)
+    order: dict[str, int] = {}
+    for r in rows:
+        order.setdefault(r["rule"] or "(netlimit)", len(order))
+    for r in sorted(rows, key=lambda r: order[r["rule"] or "(netlimit)"]):
+        extra = ""
+        if r.get("table"):
+            n = r.get("table_entries")
+            extra = f"  [{r['table']}: {n if n is not None else '?'} entries]"
+        if r["layer"] == "tc" and r.get("overlimits"):
+            extra += f"  [overlimits {r['overlimits']}]"
+        out.append(f"{(r['rule'] or '(netlimit)')[:20]:<20} {r['layer']:<9} {_human(r['packets']):>8} "
+                   f"{_human(r['bytes']):>8} {_human(r['dropped']):>8}  {r['object']}{extra}")
+    return "\n".join(out)
