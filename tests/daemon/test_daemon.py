@@ -1,0 +1,319 @@
+"""netlimitd against the real kernel, in a network namespace each test creates.
+
+The daemon runs as a real process (`netlimit daemon --netns NS`), talks
+sd_notify to a datagram socket the test reads, serves its status socket and
+Prometheus metrics on loopback, and is killed in every teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.netns
+
+EXE = str(Path(sys.executable).with_name("netlimit"))
+
+BASE = """\
+version: 1
+on_stop: {on_stop}
+exempt: [127.0.0.0/8]
+network:
+  - name: udp-flood
+    protocol: udp
+    ports: [5000]
+    limit: 100/second
+    burst: 10
+{extra}bandwidth:
+  - name: shape
+    interface: nlta
+    rate: 10mbit
+"""
+
+
+def config_text(on_stop: str = "flush", extra: str = "") -> str:
+    return BASE.format(on_stop=on_stop, extra=extra)
+
+
+EXTRA_RULE = """\
+  - name: ssh-guard
+    protocol: tcp
+    ports: [22]
+    new_connections: true
+    limit: 3/minute
+    method: recent
+"""
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=check)
+
+
+def owned_rules(ns: str) -> list[str]:
+    out = sh("ip", "netns", "exec", ns, "iptables-legacy-save").stdout
+    out += sh("ip", "netns", "exec", ns, "ip6tables-legacy-save").stdout
+    return [line for line in out.splitlines() if "netlimit" in line and line.startswith("-A")]
+
+
+def qdiscs(ns: str) -> str:
+    return sh("ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", "nlta").stdout
+
+
+def wait_for(pred, timeout: float, what: str, step: float = 0.1):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def netns(request):
+    name = f"nlt-d{os.getpid() % 100000}-{request.node.name[-12:].strip('_[]')}"[:30]
+    sh("ip", "netns", "add", name)
+    try:
+        sh("ip", "-n", name, "link", "set", "lo", "up")
+        sh("ip", "-n", name, "link", "add", "nlta", "type", "veth", "peer", "name", "nltb")
+        sh("ip", "-n", name, "link", "set", "nlta", "up")
+        sh("ip", "-n", name, "link", "set", "nltb", "up")
+        yield name
+    finally:
+        sh("ip", "netns", "del", name, check=False)
+
+
+class Daemon:
+    def __init__(self, tmp: Path, ns: str, text: str, resync: float = 1.0, env: dict | None = None):
+        self.tmp, self.ns = tmp, ns
+        self.config = tmp / "netlimit.yaml"
+        self.config.write_text(text)
+        self.sock = str(tmp / "netlimitd.sock")
+        self.metrics_port = free_port()
+        self.log = tmp / "daemon.log"
+        self.resync = resync
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [EXE, "daemon", "--config", str(self.config), "--netns", self.ns, "--resync", str(self.resync),
+             "--socket", self.sock, "--metrics", f"127.0.0.1:{self.metrics_port}"],
+            stdout=subprocess.DEVNULL, stderr=open(self.log, "a"), env=self.env or os.environ.copy())
+        from netlimit.daemon import query_status
+
+        def answered():
+            if self.proc.poll() is not None:
+                return True
+            try:
+                st = query_status(self.sock, timeout=1)
+            except OSError:
+                return False
+            return st is not None and st.get("pid") == self.proc.pid
+
+        wait_for(answered, 30, "the daemon's status socket")
+        assert self.proc.poll() is None, self.log.read_text()
+
+    def status(self) -> dict:
+        out = subprocess.run([EXE, "status", "--json", "--socket", self.sock], capture_output=True, text=True,
+                             timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    def edit(self, text: str) -> None:
+        """As an editor does: write a new file, rename it over the old one."""
+        new = self.config.with_suffix(".new")
+        new.write_text(text)
+        os.replace(new, self.config)
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def daemon_factory(tmp_path, netns):
+    made: list[Daemon] = []
+
+    def make(text: str, **kw) -> Daemon:
+        d = Daemon(tmp_path, netns, text, **kw)
+        made.append(d)
+        return d
+
+    try:
+        yield make
+    finally:
+        for d in made:
+            d.kill()
+
+
+def test_invalid_file_at_start_exits_1_with_every_problem(tmp_path, netns):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("version: 1\nnetwork:\n  - name: a\n    limt: 1/s\n")
+    res = subprocess.run([EXE, "daemon", "--config", str(cfg), "--netns", netns, "--socket", str(tmp_path / "s")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert f"netlimitd: {cfg}:4:5: a: unknown field 'limt' (did you mean 'limit'?)" in res.stderr
+    assert owned_rules(netns) == []
+
+
+def test_start_reload_reject_and_flush_on_stop(daemon_factory, netns):
+    d = daemon_factory(config_text())
+    d.start()
+    rules = owned_rules(netns)
+    assert any('"netlimit:udp-flood"' in r for r in rules)
+    assert "htb" in qdiscs(netns)
+    st = d.status()
+    assert st["config_path"] == str(d.config) and len(st["config_sha256"]) == 64
+    assert st["last_apply_result"] == "ok" and st["rules"] == ["udp-flood", "shape"]
+    assert oct(os.stat(d.sock).st_mode & 0o777) == "0o600"
+
+    # an edit goes live within 2 s
+    t0 = time.monotonic()
+    d.edit(config_text(extra=EXTRA_RULE))
+    wait_for(lambda: any('"netlimit:ssh-guard"' in r for r in owned_rules(netns)), 2.0, "the new rule")
+    assert time.monotonic() - t0 < 2.0
+    assert d.status()["reloads_ok"] == 1
+
+    # a bad edit keeps the old rules and says why, with file:line:col
+    before = owned_rules(netns)
+    d.edit(config_text(extra=EXTRA_RULE).replace("limit: 3/minute", "limit: 3/fortnight"))
+    st = wait_for(lambda: (s := d.status())["rejected"] and s, 3.0, "the rejection")
+    assert st["rejected"] == (f"{d.config}:14:12: ssh-guard: bad rate unit 'fortnight' in '3/fortnight': "
+                              "expected second, minute, hour or day (s, m, h, d)")
+    assert st["summary"].startswith("running old config, new config rejected: ")
+    assert owned_rules(netns) == before
+    text = subprocess.run([EXE, "status", "--socket", d.sock], capture_output=True, text=True, timeout=30).stdout
+    assert "running old config, new config rejected:" in text and ":14:12: ssh-guard: bad rate unit" in text
+
+    # SIGHUP after fixing the file: reloads, rejection cleared
+    d.config.write_text(config_text())
+    d.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: not any("ssh-guard" in r for r in owned_rules(netns)), 3.0, "the reload")
+    st = wait_for(lambda: (s := d.status())["rejected"] is None and s, 3.0, "the cleared rejection")
+    assert "SIGHUP" in d.log.read_text()
+
+    assert d.stop() == 0
+    assert owned_rules(netns) == []
+    assert "htb" not in qdiscs(netns)
+    assert "on_stop flush" in d.log.read_text()
+
+
+def test_drift_repair_restores_owned_objects_and_spares_foreign_ones(daemon_factory, netns):
+    d = daemon_factory(config_text(), resync=1.0)
+    d.start()
+    before = sorted(owned_rules(netns))
+    foreign = ["-A", "INPUT", "-p", "tcp", "--dport", "9999", "-j", "ACCEPT"]
+    sh("ip", "netns", "exec", netns, "iptables-legacy", *foreign)
+    # someone deletes our rules and our qdisc by hand
+    sh("ip", "netns", "exec", netns, "iptables-legacy", "-F", "NETLIMIT")
+    sh("ip", "netns", "exec", netns, "tc", "qdisc", "del", "dev", "nlta", "root")
+    assert "htb" not in qdiscs(netns)
+    wait_for(lambda: sorted(owned_rules(netns)) == before and "htb" in qdiscs(netns), 4.0, "drift repair")
+    st = wait_for(lambda: (s := d.status())["drift_repairs"] >= 1 and s, 3.0, "the repair count")
+    assert any("udp-flood" in line for line in st["last_drift"])
+    saved = sh("ip", "netns", "exec", netns, "iptables-legacy-save").stdout
+    assert "-A INPUT -p tcp -m tcp --dport 9999 -j ACCEPT" in saved
+    assert "drift repair" in d.log.read_text()
+    assert d.stop() == 0
+    saved = sh("ip", "netns", "exec", netns, "iptables-legacy-save").stdout
+    assert "-A INPUT -p tcp -m tcp --dport 9999 -j ACCEPT" in saved, "flush must spare foreign rules"
+
+
+def test_keep_on_stop_and_adopt_after_crash(daemon_factory, netns):
+    d = daemon_factory(config_text(on_stop="keep"))
+    d.start()
+    before = sorted(owned_rules(netns))
+    assert d.stop() == 0
+    assert sorted(owned_rules(netns)) == before, "on_stop: keep leaves the rules"
+    d.start()
+    assert sorted(owned_rules(netns)) == before
+    d.proc.kill()                      # a crash: protection stays
+    d.proc.wait(timeout=10)
+    assert sorted(owned_rules(netns)) == before
+    d.start()                          # the next start adopts them: no duplicates
+    assert sorted(owned_rules(netns)) == before
+    assert d.status()["last_apply_changes"] == 0
+    assert "start: no changes" in d.log.read_text()
+
+
+def test_metrics_over_http(daemon_factory, netns):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    d = daemon_factory(config_text())
+    d.start()
+    # put some packets through the hashlimit rule
+    sh("ip", "-n", netns, "addr", "add", "10.77.0.1/24", "dev", "nlta")
+    sh("ip", "-n", netns, "addr", "add", "10.77.0.2/24", "dev", "nltb")
+    body = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10).read().decode()
+    fams = {f.name: f for f in text_string_to_metric_families(body)}
+    assert {"netlimit_rule_packets", "netlimit_rule_bytes", "netlimit_rule_dropped_packets",
+            "netlimit_apply_duration_seconds", "netlimit_applies", "netlimit_config_reloads",
+            "netlimit_drift_repairs"} <= set(fams)
+    rules = {s.labels["rule"] for s in fams["netlimit_rule_packets"].samples}
+    assert {"udp-flood", "shape"} <= rules
+    layers = {s.labels["layer"] for s in fams["netlimit_rule_packets"].samples}
+    assert {"iptables", "ip6tables", "tc"} <= layers
+    applies = {s.labels["result"]: s.value for s in fams["netlimit_applies"].samples if s.name.endswith("_total")}
+    assert applies == {"ok": 1.0, "failed": 0.0}
+    for s in fams["netlimit_rule_packets"].samples:
+        assert set(s.labels) == {"rule", "layer"}, "bounded label set"
+
+
+def test_sd_notify_protocol(tmp_path, daemon_factory):
+    """READY=1 after the first apply, RELOADING=1/READY=1 around reloads, STATUS=, WATCHDOG=1, STOPPING=1."""
+    path = str(tmp_path / "notify.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    rx.settimeout(10)
+    try:
+        env = os.environ.copy()
+        env.update(NOTIFY_SOCKET=path, WATCHDOG_USEC="400000")
+        d = daemon_factory(config_text(), env=env)
+        d.start()
+        msgs: list[str] = []
+
+        def recv_until(pred, timeout=10.0):
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    m = rx.recv(4096).decode()
+                except socket.timeout:
+                    break
+                msgs.append(m)
+                if pred(m):
+                    return m
+            raise AssertionError(f"no matching notification; got {msgs}")
+
+        ready = recv_until(lambda m: "READY=1" in m)
+        assert "STATUS=2 rules from" in ready
+        recv_until(lambda m: m == "WATCHDOG=1", timeout=3)
+        d.proc.send_signal(signal.SIGHUP)
+        recv_until(lambda m: m.startswith("RELOADING=1\nMONOTONIC_USEC="))
+        recv_until(lambda m: "READY=1" in m)
+        d.stop()
+        recv_until(lambda m: m == "STOPPING=1")
+    finally:
+        rx.close()
