@@ -118,12 +118,12 @@ def kspec(rule) -> str:
     for m in rule.matches:
         parts += ["-m", m.name]
         for k, v in _params(m):
-            parts += [f"--{k}"] + ([v] if v != "" else [])
+            parts += [f"--{k.replace('_', '-')}"] + ([v] if v != "" else [])
     tname = rule.target.name if rule.target is not None else ""
     if tname:
         parts += ["-j", tname]
         for k, v in _params(rule.target):
-            parts += [f"--{k}"] + ([v] if v != "" else [])
+            parts += [f"--{k.replace('_', '-')}"] + ([v] if v != "" else [])
     return " ".join(parts)
 
 

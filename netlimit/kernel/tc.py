@@ -395,7 +395,7 @@ def _del_ingress_filter(ipr, idx: int, st_other: int) -> None:
     from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
 
     try:
-        ipr.tc("del-filter", "u32", idx, parent=INGRESS, prio=TC_INGRESS_PRIO, protocol=ETH_P["all"])
+        ipr.tc("del-filter", index=idx, parent=INGRESS, prio=TC_INGRESS_PRIO, protocol=ETH_P["all"])
     except NetlinkError as exc:
         if exc.code not in (2, 22):
             raise

@@ -1,0 +1,218 @@
+"""Bounded test traffic between network namespaces (for `netlimit demo` and the netns tests).
+
+Every generator runs as a child process inside a namespace (`ip netns exec`),
+is bounded in packets and seconds, and only ever addresses the peer namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from .netns import exec_prefix
+
+PY = sys.executable
+
+
+class ToolMissing(Exception):
+    pass
+
+
+def need(tool: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        raise ToolMissing(f"{tool} is not installed (apt-get install {'iptables' if 'iptables' in tool else tool})")
+    return path
+
+
+_UDP_FLOOD = r"""
+import socket, sys, time, json
+src, dst, port, pps, secs, fam = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+s = socket.socket(socket.AF_INET if fam == 4 else socket.AF_INET6, socket.SOCK_DGRAM)
+s.bind((src, 0))
+payload = b"x" * 32
+n_total = int(pps * secs)
+t0 = time.monotonic()
+sent = 0
+last = t0
+while sent < n_total:
+    due = t0 + sent / pps
+    now = time.monotonic()
+    if now < due:
+        time.sleep(min(due - now, 0.002))
+        continue
+    try:
+        s.sendto(payload, (dst, port))
+    except OSError:
+        pass
+    last = time.monotonic()
+    sent += 1
+print(json.dumps({"sent": sent, "duration": last - t0}))
+"""
+
+
+@dataclass
+class FloodResult:
+    sent: int
+    duration: float
+
+    @property
+    def pps(self) -> float:
+        return self.sent / self.duration if self.duration > 0 else 0.0
+
+
+def udp_flood_start(ns: str, src: str, dst: str, port: int, pps: float, seconds: float) -> subprocess.Popen:
+    fam = 6 if ":" in dst else 4
+    return subprocess.Popen(exec_prefix(ns) + [PY, "-c", _UDP_FLOOD, src, dst, str(port), str(pps), str(seconds),
+                                               str(fam)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def flood_result(p: subprocess.Popen, timeout: float = 60) -> FloodResult:
+    out, errout = p.communicate(timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"udp flood failed: {errout.strip()}")
+    d = json.loads(out)
+    return FloodResult(d["sent"], d["duration"])
+
+
+def udp_flood(ns: str, src: str, dst: str, port: int, pps: float, seconds: float) -> FloodResult:
+    return flood_result(udp_flood_start(ns, src, dst, port, pps, seconds), timeout=seconds + 30)
+
+
+_TCP_CONNECT = r"""
+import socket, sys, time, json
+src, dst, port, n, timeout, hold, gap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7])
+fam = socket.AF_INET6 if ":" in dst else socket.AF_INET
+res, keep = [], []
+for i in range(n):
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.bind((src, 0))
+    s.settimeout(timeout)
+    try:
+        s.connect((dst, port))
+        res.append(True)
+        keep.append(s)
+    except OSError:
+        res.append(False)
+        s.close()
+    if gap:
+        time.sleep(gap)
+print(json.dumps(res), flush=True)
+time.sleep(hold)
+for s in keep:
+    s.close()
+"""
+
+
+def tcp_connects(ns: str, src: str, dst: str, port: int, n: int, *, timeout: float = 1.0, hold: float = 0.0,
+                 gap: float = 0.0) -> list[bool]:
+    """Open n connections one after the other (all kept open until the end); which succeeded."""
+    p = subprocess.run(exec_prefix(ns) + [PY, "-c", _TCP_CONNECT, src, dst, str(port), str(n), str(timeout),
+                                          str(hold), str(gap)],
+                       capture_output=True, text=True, timeout=n * (timeout + gap) + hold + 30)
+    if p.returncode != 0:
+        raise RuntimeError(f"tcp connects failed: {p.stderr.strip()}")
+    return json.loads(p.stdout.strip().splitlines()[0])
+
+
+_TCP_LISTEN = r"""
+import socket, sys, threading, time
+addr, port, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+ls = socket.socket(fam, socket.SOCK_STREAM)
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((addr, port))
+ls.listen(128)
+ls.settimeout(0.2)
+print("ready", flush=True)
+held = []
+end = time.monotonic() + secs
+while time.monotonic() < end:
+    try:
+        c, _ = ls.accept()
+        held.append(c)
+    except OSError:
+        pass
+"""
+
+
+def tcp_listener(ns: str, addr: str, port: int, seconds: float = 60) -> subprocess.Popen:
+    """A listener that accepts and holds connections for `seconds` (then exits)."""
+    p = subprocess.Popen(exec_prefix(ns) + [PY, "-c", _TCP_LISTEN, addr, str(port), str(seconds)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline() if p.stdout else ""
+    if "ready" not in line:
+        p.kill()
+        raise RuntimeError(f"listener did not start: {p.stderr.read() if p.stderr else ''}")
+    return p
+
+
+@dataclass
+class IperfResult:
+    bits_per_second: float
+    retransmits: int
+    seconds: float
+
+
+def iperf3(server_ns: str, client_ns: str, server_ip: str, *, port: int = 5201, seconds: float = 5,
+           reverse: bool = False, omit: int = 1, bind: str | None = None) -> IperfResult:
+    """TCP goodput between namespaces (receiver side), bounded in time."""
+    exe = need("iperf3")
+    srv = subprocess.Popen(exec_prefix(server_ns) + [exe, "-s", "-1", "-p", str(port), "-B", server_ip],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        cmd = [exe, "-c", server_ip, "-p", str(port), "-t", str(seconds), "-O", str(omit), "-J"]
+        if reverse:
+            cmd.append("-R")
+        if bind:
+            cmd += ["-B", bind]
+        out = None
+        for _ in range(50):  # wait for the server to listen
+            p = subprocess.run(exec_prefix(client_ns) + cmd, capture_output=True, text=True,
+                               timeout=seconds + omit + 30)
+            data = json.loads(p.stdout or "{}")
+            if p.returncode == 0 and "error" not in data:
+                out = data
+                break
+            if "Connection refused" not in (data.get("error", "") + p.stderr):
+                raise RuntimeError(f"iperf3 failed: {data.get('error') or p.stderr.strip()}")
+            time.sleep(0.1)
+        if out is None:
+            raise RuntimeError("iperf3 server did not start")
+        end = out["end"]
+        recv = end["sum_received"]
+        sent = end.get("sum_sent", {})
+        return IperfResult(recv["bits_per_second"], int(sent.get("retransmits", 0) or 0), recv["seconds"])
+    finally:
+        try:
+            srv.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
+
+
+def save_counters(ns: str, family: int = 4) -> str:
+    tool = need("iptables-legacy-save" if family == 4 else "ip6tables-legacy-save")
+    return subprocess.run(exec_prefix(ns) + [tool, "-c"], capture_output=True, text=True, check=True,
+                          timeout=30).stdout
+
+
+def counter_by_comment(ns: str, comment: str, family: int = 4) -> int:
+    """Packets counted by the rule carrying `comment` (iptables-legacy-save -c)."""
+    total = 0
+    found = False
+    for line in save_counters(ns, family).splitlines():
+        if f'--comment "{comment}"' in line or f"--comment {comment} " in line:
+            found = True
+            total += int(line.split("]")[0].lstrip("[").split(":")[0])
+    if not found:
+        raise RuntimeError(f"no rule with comment {comment!r} in namespace {ns}")
+    return total
+
+
+def wait_quiet(seconds: float) -> None:
+    time.sleep(seconds)
