@@ -10,6 +10,7 @@ APT_PACKAGES=(
   iptables iproute2 conntrack        # the kernel layer: iptables-legacy, tc, ip netns
   iperf3 hping3 netcat-openbsd       # traffic for tests, demo, benchmarks
   redis-server nginx wrk             # the HTTP layer's real peers
+  systemd systemd-container debootstrap util-linux   # units tested under a real systemd (nspawn)
   python3-venv
 )
 

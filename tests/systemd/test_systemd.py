@@ -116,6 +116,7 @@ def container():
 
 
 @pytest.mark.netns
+@pytest.mark.timeout(1500)  # the first run builds the cached root file system (about 3 minutes)
 def test_netlimitd_and_sidecar_under_systemd(container):
     c = container
     assert "installed /etc/systemd/system/netlimitd.service (ExecStart from /opt/netlimit/bin)" in c.install_output
