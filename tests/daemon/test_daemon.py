@@ -317,3 +317,18 @@ def test_sd_notify_protocol(tmp_path, daemon_factory):
         recv_until(lambda m: m == "STOPPING=1")
     finally:
         rx.close()
+
+
+def test_status_without_daemon_reads_the_kernel(tmp_path, netns):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(config_text())
+    res = subprocess.run([EXE, "apply", str(cfg), "--netns", netns], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    try:
+        out = subprocess.run([EXE, "status", "--socket", str(tmp_path / "none.sock"), "--netns", netns],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"no daemon answers on {tmp_path}/none.sock; reading the kernel instead")
+        assert "udp-flood" in out.stdout and "iptables" in out.stdout
+    finally:
+        subprocess.run([EXE, "flush", "--netns", netns], capture_output=True, timeout=120)
