@@ -29,7 +29,7 @@ FAMILY_TOOL = {4: "iptables", 6: "ip6tables"}
 
 def _q(value: str) -> str:
     """Quote like iptables-save does: only when needed, with double quotes."""
-    if value and all(c.isalnum() or c in "-_./:,+=@%" for c in value):
+    if value and all(c.isalnum() or c in "-_./:,+=@%~" for c in value):
         return value
     return _dq(value)
 
