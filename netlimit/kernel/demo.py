@@ -1,0 +1,224 @@
+"""`netlimit demo`: rules/demo.yaml applied in a throw-away namespace, measured with real traffic.
+
+Two namespaces (nldemo-<pid>-s / -c) joined by a veth pair; every packet stays
+between them. Everything is torn down at the end, on error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import traffic
+
+SRV_IF, CLI_IF = "srv0", "cli0"
+SRV4, CLI4, CLI4_EXEMPT = "198.18.0.1", "198.18.0.2", "198.18.0.3"
+PAYLOAD = 1448 / 1514
+
+
+class DemoError(Exception):
+    pass
+
+
+def demo_file() -> Path:
+    p = Path(__file__).resolve().parents[2] / "rules" / "demo.yaml"
+    if not p.exists():
+        raise DemoError(f"{p} not found (the demo ships with the source tree)")
+    return p
+
+
+@dataclass
+class Row:
+    rule: str
+    what: str
+    configured: str
+    measured: str
+    ok: bool
+
+
+class Progress:
+    """One line that updates while traffic runs (plain lines when not a terminal)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self._stop = threading.Event()
+        self._th: threading.Thread | None = None
+
+    def run(self, label: str, seconds: float):
+        self.stop()
+        self._stop.clear()
+        start = time.monotonic()
+        if not self.tty:
+            print(f"[demo] {label} ({seconds:.0f} s) ...", file=sys.stderr, flush=True)
+            return self
+
+        def tick() -> None:
+            while not self._stop.wait(0.2):
+                el = time.monotonic() - start
+                bar = int(20 * min(el / seconds, 1.0))
+                sys.stderr.write(f"\r[demo] {label:<40} [{'#' * bar}{'.' * (20 - bar)}] {el:4.1f}/{seconds:.0f} s")
+                sys.stderr.flush()
+
+        self._th = threading.Thread(target=tick, daemon=True)
+        self._th.start()
+        return self
+
+    def stop(self) -> None:
+        if self._th is not None:
+            self._stop.set()
+            self._th.join()
+            self._th = None
+            sys.stderr.write("\r" + " " * 90 + "\r")
+            sys.stderr.flush()
+
+
+def _sh(*cmd: str) -> None:
+    p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        raise DemoError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+
+
+def _setup(srv: str, cli: str) -> None:
+    for ns in (srv, cli):
+        if os.path.exists(f"/run/netns/{ns}"):
+            raise DemoError(f"namespace {ns} already exists")
+    _sh("ip", "netns", "add", srv)
+    _sh("ip", "netns", "add", cli)
+    _sh("ip", "link", "add", SRV_IF, "netns", srv, "type", "veth", "peer", "name", CLI_IF, "netns", cli)
+    for ns, dev, addrs in ((srv, SRV_IF, [SRV4]), (cli, CLI_IF, [CLI4, CLI4_EXEMPT])):
+        _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        for a in addrs:
+            _sh("ip", "-n", ns, "addr", "add", f"{a}/24", "dev", dev)
+        _sh("ip", "-n", ns, "link", "set", dev, "up")
+
+
+def _teardown(srv: str, cli: str) -> None:
+    for ns in (srv, cli):
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+def _counter(srv: str, src: str) -> str:
+    comment = f"demo-count-{src}"
+    _sh("ip", "netns", "exec", srv, traffic.need("iptables-legacy"), "-A", "INPUT", "-s", src, "-p", "udp",
+        "--dport", "5000", "-m", "comment", "--comment", comment, "-j", "ACCEPT")
+    return comment
+
+
+def run_demo(duration: float = 4.0, keep: bool = False, out=None) -> bool:
+    from ..config.validate import ConfigError, load_file
+    from .compile import compile_config
+    from .reconcile import ApplyError, apply
+
+    out = out or sys.stdout
+    for tool in ("iperf3", "iptables-legacy", "ip"):
+        try:
+            traffic.need(tool)
+        except traffic.ToolMissing as exc:
+            raise DemoError(str(exc)) from None
+    path = demo_file()
+    try:
+        loaded = load_file(path)
+    except ConfigError as exc:
+        raise DemoError(str(exc)) from None
+    desired = compile_config(loaded.config)
+    srv, cli = f"nldemo-{os.getpid()}-s", f"nldemo-{os.getpid()}-c"
+    prog = Progress()
+    rows: list[Row] = []
+
+    def on_term(signum, frame):  # turn SIGTERM into the same clean-up as Ctrl-C
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    t_start = time.monotonic()
+    try:
+        print(f"netlimit demo: namespaces {srv} (server, {SRV4}) and {cli} (client, {CLI4} and {CLI4_EXEMPT}), "
+              f"rules from {path}", file=out)
+        _setup(srv, cli)
+        t0 = time.monotonic()
+        try:
+            res = apply(desired, srv)
+        except ApplyError as exc:
+            raise DemoError(f"apply failed: {exc}") from None
+        c = res.changes.counts()
+        print(f"applied {c['add']} objects in {time.monotonic() - t0:.2f} s (iptables + tc, one commit per "
+              "family)\n", file=out)
+
+        # 1. packet flood: limited source and exempt source at once
+        rate, burst, pps = 100, 10, 2000
+        c_lim, c_ex = _counter(srv, CLI4), _counter(srv, CLI4_EXEMPT)
+        prog.run(f"udp flood {pps} pkt/s from 2 sources", duration)
+        p1 = traffic.udp_flood_start(cli, CLI4, SRV4, 5000, pps, duration)
+        p2 = traffic.udp_flood_start(cli, CLI4_EXEMPT, SRV4, 5000, pps, duration)
+        r1, r2 = traffic.flood_result(p1), traffic.flood_result(p2)
+        prog.stop()
+        time.sleep(0.2)
+        got = traffic.counter_by_comment(srv, c_lim)
+        got_ex = traffic.counter_by_comment(srv, c_ex)
+        exp = rate * r1.duration + burst
+        rows.append(Row("udp-flood", "udp/5000, per source", f"{rate}/s + burst {burst} = {exp:.0f} in "
+                        f"{r1.duration:.1f} s", f"{got} of {r1.sent} delivered", abs(got - exp) <= 0.01 * exp))
+        rows.append(Row("(exempt)", f"same flood from {CLI4_EXEMPT}", "never limited",
+                        f"{got_ex} of {r2.sent} delivered", got_ex == r2.sent))
+
+        # 2. new connections (recent) and concurrent connections (connlimit)
+        prog.run("tcp connection attempts", 7)
+        l1 = traffic.tcp_listener(srv, SRV4, 2222, seconds=20)
+        l2 = traffic.tcp_listener(srv, SRV4, 8081, seconds=20)
+        try:
+            nc = traffic.tcp_connects(cli, CLI4, SRV4, 2222, 5, timeout=1.0)
+            mc = traffic.tcp_connects(cli, CLI4, SRV4, 8081, 3, timeout=1.0)
+        finally:
+            for lp in (l1, l2):
+                lp.kill()
+                lp.wait()
+        prog.stop()
+        mark = lambda lst: " ".join("ok" if x else "x" for x in lst)  # noqa: E731
+        rows.append(Row("new-conns", "tcp/2222 new connections", "3 per minute per source",
+                        f"{sum(nc)} of 5 accepted ({mark(nc)})", nc == [True, True, True, False, False]))
+        rows.append(Row("max-conns", "tcp/8081 concurrent", "2 per source",
+                        f"{sum(mc)} of 3 open ({mark(mc)})", mc == [True, True, False]))
+
+        # 3. bulk transfers: egress by port, ingress through the IFB device
+        for name, port, reverse, bits, what in (("bulk-out", 5201, True, 10e6, "server -> client, sport 5201"),
+                                                ("uploads-in", 5202, False, 20e6, "client -> server, dport 5202 "
+                                                                                  "(IFB)")):
+            prog.run(f"iperf3 {what}", duration + 1)
+            r = traffic.iperf3(srv, cli, SRV4, port=port, seconds=int(duration), reverse=reverse)
+            prog.stop()
+            conf = bits * PAYLOAD
+            rows.append(Row(name, what, f"{bits / 1e6:g}mbit -> {conf / 1e6:.2f} goodput",
+                            f"{r.bits_per_second / 1e6:.2f} mbit/s ({100 * (r.bits_per_second / conf - 1):+.1f} %)",
+                            abs(r.bits_per_second - conf) <= 0.03 * conf))
+    except KeyboardInterrupt:
+        prog.stop()
+        print("\ninterrupted: cleaning up", file=out)
+        return False
+    except (traffic.ToolMissing, RuntimeError, subprocess.SubprocessError) as exc:
+        prog.stop()
+        raise DemoError(str(exc)) from None
+    finally:
+        prog.stop()
+        signal.signal(signal.SIGTERM, old)
+        if keep:
+            print(f"namespaces kept: {srv} {cli} (remove with: ip netns del {srv}; ip netns del {cli})", file=out)
+        else:
+            _teardown(srv, cli)
+    print(format_rows(rows), file=out)
+    ok = all(r.ok for r in rows)
+    print(f"\n{'all within tolerance' if ok else 'SOME MEASUREMENTS MISSED'} "
+          f"(packets ±1 %, bandwidth ±3 % of rate x 1448/1514); {time.monotonic() - t_start:.0f} s, "
+          f"namespaces {'kept' if keep else 'removed'}", file=out)
+    return ok
+
+
+def format_rows(rows: list[Row]) -> str:
+    heads = ("RULE", "WHAT", "CONFIGURED", "MEASURED", "")
+    table = [heads] + [(r.rule, r.what, r.configured, r.measured, "ok" if r.ok else "MISS") for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(heads))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
