@@ -164,9 +164,14 @@ def read_owned(netns: str | None = None) -> State:
 
 
 def diff(desired: Desired, state: State) -> Changes:
-    """Pure comparison, except that desired rules are spelt through python-iptables
-    (libxtables, no kernel access) so both sides use the kernel's spelling."""
-    return _diff(get_backend(), desired, state)
+    """Compare; no writes. Desired rules are spelt through python-iptables (libxtables)
+    so both sides use the kernel's spelling; that runs in the state's namespace."""
+
+    def work() -> Changes:
+        with kernel_lock():
+            return _diff(get_backend(), desired, state)
+
+    return run_in_netns(state.netns, work)
 
 
 @dataclass

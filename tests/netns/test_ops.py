@@ -266,3 +266,15 @@ def test_cli_apply_failure_exit_code(topo, tmp_path):
     assert p.returncode == 2
     assert "nowhere" in p.stderr and "nosuch0" in p.stderr
     assert topo.state().empty
+
+
+def test_read_diff_api_for_the_daemon(topo):
+    d = topo.desired(full(topo))
+    st = reconcile.read_owned(topo.srv)
+    assert st.empty and not reconcile.diff(d, st).empty
+    reconcile.apply(d, topo.srv)
+    ch = reconcile.diff(d, reconcile.read_owned(topo.srv))
+    assert ch.empty and ch.lines() == []
+    topo.sx("iptables-legacy", "-F", "NETLIMIT")       # drift
+    lines = reconcile.diff(d, reconcile.read_owned(topo.srv)).lines()
+    assert lines and all(l.startswith("+ iptables") for l in lines)
