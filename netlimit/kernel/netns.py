@@ -125,6 +125,7 @@ def xtables_lock(timeout: float = 10.0) -> Iterator[None]:
 
 
 _process_lock = threading.RLock()
+APPLY_LOCK = "/run/netlimit/apply.lock"
 
 
 @contextmanager
@@ -133,3 +134,28 @@ def kernel_lock() -> Iterator[None]:
     Table objects are per-process singletons)."""
     with _process_lock:
         yield
+
+
+@contextmanager
+def writer_lock(timeout: float = 60.0) -> Iterator[None]:
+    """One netlimit writer at a time across processes (CLI, daemon): read -> diff ->
+    write must not interleave, or one writer's rollback could undo the other's work.
+    (The xtables lock, taken around each commit, only orders us against iptables.)"""
+    os.makedirs(os.path.dirname(APPLY_LOCK), exist_ok=True)
+    fd = os.open(APPLY_LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    raise LockTimeout(f"another netlimit apply/flush has held {APPLY_LOCK} for {timeout:.0f} s; "
+                                      "nothing was changed") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)

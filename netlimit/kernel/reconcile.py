@@ -18,10 +18,11 @@ and the kernel's answer.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .netns import kernel_lock, run_in_netns
+from .netns import LockTimeout, kernel_lock, run_in_netns, writer_lock
 from .objects import Desired, IptChain, IptRule, rule_of_comment
 
 
@@ -80,6 +81,11 @@ class PythonIptablesBackend:
 
 def get_backend() -> FilterBackend:
     return PythonIptablesBackend()
+
+
+@contextmanager
+def _nolock():
+    yield
 
 
 # --- state and changes ------------------------------------------------------------
@@ -193,7 +199,7 @@ def apply(desired: Desired, netns: str | None = None, *, dry_run: bool = False) 
 
         backend = get_backend()
         t0 = time.monotonic()
-        with kernel_lock():
+        with kernel_lock(), (writer_lock() if not dry_run else _nolock()):
             state = _read(backend)
             state.netns = netns
             t_read = time.monotonic()
@@ -241,7 +247,10 @@ def apply(desired: Desired, netns: str | None = None, *, dry_run: bool = False) 
             res.timings["total"] = time.monotonic() - t0
             return res
 
-    result = run_in_netns(netns, work)
+    try:
+        result = run_in_netns(netns, work)
+    except LockTimeout as exc:
+        raise ApplyError(str(exc), None, rolled_back=True) from None
     if not dry_run:
         save_names(netns, desired)
     return result
@@ -255,7 +264,7 @@ def flush(netns: str | None = None) -> State:
         from . import iptables as ipt
         from . import tc
 
-        with kernel_lock():
+        with kernel_lock(), writer_lock():
             backend = get_backend()
             st = _read(backend)
             st.netns = netns
