@@ -118,6 +118,10 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
         netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP),
         json_out: bool = typer.Option(False, "--json", help="Machine-readable result."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and the summary."),
+        confirm: Optional[float] = typer.Option(
+            None, "--confirm", metavar="SECONDS", min=1,
+            help="Like iptables-apply: after applying, wait for Enter; without it (timeout or no terminal) "
+                 "the previous rules are restored. For changes to the port you are connected through."),
     ) -> None:
         """Make the kernel equal to FILE: print the diff, then write it atomically (root).
 
@@ -156,6 +160,12 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
         t = res.timings
         typer.echo(f"applied {file}{where}: {c['add']} added, {c['remove']} removed in {t.get('total', 0):.2f} s "
                    f"(iptables {t.get('iptables', 0):.2f} s, tc {t.get('tc', 0):.2f} s)")
+        if confirm is not None and not _confirmed(confirm):
+            from .reconcile import restore
+
+            restore(res.before, netns)
+            base.err(f"not confirmed within {confirm:g} s: the previous rules were restored")
+            raise typer.Exit(base.EXIT_FAILED)
 
     @app.command("list")
     def list_cmd(
@@ -229,6 +239,22 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
             raise typer.Exit(base.EXIT_FAILED) from None
         if not ok:
             raise typer.Exit(base.EXIT_FAILED)
+
+
+def _confirmed(seconds: float) -> bool:
+    """True if the operator pressed Enter within `seconds` (EOF / no terminal: False)."""
+    import select
+    import sys
+
+    typer.echo(f"keep these rules? press Enter within {seconds:g} s, or they are rolled back ...", err=True)
+    try:
+        ready, _, _ = select.select([sys.stdin], [], [], seconds)
+    except (OSError, ValueError):
+        return False
+    if not ready:
+        return False
+    line = sys.stdin.readline()
+    return line != "" and line.strip().lower() in ("", "y", "yes")
 
 
 def _human(n: int) -> str:

@@ -398,3 +398,20 @@ def list_owned(netns: str | None = None, desired: Desired | None = None) -> list
         if row["layer"] == "tc" and not row["rule"]:
             row["rule"] = names.get(row.get("key", ""), "")
     return rows
+
+
+def restore(state: State, netns: str | None = None) -> None:
+    """Put back exactly what `state` (from read_owned / ApplyResult.before) held:
+    the confirm-or-roll-back of `apply --confirm`, and a daemon's undo."""
+
+    def work() -> None:
+        from . import tc
+
+        with kernel_lock(), writer_lock():
+            backend = get_backend()
+            for fst in state.iptables.values():
+                backend.restore(fst)
+            if state.tc is not None:
+                tc.restore(state.tc)
+
+    run_in_netns(netns, work)

@@ -301,16 +301,17 @@ def diff(devices: tuple[Device, ...], st: TcState) -> TcPlan:
             plan.changes.append(("+", name, "", tc_command(link)))
     want_trees: dict[str, list[TcObject]] = {}
     want_ingress: dict[str, TcFilter] = {}
+    by_dev: dict[str, Device] = {}
     for d in devices:
         tree = [o for o in d.objects if not isinstance(o, TcLink) and o.dev == d.dev
                 and not (isinstance(o, TcFilter) and o.redirect_to)
                 and not (isinstance(o, TcQdisc) and o.kind == "ingress")]
         if tree:
             want_trees[d.dev] = tree
+            by_dev[d.dev] = d
         for o in d.objects:
             if isinstance(o, TcFilter) and o.redirect_to:
                 want_ingress[o.dev] = o
-    by_dev = {d.dev: d for d in devices if d.dev in want_trees}
     for dev, want in want_trees.items():
         live = [x.obj for x in st.trees.get(dev, [])]
         wn = sorted(norm(o) for o in want)

@@ -293,3 +293,18 @@ def test_concurrent_applies_do_not_lose_rules(topo, tmp_path):
     assert not topo.apply(full(topo)).changed
     st = topo.state()
     assert len(st.iptables[4].jumps["INPUT"]) == 1
+
+
+def test_cli_apply_confirm_rolls_back_without_confirmation(topo, tmp_path):
+    topo.apply(full(topo))
+    before = _owned_summary(topo.state())
+    f = tmp_path / "new.yaml"
+    f.write_text(full(topo, rate="70/second", bw="20mbit"))
+    p = subprocess.run(NETLIMIT + ["apply", str(f), "--netns", topo.srv, "--confirm", "2"], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "restored" in p.stderr
+    assert _owned_summary(topo.state()) == before
+    ok = subprocess.run(NETLIMIT + ["apply", str(f), "--netns", topo.srv, "--confirm", "5"], input="\n",
+                        capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert not topo.apply(full(topo, rate="70/second", bw="20mbit")).changed
