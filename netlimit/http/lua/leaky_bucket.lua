@@ -1,8 +1,8 @@
--- netlimit leaky bucket (GCRA in token units); mirrors algorithms.leaky_bucket.
--- Meter mode: admitted if it fits.  Queue mode (ARGV[4] = 1, capacity already +1):
--- admitted if it fits, delay = time until its slot.
--- KEYS[1] state key (string: theoretical arrival time in token units)
--- ARGV: 1 limit, 2 period (s), 3 capacity (+1 in queue mode), 4 queue flag, 5 cost,
+-- netlimit leaky bucket; mirrors algorithms.leaky_bucket operation for operation.
+-- Meter mode: admitted if it fits.  Queue mode (ARGV[4] = '1', ARGV[3] is then
+-- capacity + 1, nginx burst semantics): admitted if it fits, delay = level / rate.
+-- KEYS[1] state key (string: "<level> <last update time>")
+-- ARGV: 1 limit, 2 period (s), 3 capacity, 4 queue flag, 5 cost,
 --       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
 -- '%.17g' strings because Redis truncates Lua numbers to integers.
@@ -19,33 +19,43 @@ local key = KEYS[1]
 local lim = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
 local cap = tonumber(ARGV[3])
+local queue = ARGV[4] == '1'
 local cost = tonumber(ARGV[5])
 local dry = ARGV[7] == '1'
-local queue = ARGV[4] == '1'
 
 local rate = lim / period
-local now_u = now * rate
-local tat = tonumber(redis.call('GET', key))
-local base
-if tat == nil or tat < now_u then base = now_u else base = tat end
-if cost > cap then
-  local remaining = math.floor(cap - (base - now_u))
-  if remaining < 0 then remaining = 0 end
-  return {0, cap, remaining, fmt(math.huge), fmt((base - now_u) / rate), '0'}
+local level, last
+local v = redis.call('GET', key)
+if v then
+  local a, b = string.match(v, '^(%S+) (%S+)$')
+  level = tonumber(a)
+  last = tonumber(b)
+  if now > last then
+    level = level - (now - last) * rate
+    if level < 0 then level = 0 end
+    last = now
+  end
+else
+  level = 0
+  last = now
 end
-local new_tat = base + cost
-local over = new_tat - now_u - cap
-if over > 0 then
-  local remaining = math.floor(cap - (base - now_u))
+if cost > cap or level + cost > cap then
+  local remaining = math.floor(cap - level)
   if remaining < 0 then remaining = 0 end
-  return {0, cap, remaining, fmt(over / rate), fmt((base - now_u) / rate), '0'}
-end
-local remaining = math.floor(cap - (new_tat - now_u))
-if remaining < 0 then remaining = 0 end
-local reset = (new_tat - now_u) / rate
-if cost > 0 and not dry then
-  redis.call('SET', key, fmt(new_tat), 'PX', math.ceil(reset * 1000) + 1000)
+  local retry
+  if cost > cap then retry = math.huge else retry = (level + cost - cap) / rate end
+  return {0, cap, remaining, fmt(retry), fmt(level / rate), '0'}
 end
 local delay = 0
-if queue then delay = (base - now_u) / rate end
+if queue then delay = level / rate end
+if cost == 0 then
+  return {1, cap, math.floor(cap - level), '0', fmt(level / rate), fmt(delay)}
+end
+level = level + cost
+local remaining = math.floor(cap - level)
+if remaining < 0 then remaining = 0 end
+local reset = level / rate
+if not dry then
+  redis.call('SET', key, fmt(level) .. ' ' .. fmt(last), 'PX', math.ceil(reset * 1000) + 1000)
+end
 return {1, cap, remaining, '0', fmt(reset), fmt(delay)}

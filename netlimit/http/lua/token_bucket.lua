@@ -1,6 +1,6 @@
--- netlimit token bucket (GCRA in token units); mirrors algorithms.token_bucket.
--- KEYS[1] state key (string: theoretical arrival time in token units)
--- ARGV: 1 limit, 2 period (s), 3 capacity, 4 queue flag (unused), 5 cost,
+-- netlimit token bucket; mirrors algorithms.token_bucket operation for operation.
+-- KEYS[1] state key (string: "<tokens> <last update time>")
+-- ARGV: 1 limit, 2 period (s), 3 capacity (burst), 4 unused, 5 cost,
 --       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
 -- '%.17g' strings because Redis truncates Lua numbers to integers.
@@ -21,26 +21,34 @@ local cost = tonumber(ARGV[5])
 local dry = ARGV[7] == '1'
 
 local rate = lim / period
-local now_u = now * rate
-local tat = tonumber(redis.call('GET', key))
-local base
-if tat == nil or tat < now_u then base = now_u else base = tat end
-if cost > cap then
-  local remaining = math.floor(cap - (base - now_u))
+local tokens, last
+local v = redis.call('GET', key)
+if v then
+  local a, b = string.match(v, '^(%S+) (%S+)$')
+  tokens = tonumber(a)
+  last = tonumber(b)
+  if now > last then
+    tokens = tokens + (now - last) * rate
+    if tokens > cap then tokens = cap end
+    last = now
+  end
+else
+  tokens = cap
+  last = now
+end
+if cost > tokens then
+  local remaining = math.floor(tokens)
   if remaining < 0 then remaining = 0 end
-  return {0, cap, remaining, fmt(math.huge), fmt((base - now_u) / rate), '0'}
+  local retry
+  if cost > cap then retry = math.huge else retry = (cost - tokens) / rate end
+  return {0, cap, remaining, fmt(retry), fmt((cap - tokens) / rate), '0'}
 end
-local new_tat = base + cost
-local over = new_tat - now_u - cap
-if over > 0 then
-  local remaining = math.floor(cap - (base - now_u))
-  if remaining < 0 then remaining = 0 end
-  return {0, cap, remaining, fmt(over / rate), fmt((base - now_u) / rate), '0'}
+if cost == 0 then
+  return {1, cap, math.floor(tokens), '0', fmt((cap - tokens) / rate), '0'}
 end
-local remaining = math.floor(cap - (new_tat - now_u))
-if remaining < 0 then remaining = 0 end
-local reset = (new_tat - now_u) / rate
-if cost > 0 and not dry then
-  redis.call('SET', key, fmt(new_tat), 'PX', math.ceil(reset * 1000) + 1000)
+tokens = tokens - cost
+local reset = (cap - tokens) / rate
+if not dry then
+  redis.call('SET', key, fmt(tokens) .. ' ' .. fmt(last), 'PX', math.ceil(reset * 1000) + 1000)
 end
-return {1, cap, remaining, '0', fmt(reset), '0'}
+return {1, cap, math.floor(tokens), '0', fmt(reset), '0'}
