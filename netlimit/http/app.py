@@ -41,7 +41,7 @@ from .actions import ActionPlan, path_of_uri
 from .headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_headers, simple_problem
 from .limiter import CODE_NAMES, OVER_LIMIT, SRC_NONE, CheckResult, Limiter
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .metrics import Metrics
+from .metrics import FrontStats, Metrics
 from .rules import RuleSet, from_loaded
 from .store import MemoryStore, RedisStore
 
@@ -86,7 +86,7 @@ class Sidecar:
         assert http is not None
         self.loaded = loaded
         self.plan = ActionPlan(http.actions, http.trusted_proxies)
-        self.metrics = Metrics()
+        self.front = FrontStats()
         self.redis_override = redis_url
         self.storage = redis_url or http.storage
         self._store_settings = (http.storage, http.store_timeout_ms, http.max_keys, http.max_key_length)
@@ -94,8 +94,9 @@ class Sidecar:
             store: Any = MemoryStore(max_keys=http.max_keys, max_key_length=http.max_key_length)
         else:
             store = RedisStore(self.storage, timeout_ms=http.store_timeout_ms, max_key_length=http.max_key_length)
-        self.limiter = Limiter(rules, store, on_store_failure=http.on_store_failure, hooks=self.metrics,
+        self.limiter = Limiter(rules, store, on_store_failure=http.on_store_failure,
                                retry_interval=retry_interval, log_interval=log_interval)
+        self.metrics = Metrics(self.limiter, self.front)
         self.upstream = URL(upstream.rstrip("/")) if upstream else None
         self.reload_interval = reload_interval
         self.last_reload_error: str | None = None
@@ -130,12 +131,12 @@ class Sidecar:
             self.last_reload_error = "; ".join(str(p) for p in exc.problems[:5])
             log.error("%s: reload (%s) failed with %d problem%s; keeping the previous rules (sha256 %s)",
                       path, why, n, "" if n == 1 else "s", self.loaded.sha256[:12])
-            self.metrics.reload(False)
+            self.front.reload(False)
             return False
         except Exception as exc:  # noqa: BLE001 - a reload must never take the sidecar down
             self.last_reload_error = repr(exc)
             log.exception("%s: reload (%s) failed: %r; keeping the previous rules", path, why, exc)
-            self.metrics.reload(False)
+            self.front.reload(False)
             return False
         settings = (http.storage, http.store_timeout_ms, http.max_keys, http.max_key_length)
         if settings != self._store_settings:
@@ -145,7 +146,7 @@ class Sidecar:
         self.limiter.set_rules(rules, http.on_store_failure)
         self.loaded = loaded
         self.last_reload_error = None
-        self.metrics.reload(True)
+        self.front.reload(True)
         log.info("%s: reloaded (%s): domain %r, %d rules, on_store_failure %s, sha256 %s",
                  path, why, rules.domain, len(rules.rules), http.on_store_failure, loaded.sha256[:12])
         return True
@@ -196,7 +197,7 @@ class Sidecar:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _descriptors(self, request: web.Request, method: str, path) -> list:
+    def _descriptors(self, request: web.BaseRequest, method: str, path) -> list:
         h = request.headers
         peer = request.remote or ""
         plan = self.plan
@@ -216,7 +217,7 @@ class Sidecar:
 
     # -- decision endpoints -----------------------------------------------------------
 
-    async def check_get(self, request: web.Request) -> web.Response:
+    async def check_get(self, request: web.BaseRequest) -> web.Response:
         """nginx auth_request / forward-auth: GET /v1/check[?deny_status=403]."""
         h = request.headers
         deny_status = 429
@@ -228,7 +229,7 @@ class Sidecar:
                 deny_status = int(ds)
         uri = h.get("X-Original-URI") or h.get("X-Forwarded-Uri")
         if uri is None and self.plan.needs_path:
-            self.metrics.request("check", "bad_request")
+            self.front.request("check", "bad_request")
             return _problem(400, "Bad Request",
                             "the actions use 'path' but the request has no X-Original-URI header "
                             "(nginx: proxy_set_header X-Original-URI $request_uri;)")
@@ -237,14 +238,14 @@ class Sidecar:
         result = await self.limiter.check(self.limiter.rules.domain, descs)
         headers = rate_headers(result)
         if result.code == OVER_LIMIT:
-            self.metrics.request("check", "over_limit")
+            self.front.request("check", "over_limit")
             return self._deny_response(result, deny_status, headers, nginx=True)
         if result.delay > 0:
             await asyncio.sleep(min(result.delay, MAX_DELAY))
-        self.metrics.request("check", "ok")
+        self.front.request("check", "ok")
         return web.Response(status=200, headers=headers)
 
-    async def authz(self, request: web.Request) -> web.Response:
+    async def authz(self, request: web.BaseRequest) -> web.Response:
         """Envoy ext_authz HTTP service with path_prefix /v1/authz."""
         raw = request.raw_path
         i = raw.find("/v1/authz")
@@ -253,19 +254,14 @@ class Sidecar:
         result = await self.limiter.check(self.limiter.rules.domain, descs)
         headers = rate_headers(result)
         if result.code == OVER_LIMIT:
-            self.metrics.request("authz", "over_limit")
+            self.front.request("authz", "over_limit")
             return self._deny_response(result, 429, headers)
         if result.delay > 0:
             await asyncio.sleep(min(result.delay, MAX_DELAY))
-        self.metrics.request("authz", "ok")
+        self.front.request("authz", "ok")
         return web.Response(status=200, headers=headers)
 
-    async def check_dispatch(self, request: web.Request) -> web.StreamResponse:
-        if request.method == hdrs.METH_POST:
-            return await self.json_check(request)
-        return await self.check_get(request)
-
-    async def json_check(self, request: web.Request) -> web.Response:
+    async def json_check(self, request: web.BaseRequest) -> web.Response:
         """POST /v1/check (Lyft's /json shape)::
 
             {"domain": "api", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}],
@@ -278,28 +274,28 @@ class Sidecar:
              "shadowMode": false, "source": "store"}]}
         """
         if request.content_length is not None and request.content_length > MAX_JSON_BODY:
-            self.metrics.request("json", "bad_request")
+            self.front.request("json", "bad_request")
             return _problem(413, "Content Too Large", f"the JSON body is limited to {MAX_JSON_BODY} bytes")
         raw = await request.content.read(MAX_JSON_BODY + 1)
         if len(raw) > MAX_JSON_BODY:
-            self.metrics.request("json", "bad_request")
+            self.front.request("json", "bad_request")
             return _problem(413, "Content Too Large", f"the JSON body is limited to {MAX_JSON_BODY} bytes")
         try:
             domain, descs, cost = parse_json_request(raw)
         except BadRequest as exc:
-            self.metrics.request("json", "bad_request")
+            self.front.request("json", "bad_request")
             return _problem(400, "Bad Request", str(exc))
         result = await self.limiter.check(domain, descs, cost)
         body = json.dumps(result_json(result), separators=(",", ":"))
         headers = rate_headers(result)
         over = result.code == OVER_LIMIT
-        self.metrics.request("json", "over_limit" if over else "ok")
+        self.front.request("json", "over_limit" if over else "ok")
         return web.Response(status=429 if over else 200, text=body, content_type="application/json",
                             headers=headers)
 
     # -- admin -----------------------------------------------------------------------------
 
-    async def healthz(self, request: web.Request) -> web.Response:
+    async def healthz(self, request: web.BaseRequest) -> web.Response:
         lim = self.limiter
         body = {
             "status": "ok",
@@ -315,21 +311,21 @@ class Sidecar:
         }
         return web.json_response(body)
 
-    async def metrics_handler(self, request: web.Request) -> web.Response:
+    async def metrics_handler(self, request: web.BaseRequest) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={hdrs.CONTENT_TYPE: METRICS_CONTENT_TYPE})
 
-    async def rules_handler(self, request: web.Request) -> web.Response:
+    async def rules_handler(self, request: web.BaseRequest) -> web.Response:
         rs = self.limiter.rules
         return web.json_response({"domain": rs.domain, "rules": rs.describe()})
 
     # -- reverse proxy -----------------------------------------------------------------
 
-    async def proxy(self, request: web.Request) -> web.StreamResponse:
+    async def proxy(self, request: web.BaseRequest) -> web.StreamResponse:
         descs = self._descriptors(request, request.method, lambda: path_of_uri(request.raw_path))
         result = await self.limiter.check(self.limiter.rules.domain, descs)
         rh = rate_headers(result)
         if result.code == OVER_LIMIT:
-            self.metrics.request("proxy", "over_limit")
+            self.front.request("proxy", "over_limit")
             return self._deny_response(result, 429, rh)
         if result.delay > 0:
             await asyncio.sleep(min(result.delay, MAX_DELAY))
@@ -374,47 +370,64 @@ class Sidecar:
                 client_exceptions.ClientOSError) as exc:
             if resp is not None and resp.prepared:
                 raise
-            self.metrics.request("proxy", "upstream_error")
+            self.front.request("proxy", "upstream_error")
             log.warning("upstream %s: %r", self.upstream, exc)
             return _problem(502, "Bad Gateway", "the upstream application is unreachable", rh)
         except (asyncio.TimeoutError, client_exceptions.ServerTimeoutError):
             if resp is not None and resp.prepared:
                 raise
-            self.metrics.request("proxy", "upstream_error")
+            self.front.request("proxy", "upstream_error")
             return _problem(504, "Gateway Timeout", "the upstream application did not answer in time", rh)
         except client_exceptions.ClientPayloadError:
             # the upstream broke off mid-body: the client's response cannot be completed either
-            self.metrics.request("proxy", "upstream_error")
+            self.front.request("proxy", "upstream_error")
             if resp is not None and resp.prepared:
                 raise
             return _problem(502, "Bad Gateway", "the upstream application sent an invalid response", rh)
-        self.metrics.request("proxy", "ok")
+        self.front.request("proxy", "ok")
         return resp
 
-    # -- the application ---------------------------------------------------------------
+    # -- dispatch ----------------------------------------------------------------------------
 
-    def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_JSON_BODY)
+    def make_handler(self):
+        """The request handler for aiohttp's low-level server: one dict lookup on
+        the raw path instead of the router and middleware chain (the decision path
+        is benchmarked)."""
         prefix = ADMIN_PREFIX if self.upstream is not None else ""
-        r = app.router
-        r.add_route("*", prefix + "/v1/check", self.check_dispatch)
-        r.add_route("*", prefix + "/v1/authz", self.authz)
-        r.add_route("*", prefix + "/v1/authz/{tail:.*}", self.authz)
-        r.add_get(prefix + "/v1/rules", self.rules_handler)
-        r.add_get(prefix + "/healthz", self.healthz)
-        r.add_get(prefix + "/metrics", self.metrics_handler)
-        if self.upstream is not None:
-            r.add_route("*", "/{tail:.*}", self.proxy)
+        admin_get = {
+            prefix + "/healthz": self.healthz,
+            prefix + "/metrics": self.metrics_handler,
+            prefix + "/v1/rules": self.rules_handler,
+        }
+        check_path = prefix + "/v1/check"
+        authz = prefix + "/v1/authz"
+        authz_slash = authz + "/"
+        proxy = self.proxy if self.upstream is not None else None
+        check_get = self.check_get
+        json_check = self.json_check
 
-        async def on_startup(_app: web.Application) -> None:
-            await self.start()
+        async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            raw = request.raw_path
+            q = raw.find("?")
+            path = raw if q < 0 else raw[:q]
+            if path == check_path:
+                if request.method == "POST":
+                    return await json_check(request)
+                return await check_get(request)
+            if path.startswith(authz_slash) or path == authz:
+                return await self.authz(request)
+            h = admin_get.get(path)
+            if h is not None:
+                if request.method not in ("GET", "HEAD"):
+                    return _problem(405, "Method Not Allowed", f"{path} answers GET only",
+                                    {"Allow": "GET, HEAD"})
+                return await h(request)
+            if proxy is not None:
+                return await proxy(request)
+            return _problem(404, "Not Found", f"no endpoint {path!r}: try GET /v1/check, POST /v1/check, "
+                                              "/v1/authz/<path>, /v1/rules, /healthz or /metrics")
 
-        async def on_cleanup(_app: web.Application) -> None:
-            await self.stop()
-
-        app.on_startup.append(on_startup)
-        app.on_cleanup.append(on_cleanup)
-        return app
+        return handle
 
 
 def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -543,15 +556,17 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 async def serve(sidecar: Sidecar, host: str, port: int) -> None:
     """Run until SIGTERM / SIGINT; SIGHUP reloads the rules."""
-    app = sidecar.make_app()
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    server = web.Server(sidecar.make_handler(), access_log=None)
+    runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True, backlog=1024)
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
+        await sidecar.stop()
         raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    await sidecar.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -572,3 +587,4 @@ async def serve(sidecar: Sidecar, host: str, port: int) -> None:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(s)
         await runner.cleanup()
+        await sidecar.stop()

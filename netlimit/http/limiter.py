@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -43,6 +44,7 @@ from .rules import Entry, Rule, RuleSet
 from .store import MemoryStore, StoreError
 
 log = logging.getLogger("netlimit.sidecar")
+_perf = time.perf_counter
 
 # Lyft's RateLimitResponse.Code numbering
 UNKNOWN = 0
@@ -80,21 +82,35 @@ class CheckResult:
         return self.code != OVER_LIMIT
 
 
-class Hooks:
-    """Metric callbacks; the default does nothing.  metrics.py implements them."""
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
-    def rules_changed(self, rules: RuleSet) -> None: ...
 
-    def rule_hit(self, rule: Rule, cost: int, over: bool, near: bool, shadow_over: bool) -> None:
-        """``over``: over the limit (shadow_mode rules too); ``shadow_over``: over, not enforced."""
+class Histogram:
+    """A Prometheus-style histogram as plain numbers (no locks: one event loop)."""
 
-    def store_error(self, reason: str) -> None: ...
+    __slots__ = ("bounds", "counts", "sum", "count")
 
-    def fallback(self, mode: str) -> None: ...
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)   # last = above every bound
+        self.sum = 0.0
+        self.count = 0
 
-    def store_up(self, up: bool) -> None: ...
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.sum += v
+        self.count += 1
 
-    def latency(self, seconds: float) -> None: ...
+
+class CoreStats:
+    """Counters of the core besides the per-rule ones (Rule.stats)."""
+
+    __slots__ = ("store_errors", "fallbacks", "latency")
+
+    def __init__(self) -> None:
+        self.store_errors = {"timeout": 0, "connection": 0, "error": 0}
+        self.fallbacks = {"local": 0, "open": 0, "closed": 0}
+        self.latency = Histogram()
 
 
 class _LogEvery:
@@ -144,12 +160,11 @@ class Limiter:
     """
 
     def __init__(self, rules: RuleSet, store: Any = None, *, local: MemoryStore | None = None,
-                 on_store_failure: str = "local", hooks: Hooks | None = None,
-                 retry_interval: float = 1.0, log_interval: float = 10.0,
+                 on_store_failure: str = "local", retry_interval: float = 1.0, log_interval: float = 10.0,
                  clock: Callable[[], float] = time.monotonic):
         if on_store_failure not in ("open", "local", "closed"):
             raise ValueError(f"on_store_failure must be open, local or closed, not {on_store_failure!r}")
-        self.hooks = hooks if hooks is not None else Hooks()
+        self.stats = CoreStats()
         cfg = rules.config
         if store is None:
             store = MemoryStore(max_keys=cfg.max_keys if cfg else 100_000,
@@ -170,14 +185,17 @@ class Limiter:
         self._fail_log = _LogEvery(log_interval, clock)
         self._rule_log = _LogEvery(log_interval, clock)
         self.rules = rules
-        self.hooks.rules_changed(rules)
-        self.hooks.store_up(True)
 
     # -- configuration -------------------------------------------------------
 
     def set_rules(self, rules: RuleSet, on_store_failure: str | None = None) -> None:
-        """Swap the rules (hot reload); one attribute store, so atomic for check()."""
-        self.hooks.rules_changed(rules)
+        """Swap the rules (hot reload); one attribute store, so atomic for check().
+        Rules keep their counters across reloads (matched by domain and name)."""
+        old = {(r.domain, r.name): r.stats for r in self.rules.rules}
+        for r in rules.rules:
+            st = old.get((r.domain, r.name))
+            if st is not None:
+                r.stats = st
         self.rules = rules
         if on_store_failure is not None:
             self.on_store_failure = on_store_failure
@@ -197,84 +215,84 @@ class Limiter:
     async def check(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:
         """Decide one request.  ``descriptors`` are lists of (key, value) entries;
         ``cost`` (>= 0) is charged to every matching rule."""
-        t0 = time.perf_counter()
+        t0 = _perf()
         rs = self.rules
         if domain != rs.domain:
             return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
-        rules = [rs.match(d) for d in descriptors]
+        match = rs.match
+        rules = [match(d) for d in descriptors]
         if rs.has_replaces:
             replaced = {name for r in rules if r is not None for name in r.replaces}
             if replaced:
                 rules = [None if r is not None and r.name in replaced else r for r in rules]
-        statuses: list[DescriptorStatus] = []
         mem = self._mem
         if mem is not None:
-            for d, rule in zip(descriptors, rules):
-                if rule is None or rule.limit is None:
-                    statuses.append(DescriptorStatus(OK, rule))
-                else:
-                    statuses.append(self._status(rule, mem.hit_sync(rs.store_key(rule, d), rule.limit, cost),
-                                                 SRC_STORE, cost, d))
+            hit = mem.hit_sync
+            key = rs.store_key
+            decided = [None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
+                       for d, r in zip(descriptors, rules)]
         else:
-            pending = [(i, rule, rs.store_key(rule, d)) for i, (d, rule) in enumerate(zip(descriptors, rules))
-                       if rule is not None and rule.limit is not None]
+            pending = [(i, r, rs.store_key(r, d)) for i, (d, r) in enumerate(zip(descriptors, rules))
+                       if r is not None and r.limit is not None]
+            decided = [None] * len(rules)
             if len(pending) == 1:
-                _, rule, key = pending[0]
-                decided = [await self._hit(key, rule, cost)]
+                i, r, k = pending[0]
+                decided[i] = await self._hit(k, r, cost)
             elif pending:
-                decided = await asyncio.gather(*[self._hit(key, rule, cost) for _, rule, key in pending])
-            else:
-                decided = []
-            j = 0
-            for i, (d, rule) in enumerate(zip(descriptors, rules)):
-                if j < len(pending) and pending[j][0] == i:
-                    dec, src = decided[j]
-                    j += 1
-                    statuses.append(self._status(rule, dec, src, cost, d))
-                else:
-                    statuses.append(DescriptorStatus(OK, rule))
-        result = self._combine(statuses)
-        self.hooks.latency(time.perf_counter() - t0)
+                res = await asyncio.gather(*[self._hit(k, r, cost) for _, r, k in pending])
+                for (i, _, _), dr in zip(pending, res):
+                    decided[i] = dr
+        result = self._evaluate(descriptors, rules, decided, cost)
+        self.stats.latency.observe(_perf() - t0)
         return result
 
-    def _status(self, rule: Rule, dec: Decision | None, src: str, cost: int, entries) -> DescriptorStatus:
-        if dec is None:  # on_store_failure: open
-            self.hooks.rule_hit(rule, cost, False, False, False)
-            return DescriptorStatus(OK, rule, None, False, False, src)
-        if dec.allowed:
-            near = dec.remaining <= rule.near_threshold
-            self.hooks.rule_hit(rule, cost, False, near, False)
-            return DescriptorStatus(OK, rule, dec, False, near, src)
-        if rule.shadow:
-            self.hooks.rule_hit(rule, cost, True, False, True)
-            self._log_rule("shadow", rule, entries, dec)
-            return DescriptorStatus(OK, rule, dec, True, False, src)
-        self.hooks.rule_hit(rule, cost, True, False, False)
-        self._log_rule("over", rule, entries, dec)
-        return DescriptorStatus(OVER_LIMIT, rule, dec, False, False, src)
-
-    @staticmethod
-    def _combine(statuses: list[DescriptorStatus]) -> CheckResult:
+    def _evaluate(self, descriptors, rules, decided, cost: int) -> CheckResult:
+        """Statuses, per-rule counters, the overall code and the reported status."""
+        statuses: list[DescriptorStatus] = []
         report: DescriptorStatus | None = None
         code = OK
         delay = 0.0
-        for st in statuses:
-            dec = st.decision
-            if dec is None or st.rule is None or st.rule.shadow:
+        for d, rule, dd in zip(descriptors, rules, decided):
+            if dd is None:
+                statuses.append(DescriptorStatus(OK, rule))
                 continue
-            if st.code == OVER_LIMIT:
-                if code != OVER_LIMIT or dec.retry_after > report.decision.retry_after:  # type: ignore[union-attr]
-                    report = st
-                code = OVER_LIMIT
-            elif code == OK:
+            dec, src = dd
+            stats = rule.stats
+            stats.hits += cost
+            if dec is None:  # on_store_failure: open
+                stats.within += cost
+                statuses.append(DescriptorStatus(OK, rule, None, False, False, src))
+                continue
+            if dec.allowed:
+                stats.within += cost
+                near = dec.remaining <= rule.near_threshold
+                if near:
+                    stats.near += cost
+                st = DescriptorStatus(OK, rule, dec, False, near, src)
+                statuses.append(st)
+                if rule.shadow or code != OK:
+                    continue
                 if dec.delay > delay:
                     delay = dec.delay
                 if report is None:
                     report = st
                 else:
                     rd = report.decision
-                    if dec.remaining < rd.remaining or (dec.remaining == rd.remaining and dec.limit < rd.limit):  # type: ignore[union-attr]
+                    if dec.remaining < rd.remaining or (dec.remaining == rd.remaining and dec.limit < rd.limit):
                         report = st
+                continue
+            stats.over += cost
+            if rule.shadow:
+                stats.shadow += cost
+                self._log_rule("shadow", rule, d, dec)
+                statuses.append(DescriptorStatus(OK, rule, dec, True, False, src))
+                continue
+            self._log_rule("over", rule, d, dec)
+            st = DescriptorStatus(OVER_LIMIT, rule, dec, False, False, src)
+            statuses.append(st)
+            if code != OVER_LIMIT or dec.retry_after > report.decision.retry_after:  # type: ignore[union-attr]
+                report = st
+            code = OVER_LIMIT
         return CheckResult(code, statuses, report, delay if code == OK else 0.0)
 
     # -- store access with the breaker ------------------------------------------
@@ -300,7 +318,7 @@ class Limiter:
     def _fallback(self, key: str, rule: Rule, cost: int) -> tuple[Decision | None, str]:
         mode = self.on_store_failure
         self._fallbacks += 1
-        self.hooks.fallback(mode)
+        self.stats.fallbacks[mode] += 1
         if mode == "local":
             return self.local.hit_sync(key, rule.limit, cost), SRC_LOCAL  # type: ignore[union-attr]
         if mode == "open":
@@ -311,11 +329,10 @@ class Limiter:
     def _failed(self, exc: BaseException) -> None:
         now = self._clock()
         reason = _reason(exc)
-        self.hooks.store_error(reason)
+        self.stats.store_errors[reason] += 1
         if not self._down_until:
             self._down_since = now
             self._fallbacks = 0
-            self.hooks.store_up(False)
         self._down_until = now + self.retry_interval
         held = self._fail_log.due("store")
         if held >= 0:
@@ -333,7 +350,6 @@ class Limiter:
                     down_for, self._fallbacks, self.on_store_failure)
         self._down_until = 0.0
         self._fallbacks = 0
-        self.hooks.store_up(True)
 
     def _log_rule(self, kind: str, rule: Rule, entries, dec: Decision) -> None:
         held = self._rule_log.due(kind + "|" + rule.path)

@@ -57,6 +57,21 @@ def sf_string(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+class RuleStats:
+    """Per-rule counters (Lyft's total_hits / within / over / near / shadow), in
+    hits (request cost).  Plain ints bumped on the decision path; metrics.py reads
+    them at scrape time.  A reload hands them to the new rule of the same name."""
+
+    __slots__ = ("hits", "within", "over", "near", "shadow")
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.within = 0
+        self.over = 0      # over the limit, shadow_mode rules included (as Lyft counts)
+        self.near = 0      # allowed with >= 80% of the limit used
+        self.shadow = 0    # over the limit but not enforced (shadow_mode)
+
+
 @dataclass(eq=False, slots=True)
 class Rule:
     """One node of the tree that carries ``rate_limit`` or ``unlimited``."""
@@ -78,7 +93,7 @@ class Rule:
     sf_name: str = '""'       # the rule name as an sf-string
     #: allowed decisions with used >= 80% of the limit count as near_limit
     near_threshold: int = 0
-    metrics: Any = field(default=None)  # per-rule metric children, bound by metrics.py
+    stats: RuleStats = field(default_factory=RuleStats)
 
     @property
     def description(self) -> str:
@@ -245,6 +260,9 @@ def build(http: HttpConfig, loaded: Loaded | None = None, *, base: tuple[Any, ..
     walk(root, http.descriptors, (), (), base)
     if problems:
         raise ConfigError(problems)
+    shared: dict[str, RuleStats] = {}
+    for r in rules:  # rules sharing a name (Lyft allows it, for `replaces`) share one set of counters
+        r.stats = shared.setdefault(r.name, r.stats)
     return RuleSet(domain, root, rules, http.max_key_length, http)
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from netlimit.config.validate import load_string
-from netlimit.http.limiter import OK, OVER_LIMIT, SRC_CLOSED, SRC_LOCAL, SRC_OPEN, SRC_STORE, Hooks, Limiter
+from netlimit.http.limiter import OK, OVER_LIMIT, SRC_CLOSED, SRC_LOCAL, SRC_OPEN, SRC_STORE, Limiter
 from netlimit.http.metrics import Metrics
 from netlimit.http.rules import from_loaded
 from netlimit.http.store import MemoryStore, StoreError
@@ -52,31 +52,6 @@ class Clock:
         return self.t
 
 
-class Recorder(Hooks):
-    def __init__(self):
-        self.hits: list[tuple[str, int, bool, bool, bool]] = []
-        self.errors: list[str] = []
-        self.fallbacks: list[str] = []
-        self.up: list[bool] = []
-        self.latencies = 0
-
-    def rule_hit(self, rule, cost, over, near, shadow_over):
-        self.hits.append((rule.name, cost, over, near, shadow_over))
-
-    def store_error(self, reason):
-        self.errors.append(reason)
-
-    def fallback(self, mode):
-        self.fallbacks.append(mode)
-
-    def store_up(self, up):
-        self.up.append(up)
-
-    def latency(self, seconds):
-        assert 0 <= seconds < 1
-        self.latencies += 1
-
-
 class FlakyStore:
     """A real MemoryStore behind a switch: ``fail`` makes every call raise StoreError
     (as RedisStore does on timeouts / refused connections)."""
@@ -106,14 +81,20 @@ def run(coro):
 
 
 def mk(rules, clock, **kw):
-    rec = Recorder()
     store = kw.pop("store", None) or MemoryStore(clock=clock)
-    return Limiter(rules, store, hooks=rec, clock=clock, **kw), rec
+    lim = Limiter(rules, store, clock=clock, **kw)
+    return lim, lim.stats
+
+
+def stats(rules, name):
+    (r,) = [r for r in rules.rules if r.name == name]
+    s = r.stats
+    return {"hits": s.hits, "within": s.within, "over": s.over, "near": s.near, "shadow": s.shadow}
 
 
 def test_every_matching_descriptor_is_charged_and_the_most_constraining_reported(rules):
     clock = Clock()
-    lim, rec = mk(rules, clock)
+    lim, core = mk(rules, clock)
     descs = [[("ip", "1.1.1.1")], [("user", "alice")], [("nomatch", "x")]]
 
     async def go():
@@ -134,9 +115,9 @@ def test_every_matching_descriptor_is_charged_and_the_most_constraining_reported
     assert r4.report.rule.name == "per-user"
     assert r4.statuses[0].decision.remaining == 1                  # 5 - 4
     assert math.isclose(r4.report.decision.retry_after, 1200.0)    # 1 token at 3/hour
-    assert rec.hits.count(("per-ip", 1, False, False, False)) == 3
-    assert rec.hits[-2:] == [("per-ip", 1, False, True, False), ("per-user", 1, True, False, False)]
-    assert rec.latencies == 4
+    assert stats(rules, "per-ip") == {"hits": 4, "within": 4, "over": 0, "near": 1, "shadow": 0}
+    assert stats(rules, "per-user") == {"hits": 4, "within": 3, "over": 1, "near": 1, "shadow": 0}
+    assert core.latency.count == 4 and sum(core.latency.counts) == 4 and 0 < core.latency.sum < 1
 
 
 def test_among_denials_the_longest_retry_is_reported(rules):
@@ -170,7 +151,7 @@ def test_equal_remaining_reports_the_smaller_limit(rules):
 
 def test_shadow_mode_counts_and_never_blocks_or_reports(rules):
     clock = Clock()
-    lim, rec = mk(rules, clock)
+    lim, core = mk(rules, clock)
 
     async def go():
         return [await lim.check("api", [[("dark", "d")], [("org", "o")]]) for _ in range(3)]
@@ -180,9 +161,8 @@ def test_shadow_mode_counts_and_never_blocks_or_reports(rules):
     assert [r.statuses[0].shadow_over for r in rs] == [False, True, True]
     assert all(r.report.rule.name == "per-org" for r in rs)        # dark is never the reported one
     assert rs[2].statuses[0].decision.allowed is False
-    assert [h for h in rec.hits if h[0] == "dark"] == [("dark", 1, False, True, False),
-                                                       ("dark", 1, True, False, True),
-                                                       ("dark", 1, True, False, True)]
+    # counted as over (Lyft does) and as shadow; the first one used 100% of 1: near
+    assert stats(rules, "dark") == {"hits": 3, "within": 1, "over": 2, "near": 1, "shadow": 2}
 
 
 def test_shadow_only_request_has_no_report(rules):
@@ -192,24 +172,24 @@ def test_shadow_only_request_has_no_report(rules):
 
 
 def test_unlimited_is_never_charged_and_unknown_domain_allows(rules):
-    lim, rec = mk(rules, Clock())
+    lim, core = mk(rules, Clock())
     r = run(lim.check("api", [[("free", "x")]]))
     assert r.code == OK and r.statuses[0].rule.unlimited and r.statuses[0].decision is None
     r2 = run(lim.check("other-domain", [[("user", "u")], [("ip", "i")]]))
     assert r2.code == OK and [s.rule for s in r2.statuses] == [None, None]
-    assert rec.hits == []
+    assert all(stats(rules, n)["hits"] == 0 for n in ("per-user", "per-ip", "free"))
 
 
 def test_replaces_drops_the_named_limit(rules):
-    lim, rec = mk(rules, Clock())
+    lim, core = mk(rules, Clock())
     r = run(lim.check("api", [[("org", "o")], [("new", "n")]]))
     assert r.statuses[0].rule is None and r.statuses[0].code == OK
     assert r.statuses[1].rule.name == "new-limit"
-    assert [h[0] for h in rec.hits] == ["new-limit"]
+    assert stats(rules, "per-org")["hits"] == 0 and stats(rules, "new-limit")["hits"] == 1
 
 
 def test_cost_is_charged_to_every_rule(rules):
-    lim, rec = mk(rules, Clock())
+    lim, core = mk(rules, Clock())
     r = run(lim.check("api", [[("ip", "a")], [("org", "b")]], cost=4))
     assert [s.decision.remaining for s in r.statuses] == [1, 6]
     r = run(lim.check("api", [[("ip", "a")], [("org", "b")]], cost=2))
@@ -224,14 +204,14 @@ def test_a_zero_limit_denies(rules):
 
 
 def test_near_limit_at_80_percent(rules):
-    lim, rec = mk(rules, Clock())
+    lim, core = mk(rules, Clock())
 
     async def go():
         for _ in range(10):
             await lim.check("api", [[("org", "o")]])
 
     run(go())
-    assert [h[3] for h in rec.hits] == [False] * 7 + [True] * 3   # used 8, 9, 10 of 10
+    assert stats(rules, "per-org")["near"] == 3   # used 8, 9, 10 of 10
 
 
 # --- store failures ---------------------------------------------------------------------
@@ -240,7 +220,7 @@ def test_near_limit_at_80_percent(rules):
 def test_store_failure_local_mode_breaker_probe_and_recovery(rules, caplog):
     clock = Clock()
     store = FlakyStore(clock)
-    lim, rec = mk(rules, clock, store=store, local=MemoryStore(clock=clock), retry_interval=1.0)
+    lim, core = mk(rules, clock, store=store, local=MemoryStore(clock=clock), retry_interval=1.0)
 
     async def go():
         r = await lim.check("api", [[("user", "u")]])
@@ -267,9 +247,8 @@ def test_store_failure_local_mode_breaker_probe_and_recovery(rules, caplog):
 
     with caplog.at_level("WARNING", logger="netlimit.sidecar"):
         run(go())
-    assert rec.errors == ["connection", "connection"]
-    assert rec.fallbacks == ["local"] * 8
-    assert rec.up == [True, False, True]
+    assert core.store_errors == {"timeout": 0, "connection": 2, "error": 0}
+    assert core.fallbacks == {"local": 8, "open": 0, "closed": 0}
     msgs = [r.getMessage() for r in caplog.records]
     # one failure line per log interval (10 s), then the recovery line
     assert len([m for m in msgs if m.startswith("store failure (connection)")]) == 1
@@ -292,7 +271,7 @@ def test_concurrent_probe_is_single(rules):
     async def go():
         store.release = gate()
         store.release.set()
-        lim, rec = mk(rules, clock, store=store)
+        lim, core = mk(rules, clock, store=store)
         await lim.check("api", [[("user", "u")]])               # opens the breaker
         clock.t += 2
         store.release = gate()
@@ -302,7 +281,7 @@ def test_concurrent_probe_is_single(rules):
         store.release.set()
         res = await asyncio.gather(*tasks)
         assert all(r.statuses[0].source == SRC_LOCAL for r in res)
-        assert rec.errors == ["timeout", "timeout"]
+        assert core.store_errors["timeout"] == 2
 
     run(go())
 
@@ -312,7 +291,7 @@ def test_store_failure_open_and_closed_modes(rules):
     for mode in ("open", "closed"):
         store = FlakyStore(clock)
         store.fail = True
-        lim, rec = mk(rules, clock, store=store, on_store_failure=mode, retry_interval=2.0)
+        lim, core = mk(rules, clock, store=store, on_store_failure=mode, retry_interval=2.0)
         r = run(lim.check("api", [[("user", "u")], [("dark", "d")], [("nomatch", "x")]]))
         if mode == "open":
             assert r.code == OK and r.report is None
@@ -323,7 +302,7 @@ def test_store_failure_open_and_closed_modes(rules):
             st = r.report
             assert st.source == SRC_CLOSED and st.rule.name == "per-user"
             assert (st.decision.allowed, st.decision.retry_after, st.decision.limit) == (False, 2.0, 3)
-        assert rec.fallbacks == [mode, mode]
+        assert core.fallbacks[mode] == 2
 
 
 def test_set_rules_swaps_atomically_and_updates_mode(rules):
@@ -337,8 +316,8 @@ def test_set_rules_swaps_atomically_and_updates_mode(rules):
 
 def test_metrics_hooks_count_per_rule():
     rules = from_loaded(load_string(CONFIG, "m.yaml"))
-    m = Metrics()
-    lim = Limiter(rules, MemoryStore(clock=Clock()), hooks=m)
+    lim = Limiter(rules, MemoryStore(clock=Clock()))
+    m = Metrics(lim)
 
     async def go():
         for _ in range(3):
@@ -356,7 +335,9 @@ def test_metrics_hooks_count_per_rule():
                  "netlimit_http_decision_seconds_count 4.0",
                  "netlimit_http_rules 8.0"):
         assert line in text, line
-    # a reload without a rule drops its series
+    # a reload drops the series of a removed rule and keeps the counts of those that stay
     lim.set_rules(from_loaded(load_string(CONFIG.replace("name: dark", "name: dark2"), "m2.yaml")))
     text = m.render().decode()
-    assert 'rule="dark"' not in text and 'rule="dark2"' in text
+    assert 'rule="dark"' not in text
+    assert 'netlimit_http_rule_hits_total{domain="api",rule="dark2"} 0.0' in text
+    assert 'netlimit_http_rule_hits_total{domain="api",rule="per-user"} 4.0' in text
