@@ -11,8 +11,9 @@ Each inner list of ``http.actions`` yields one descriptor, its entries in order:
   segments resolved and repeated slashes merged, so ``/a/../login`` and
   ``//login`` count as ``/login``.
 * ``method`` → ``("method", "GET")``.
-* ``header:<Name>`` → ``("<Name>", header value)``; when the request lacks the
-  header the whole descriptor is not produced (as Envoy's ``request_headers``).
+* ``header:<Name>`` → ``("header:<Name>", header value)`` (the key is the action
+  as written, so rules say ``key: "header:X-Api-Key"``); when the request lacks
+  the header the whole descriptor is not produced (as Envoy's ``request_headers``).
 * ``generic:<key>=<value>`` → ``(key, value)``.
 """
 
@@ -151,8 +152,7 @@ class ActionPlan:
                 elif item == "method":
                     g.append((_METHOD, "method", ""))
                 elif item.startswith("header:"):
-                    name = item[len("header:"):]
-                    g.append((_HEADER, name, name))
+                    g.append((_HEADER, item, item[len("header:"):]))
                 elif item.startswith("generic:"):
                     k, _, v = item[len("generic:"):].partition("=")
                     g.append((_GENERIC, k, v))

@@ -105,14 +105,14 @@ def test_each_action_list_is_one_descriptor_in_order():
         [("remote_address", "198.51.100.7")],
         [("path", "/login"), ("remote_address", "198.51.100.7")],
         [("method", "POST"), ("path", "/login")],
-        [("tier", "free"), ("X-Api-Key", "k1")],
+        [("tier", "free"), ("header:X-Api-Key", "k1")],
     ]
 
 
 def test_header_lookup_is_case_insensitive_and_a_missing_header_drops_the_descriptor():
     plan = ActionPlan([["header:x-api-key"], ["header:X-Tenant", "path"], ["path"]])
     d = plan.descriptors(peer="1.2.3.4", method="GET", path="/p", headers=H(X_API_KEY="abc"))
-    assert d == [[("x-api-key", "abc")], [("path", "/p")]]
+    assert d == [[("header:x-api-key", "abc")], [("path", "/p")]]
 
 
 def test_path_callable_is_only_called_when_needed():
@@ -142,3 +142,22 @@ def test_xff_used_only_from_trusted_proxies_in_descriptors():
 def test_unknown_action_is_refused():
     with pytest.raises(ValueError):
         ActionPlan([["cookie:x"]])
+
+
+def test_shipped_http_example_actions_reach_its_rules():
+    """rules/http-descriptors.yaml: each action list produces descriptors its rules match."""
+    from pathlib import Path
+
+    from netlimit.config.validate import load_file
+    from netlimit.http.rules import from_loaded
+
+    loaded = load_file(Path(__file__).resolve().parents[2] / "rules" / "http-descriptors.yaml")
+    rs = from_loaded(loaded)
+    http = loaded.config.http
+    plan = ActionPlan(http.actions, http.trusted_proxies)
+    d = plan.descriptors(peer="127.0.0.1", method="POST", path="/login",
+                         headers=H(X_Forwarded_For="198.51.100.7", X_Api_Key="key-1"))
+    assert d == [[("remote_address", "198.51.100.7")],
+                 [("path", "/login"), ("remote_address", "198.51.100.7")],
+                 [("header:X-Api-Key", "key-1")]]
+    assert [rs.match(x).name for x in d] == ["remote_address", "path_/login.remote_address", "header:X-Api-Key"]

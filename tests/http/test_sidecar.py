@@ -53,7 +53,7 @@ http:
         - key: remote_address
           rate_limit: {unit: hour, requests_per_unit: 5, name: multi-ip}
           algorithm: token_bucket
-        - key: X-Api-Key
+        - key: "header:X-Api-Key"
           rate_limit: {unit: hour, requests_per_unit: 2, name: multi-key}
           algorithm: token_bucket
     - key: path

@@ -30,15 +30,15 @@ http:
   actions:
     - [header:X-Api-Key]
   descriptors:
-    - key: X-Api-Key
+    - key: "header:X-Api-Key"
       value: tb-*
       rate_limit: {unit: day, requests_per_unit: 100, name: tb}
       algorithm: token_bucket
-    - key: X-Api-Key
+    - key: "header:X-Api-Key"
       value: swl-*
       rate_limit: {unit: day, requests_per_unit: 100, name: swl}
       algorithm: sliding_window_log
-    - key: X-Api-Key
+    - key: "header:X-Api-Key"
       value: fw-*
       rate_limit: {unit: day, requests_per_unit: 100, name: fw}
       algorithm: fixed_window
@@ -105,7 +105,7 @@ http:
   actions:
     - [header:X-Client]
   descriptors:
-    - key: X-Client
+    - key: "header:X-Client"
       rate_limit: {unit: hour, requests_per_unit: 1000000, name: per-client}
       algorithm: token_bucket
 """
@@ -156,7 +156,7 @@ async def _during(load: Load, steps) -> None:
 
 def _json_source(sc) -> str:
     r = sc.post_json("/v1/check", {"domain": "failover", "descriptors": [
-        {"entries": [{"key": "X-Client", "value": "probe"}]}]})
+        {"entries": [{"key": "header:X-Client", "value": "probe"}]}]})
     assert r.status == 200
     return r.json()["statuses"][0]["source"]
 
