@@ -352,14 +352,40 @@ def save_names(netns: str | None, desired: Desired) -> None:
     import json
     import os
 
+    names = tc_names(desired)
     try:
+        _prune_names()
+        if not names:
+            forget_names(netns)
+            return
         os.makedirs(NAMES_DIR, exist_ok=True)
         tmp = _names_path(netns) + ".tmp"
         with open(tmp, "w") as fh:
-            json.dump(tc_names(desired), fh, indent=1, sort_keys=True)
+            json.dump(names, fh, indent=1, sort_keys=True)
         os.replace(tmp, _names_path(netns))
     except OSError:
         pass
+
+
+def _prune_names() -> None:
+    """Drop the name files of namespaces that no longer exist."""
+    import os
+
+    from .netns import NETNS_DIR
+
+    try:
+        entries = os.listdir(NAMES_DIR)
+    except OSError:
+        return
+    for e in entries:
+        if not (e.startswith("tc-names-") and e.endswith(".json")):
+            continue
+        ns = e[len("tc-names-"):-len(".json")]
+        if ns != "_root" and not os.path.exists(os.path.join(NETNS_DIR, ns)):
+            try:
+                os.unlink(os.path.join(NAMES_DIR, e))
+            except OSError:
+                pass
 
 
 def forget_names(netns: str | None) -> None:
