@@ -245,10 +245,13 @@ class RedisStore:
 
             self._client = aioredis.Redis.from_url(
                 url_or_client,
-                socket_timeout=self._timeout,
+                # The per-call asyncio.timeout in _call bounds everything (connect,
+                # send, reply); a socket_timeout as well would only add a second
+                # timer per call inside redis-py.
+                socket_timeout=None,
                 socket_connect_timeout=self._timeout,
                 # one immediate retry repairs a stale pooled connection (Redis
-                # restarted); the asyncio.timeout below still bounds the total
+                # restarted); the asyncio.timeout still bounds the total
                 retry=Retry(NoBackoff(), 1),
                 health_check_interval=0,
             )
@@ -257,7 +260,7 @@ class RedisStore:
             self._client = url_or_client
             self._owns_client = False
         self._shas: dict[str, str] = {}
-        self._args: dict[Limit, tuple[str, str, str, str]] = {}
+        self._args: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}  # by Limit._ns
 
     @property
     def client(self) -> Any:
@@ -273,7 +276,8 @@ class RedisStore:
         return [base]
 
     async def load_scripts(self) -> None:
-        """SCRIPT LOAD every algorithm's script (done lazily on first use)."""
+        """SCRIPT LOAD every algorithm's script now (otherwise each one is loaded
+        on its first use; after a SCRIPT FLUSH or a restart, on NOSCRIPT)."""
         try:
             async with asyncio.timeout(max(self._timeout, 1.0)):
                 for alg in ALGORITHMS:
@@ -283,27 +287,28 @@ class RedisStore:
 
     async def hit(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
         """Decide and consume.  ``now`` overrides the server clock (tests only)."""
-        return await self._call(key, limit, cost, now, "0")
+        return await self._call(key, limit, cost, now, b"0")
 
     async def peek(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
-        return await self._call(key, limit, cost, now, "1")
+        return await self._call(key, limit, cost, now, b"1")
 
     async def close(self) -> None:
         if self._owns_client:
             await self._client.aclose()
 
-    async def _call(self, key: str, limit: Limit, cost: int, now: float | None, dry: str) -> Decision:
+    async def _call(self, key: str, limit: Limit, cost: int, now: float | None, dry: bytes) -> Decision:
         if cost < 0:
             raise ValueError(f"cost must be >= 0, got {cost}")
         if limit.limit == 0:
             return _deny_all(cost)
-        args = self._args.get(limit)
+        args = self._args.get(limit._ns)
         if args is None:
-            args = (str(limit.limit), repr(limit.period), str(limit.capacity), "1" if limit.delay else "0")
-            self._args[limit] = args
+            args = (b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity,
+                    b"1" if limit.delay else b"0")
+            self._args[limit._ns] = args
         keys = self.redis_keys(key, limit)
         alg = limit.algorithm
-        argv = (*args, str(cost), "" if now is None else repr(float(now)), dry)
+        argv = (*args, b"%d" % cost, b"" if now is None else repr(float(now)).encode(), dry)
 
         try:
             async with asyncio.timeout(self._timeout):

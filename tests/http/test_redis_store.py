@@ -1,0 +1,355 @@
+"""RedisStore against a real redis-server: TTLs, key layout, one EVALSHA round
+trip per decision, NOSCRIPT recovery, server time, atomicity under concurrency,
+and StoreError within the timeout when Redis is slow (SIGSTOP) or down (killed)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+import uuid
+
+import pytest
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from netlimit.http.algorithms import ALGORITHMS, Limit
+from netlimit.http.store import RedisStore, StoreError, hash_key, load_lua
+
+# Slack for event-loop scheduling on a busy CI box on top of timeout_ms.
+SLACK = 0.03
+
+
+def arun(coro):
+    return asyncio.run(coro)
+
+
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+async def admin(server):
+    return aioredis.Redis.from_url(server.url, decode_responses=True)
+
+
+LIMITS = {
+    "token_bucket": Limit("token_bucket", 10, 1, burst=20),
+    "leaky_bucket": Limit("leaky_bucket", 5, 2, burst=3, delay=True),
+    "fixed_window": Limit("fixed_window", 7, 30),
+    "sliding_window_counter": Limit("sliding_window_counter", 9, 20),
+    "sliding_window_log": Limit("sliding_window_log", 6, 10),
+}
+
+
+# ------------------------------------------------------------------ keys and TTLs
+
+@pytest.mark.parametrize("alg", ALGORITHMS)
+def test_written_keys_carry_ttls_just_past_the_state_lifetime(redis_server, alg):
+    limit = LIMITS[alg]
+
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        try:
+            d = await store.hit("ip:1.2.3.4", limit, 2)  # server time
+            assert d.allowed
+            keys = store.redis_keys("ip:1.2.3.4", limit)
+            assert len(keys) == (2 if alg == "sliding_window_log" else 1)
+            # the state matters for at most `reset` (window end for fixed, the full
+            # window for the log) -- the TTL is that plus a one second margin
+            lifetime = limit.period if alg == "sliding_window_log" else d.reset
+            for k in keys:
+                ttl = await r.pttl(k)
+                assert 0 < ttl <= math.ceil(lifetime * 1000) + 1000, (k, ttl, lifetime)
+                assert ttl >= lifetime * 1000 + 1000 - 200, (k, ttl)  # less only by elapsed time
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+def test_idle_keys_vanish(redis_server):
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        try:
+            limit = Limit("token_bucket", 100, 1)  # refills 1 token in 10 ms
+            await store.hit("gone", limit)
+            (k,) = store.redis_keys("gone", limit)
+            assert await r.exists(k)
+            deadline = time.monotonic() + 3
+            while await r.exists(k) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert not await r.exists(k)
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+@pytest.mark.parametrize("key", ["1.2.3.4", "user:{42}", "}{", "{}", "x" * 1000])
+def test_all_keys_of_a_decision_share_one_cluster_slot(key):
+    store = RedisStore("redis://127.0.0.1:1/0", key_prefix="netlimit")
+    limit = Limit("sliding_window_log", 5, 60, name="login")
+    keys = store.redis_keys(key, limit)
+    assert len(keys) == 2 and keys[0].startswith("netlimit:{login|swl|5/60.0|")
+    assert len({key_slot(k.encode()) for k in keys}) == 1
+    assert all(len(k) < 120 for k in keys)  # long keys are hashed
+    if len(key) > 256:
+        assert hash_key(key) in keys[0]
+
+
+def test_peek_writes_nothing(redis_server):
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        try:
+            for alg, limit in LIMITS.items():
+                d = await store.peek("p", limit, 1)
+                assert d.allowed, alg
+                assert not any([await r.exists(k) for k in store.redis_keys("p", limit)]), alg
+                await store.hit("p", limit, 1)
+                assert await r.exists(store.redis_keys("p", limit)[0]), alg
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+# ------------------------------------------------------------------ scripts and round trips
+
+def test_scripts_are_loaded_under_their_sha1(redis_server):
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000)
+        try:
+            await store.load_scripts()
+            for alg in ALGORITHMS:
+                assert store._shas[alg] == hashlib.sha1(load_lua(alg).encode()).hexdigest()
+        finally:
+            await store.close()
+
+    arun(main())
+
+
+def test_exactly_one_evalsha_round_trip_per_decision(redis_server):
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        sent: list[str] = []
+        client = store.client
+        orig = client.execute_command
+
+        async def counting(*args, **kw):
+            sent.append(str(args[0]).upper())
+            return await orig(*args, **kw)
+
+        try:
+            await store.load_scripts()
+            client.execute_command = counting
+            await r.config_resetstat()
+            n = 0
+            for i in range(30):
+                for limit in LIMITS.values():
+                    await (store.hit if i % 3 else store.peek)(f"k{i % 4}", limit, 1 + i % 2)
+                    n += 1
+            stats = await r.info("commandstats")
+            assert stats["cmdstat_evalsha"]["calls"] == n
+            assert "cmdstat_eval" not in stats and "cmdstat_script" not in stats
+            assert sent == ["EVALSHA"] * n  # one command, one round trip, per decision
+        finally:
+            client.execute_command = orig
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+def test_noscript_after_script_flush_recovers_and_keeps_state(redis_server):
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        try:
+            limit = Limit("fixed_window", 3, 3600)
+            assert (await store.hit("f", limit, 2, now=10.0)).remaining == 1
+            await r.script_flush()
+            await r.config_resetstat()
+            d = await store.hit("f", limit, 1, now=11.0)  # NOSCRIPT -> SCRIPT LOAD -> EVALSHA
+            assert d.allowed and d.remaining == 0
+            stats = await r.info("commandstats")
+            assert stats["cmdstat_script|load"]["calls"] == 1 if "cmdstat_script|load" in stats \
+                else stats["cmdstat_script"]["calls"] == 1
+            assert stats["cmdstat_evalsha"]["calls"] == 2
+            assert not (await store.hit("f", limit, 1, now=12.0)).allowed
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+# ------------------------------------------------------------------ time and atomicity
+
+def test_time_comes_from_the_redis_server(redis_server):
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        try:
+            limit = Limit("token_bucket", 1, 3600, burst=1)
+            sec, usec = await r.time()
+            before = sec + usec / 1e6
+            assert (await store.hit("t", limit)).allowed
+            sec, usec = await r.time()
+            after = sec + usec / 1e6
+            tokens, last = map(float, (await r.get(store.redis_keys("t", limit)[0])).split())
+            assert tokens == 0 and before <= last <= after
+            d = await store.hit("t", limit)
+            assert not d.allowed and 3600 - (after - before) - 0.5 <= d.retry_after <= 3600
+            fw = Limit("fixed_window", 1, 60)
+            d = await store.hit("t", fw)
+            assert 0 < d.reset <= 60
+            frac = (before + d.reset) % 60  # windows end on whole minutes of the epoch
+            assert min(frac, 60 - frac) < 1.0, frac
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+@pytest.mark.parametrize("alg", ALGORITHMS)
+def test_concurrent_hits_admit_exactly_the_limit(redis_server, alg):
+    """200 concurrent decisions on one key over 4 connections: Lua makes each atomic."""
+    limit = Limit(alg, 50, 3600) if alg != "leaky_bucket" else Limit(alg, 50, 3600, burst=50)
+
+    async def main():
+        stores = [RedisStore(redis_server.url, timeout_ms=5000, key_prefix="") for _ in range(4)]
+        key = prefix()
+        try:
+            ds = await asyncio.gather(*(stores[i % 4].hit(key, limit) for i in range(200)))
+            assert sum(d.allowed for d in ds) == 50
+            assert sorted(d.remaining for d in ds if d.allowed) == list(range(50))
+        finally:
+            for s in stores:
+                await s.close()
+
+    arun(main())
+
+
+# ------------------------------------------------------------------ failures: StoreError within the timeout
+
+async def timed(coro):
+    t = time.monotonic()
+    try:
+        await coro
+    except StoreError as e:
+        return time.monotonic() - t, e
+    raise AssertionError("expected StoreError")
+
+
+def test_paused_redis_raises_store_error_within_the_timeout(redis_factory):
+    server = redis_factory()
+    limit = Limit("token_bucket", 100, 1)
+
+    async def main():
+        store = RedisStore(server.url, timeout_ms=50, key_prefix=prefix())
+        fresh = RedisStore(server.url, timeout_ms=50, key_prefix=prefix())
+        try:
+            assert (await store.hit("k", limit)).allowed  # pooled connection established
+            server.pause()
+            try:
+                for s in (store, store, fresh):  # pooled connection, again, and a brand-new one
+                    elapsed, err = await timed(s.hit("k", limit))
+                    assert elapsed <= 0.05 + SLACK, elapsed
+                    assert "Timeout" in repr(err) or "timeout" in str(err).lower()
+            finally:
+                server.resume()
+            d = await store.hit("k", limit)  # back to normal once Redis answers again
+            assert d.allowed
+        finally:
+            await store.close()
+            await fresh.close()
+
+    arun(main())
+
+
+def test_killed_redis_raises_store_error_quickly_and_recovers_on_restart(redis_factory):
+    server = redis_factory()
+    limit = Limit("sliding_window_log", 10, 60)
+
+    async def main():
+        store = RedisStore(server.url, timeout_ms=50, key_prefix=prefix())
+        try:
+            assert (await store.hit("k", limit)).allowed
+            server.stop()
+            for _ in range(3):
+                elapsed, err = await timed(store.hit("k", limit))
+                assert elapsed <= 0.05 + SLACK, elapsed
+                assert isinstance(err.__cause__, Exception)
+            server.start()  # same port, empty data set, no scripts loaded
+            d = await store.hit("k", limit)  # reconnects, NOSCRIPT -> reload
+            assert d.allowed and d.remaining == 9
+        finally:
+            await store.close()
+
+    arun(main())
+
+
+def test_nothing_listening_raises_store_error(redis_factory):
+    server = redis_factory()
+    url = server.url
+    server.stop()
+
+    async def main():
+        store = RedisStore(url, timeout_ms=50)
+        try:
+            elapsed, _ = await timed(store.hit("k", Limit("fixed_window", 1, 1)))
+            assert elapsed <= 0.05 + SLACK
+            elapsed, _ = await timed(store.load_scripts())
+            assert elapsed <= 1.0 + SLACK
+        finally:
+            await store.close()
+
+    arun(main())
+
+
+def test_corrupt_state_is_a_store_error_not_a_crash(redis_server):
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        try:
+            limit = Limit("fixed_window", 1, 60)
+            (k,) = store.redis_keys("c", limit)
+            await r.hset(k, "x", "y")  # WRONGTYPE for GET
+            with pytest.raises(StoreError):
+                await store.hit("c", limit)
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+def test_a_client_passed_in_is_left_open(redis_server):
+    async def main():
+        client = aioredis.Redis.from_url(redis_server.url)
+        store = RedisStore(client, key_prefix=prefix(), timeout_ms=1000)
+        assert (await store.hit("k", Limit("fixed_window", 1, 1))).allowed
+        await store.close()
+        assert await client.ping()
+        await client.aclose()
+
+    arun(main())
+
+
+def test_limit_zero_needs_no_round_trip():
+    async def main():
+        store = RedisStore("redis://127.0.0.1:1/0", timeout_ms=50)  # nothing listens there
+        d = await store.hit("k", Limit("fixed_window", 0, 60))
+        assert not d.allowed and d.retry_after == math.inf
+        await store.close()
+
+    arun(main())
