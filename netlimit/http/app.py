@@ -139,6 +139,8 @@ class Sidecar:
             self.front.reload(False)
             return False
         settings = (http.storage, http.store_timeout_ms, http.max_keys, http.max_key_length)
+        if self.redis_override:  # --redis wins over http.storage anyway
+            settings = (self._store_settings[0],) + settings[1:]
         if settings != self._store_settings:
             log.warning("%s: storage, store_timeout_ms, max_keys and max_key_length take effect at restart; "
                         "the running store is kept", path)
@@ -276,6 +278,7 @@ class Sidecar:
         if request.content_length is not None and request.content_length > MAX_JSON_BODY:
             self.front.request("json", "bad_request")
             return _problem(413, "Content Too Large", f"the JSON body is limited to {MAX_JSON_BODY} bytes")
+        await _continue(request)
         raw = await request.content.read(MAX_JSON_BODY + 1)
         if len(raw) > MAX_JSON_BODY:
             self.front.request("json", "bad_request")
@@ -343,7 +346,10 @@ class Sidecar:
         via = fwd.get(hdrs.VIA)
         v = f"{request.version.major}.{request.version.minor} netlimit"
         fwd[hdrs.VIA] = f"{via}, {v}" if via else v
-        data = request.content if request.body_exists else None
+        data = None
+        if request.body_exists:
+            await _continue(request)
+            data = request.content
         assert self.session is not None and self.upstream is not None
         url = URL(str(self.upstream) + request.raw_path, encoded=True)
         resp: web.StreamResponse | None = None
@@ -428,6 +434,14 @@ class Sidecar:
                                               "/v1/authz/<path>, /v1/rules, /healthz or /metrics")
 
         return handle
+
+
+async def _continue(request: web.BaseRequest) -> None:
+    """Answer ``Expect: 100-continue`` before reading a body (aiohttp's low-level
+    server leaves this to the handler; curl waits 1 s for it otherwise)."""
+    expect = request.headers.get(hdrs.EXPECT)
+    if expect is not None and expect.lower() == "100-continue" and request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
 def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> web.Response:

@@ -341,3 +341,33 @@ def test_metrics_hooks_count_per_rule():
     assert 'rule="dark"' not in text
     assert 'netlimit_http_rule_hits_total{domain="api",rule="dark2"} 0.0' in text
     assert 'netlimit_http_rule_hits_total{domain="api",rule="per-user"} 4.0' in text
+
+
+def test_leaky_bucket_queue_mode_reports_the_delay():
+    text = """
+version: 1
+http:
+  domain: api
+  descriptors:
+    - key: q
+      rate_limit: {unit: second, requests_per_unit: 2, name: queued}
+      algorithm: leaky_bucket
+      burst: 2
+      delay: true
+    - key: dq
+      rate_limit: {unit: second, requests_per_unit: 1, name: dark-queue}
+      algorithm: leaky_bucket
+      delay: true
+      shadow_mode: true
+"""
+    rules = from_loaded(load_string(text, "q.yaml"))
+    clock = Clock()
+    lim = Limiter(rules, MemoryStore(clock=clock))
+
+    async def go():
+        return [await lim.check("api", [[("q", "x")], [("dq", "y")]]) for _ in range(4)]
+
+    rs = run(go())
+    # one at once, two queued 0.5 s apart (nginx limit_req burst=2 without nodelay), then denied
+    assert [r.code for r in rs] == [OK, OK, OK, OVER_LIMIT]
+    assert [r.delay for r in rs] == [0.0, 0.5, 1.0, 0.0]   # the shadow rule's queue never delays

@@ -629,3 +629,24 @@ def test_proxy_upstream_down_is_502(tmp_path):
         assert r.header("X-RateLimit-Remaining") == "2"
     finally:
         sc.stop()
+
+
+def test_proxy_answers_expect_100_continue_before_the_body(proxy):
+    import socket
+
+    body = b"y" * 5000
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+        s.sendall(b"POST /upload HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 198.51.100.250\r\n"
+                  b"Content-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
+        s.settimeout(1.0)
+        assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.settimeout(5)
+        s.sendall(body)
+        data = b""
+        while not data.endswith(b"}"):
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert json.loads(data.split(b"\r\n\r\n", 1)[1]) == {
+        "size": 5000, "sha256": hashlib.sha256(body).hexdigest(), "chunked": False, "content_length": "5000"}
