@@ -86,6 +86,8 @@ def validate(
             for p in exc.problems:
                 typer.echo(str(p))
             continue
+        for w in loaded.warnings:
+            typer.echo(str(w))
         if not quiet:
             c = loaded.config
             parts = [f"{len(c.network)} network", f"{len(c.bandwidth)} bandwidth"]

@@ -69,8 +69,8 @@ RateT = Annotated[
     PlainSerializer(_ser_str, return_type=str),
     WithJsonSchema({
         "type": "string",
-        "pattern": r"^\s*\d+\s*/\s*(s|sec|secs?|seconds?|m|mins?|minutes?|h|hr|hours?|d|days?)\s*$",
-        "description": "N/second|minute|hour|day, also 100/s, 6/m",
+        "pattern": r"^\s*\d+\s*/\s*(\d+)?\s*(s|sec|secs?|seconds?|m|mins?|minutes?|h|hr|hours?|d|days?)\s*$",
+        "description": "N/second|minute|hour|day, also 100/s, 6/m, 3/10s",
         "examples": ["100/second", "3/minute"],
     }),
 ]

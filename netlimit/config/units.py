@@ -24,27 +24,42 @@ _RATE_ALIASES: dict[str, str] = {
     "h": "hour", "hr": "hour", "hour": "hour", "hours": "hour",
     "d": "day", "day": "day", "days": "day",
 }
-_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*([A-Za-z]+)\s*$")
+_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)?\s*([A-Za-z]+)\s*$")
+_UNIT_SHORT = {"second": "s", "minute": "m", "hour": "h", "day": "d"}
 
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """`count` events per `unit` (second|minute|hour|day)."""
+    """`count` events per `every` × `unit` (second|minute|hour|day): 3/minute, 3/10s."""
 
     count: int
     unit: str
+    every: int = 1
 
     @property
     def period(self) -> int:
-        """Seconds in one unit."""
-        return RATE_UNITS[self.unit]
+        """Seconds in one period."""
+        return self.every * RATE_UNITS[self.unit]
 
     @property
     def per_second(self) -> float:
         return self.count / self.period
 
+    def exact(self) -> tuple[int, str] | None:
+        """The same rate as N per second|minute|hour|day with a whole N (what
+        hashlimit can express), preferring the smallest unit; None if none fits."""
+        if self.every == 1:
+            return (self.count, self.unit)
+        for unit, secs in RATE_UNITS.items():
+            n, rem = divmod(self.count * secs, self.period)
+            if rem == 0 and n > 0:
+                return (n, unit)
+        return None
+
     def __str__(self) -> str:
-        return f"{self.count}/{self.unit}"
+        if self.every == 1:
+            return f"{self.count}/{self.unit}"
+        return f"{self.count}/{self.every}{_UNIT_SHORT[self.unit]}"
 
 
 def parse_rate(text: object) -> Rate:
@@ -57,16 +72,19 @@ def parse_rate(text: object) -> Rate:
     m = _RATE_RE.match(text)
     if not m:
         raise ValueError(
-            f"bad rate {text!r}: expected N/second|minute|hour|day (also 100/s, 6/m, 2/h, 1/d)"
+            f"bad rate {text!r}: expected N/second|minute|hour|day (also 100/s, 6/m, 3/10s)"
         )
-    count, unit = int(m.group(1)), m.group(2).lower()
+    count, unit = int(m.group(1)), m.group(3).lower()
+    every = int(m.group(2)) if m.group(2) is not None else 1
     if unit not in _RATE_ALIASES:
         raise ValueError(
-            f"bad rate unit {m.group(2)!r} in {text!r}: expected second, minute, hour or day (s, m, h, d)"
+            f"bad rate unit {m.group(3)!r} in {text!r}: expected second, minute, hour or day (s, m, h, d)"
         )
     if count <= 0:
-        raise ValueError(f"rate {text!r} must be at least 1 per unit")
-    return Rate(count, _RATE_ALIASES[unit])
+        raise ValueError(f"rate {text!r} must be at least 1 per period")
+    if every <= 0:
+        raise ValueError(f"rate {text!r}: the period must be at least 1 {_RATE_ALIASES[unit]}")
+    return Rate(count, _RATE_ALIASES[unit], every)
 
 
 def format_rate(rate: Rate) -> str:

@@ -89,11 +89,12 @@ def load_string(text: str, filename: str = "<string>") -> Loaded:
         problems.extend(_map_errors(exc, doc, filename))
         problems.sort(key=lambda p: (p.line, p.col))
         raise ConfigError(problems) from None
-    problems.extend(_semantic(config, doc, filename))
+    warnings: list[Problem] = []
+    problems.extend(_semantic(config, doc, filename, warnings))
     if problems:
         problems.sort(key=lambda p: (p.line, p.col))
         raise ConfigError(problems)
-    return Loaded(config=config, path=filename, text=text, doc=doc)
+    return Loaded(config=config, path=filename, text=text, doc=doc, warnings=warnings)
 
 
 # --- mapping pydantic errors ----------------------------------------------------
@@ -218,13 +219,17 @@ def hashlimit_name(rule_name: str) -> str:
     return f"{rule_name[:9]}~{digest}"
 
 
-def _semantic(config: Config, doc: Document, filename: str) -> list[Problem]:
+def _semantic(config: Config, doc: Document, filename: str, warnings: list[Problem]) -> list[Problem]:
     out: list[Problem] = []
     limits = kl.host_limits()
 
     def add(path: tuple[Any, ...], rule: str, message: str, *, key: bool = False) -> None:
         line, col = doc.pos(path, key=key)
         out.append(Problem(filename, line, col, rule, message))
+
+    def warn(path: tuple[Any, ...], rule: str, message: str) -> None:
+        line, col = doc.pos(path)
+        warnings.append(Problem(filename, line, col, rule, f"warning: {message}"))
 
     names: dict[str, tuple[str, int]] = {}
     hl_names: dict[str, str] = {}
@@ -274,7 +279,7 @@ def _semantic(config: Config, doc: Document, filename: str) -> list[Problem]:
             if rate.count > limits.recent_max_hitcount:
                 add(p + ("limit",), r.name,
                     f"method: recent can count at most {limits.recent_max_hitcount} hits per address "
-                    f"({limits.recent_source}); {rate.count}/{rate.unit} needs more: use method: hashlimit")
+                    f"({limits.recent_source}); {rate} needs more: use method: hashlimit")
             if r.per not in ("source", "destination"):
                 add(p + ("per",), r.name, f"method: recent tracks one address per entry: per must be source or "
                                           f"destination, not {r.per} (use method: hashlimit)")
@@ -282,11 +287,24 @@ def _semantic(config: Config, doc: Document, filename: str) -> list[Problem]:
                 add(p + ("burst",), r.name, "method: recent has no burst: it allows exactly N per window")
             if r.source_prefix is not None or r.source_prefix6 is not None:
                 add(p + ("method",), r.name, "method: recent cannot group sources by prefix: use method: hashlimit")
+            if not r.new_connections:
+                warn(p + ("method",), r.name, "method: recent without new_connections: true counts every "
+                                              "packet as a hit (fine for e.g. pings; for connections set "
+                                              "new_connections: true)")
             for fld in ("htable_size", "htable_max", "htable_expire"):
                 if getattr(r, fld) is not None:
                     add(p + (fld,), r.name, f"{fld} applies to method: hashlimit only")
         else:
-            if rate.per_second > kl.HASHLIMIT_MAX_PER_SECOND:
+            if r.source_prefix is not None and r.per not in ("source", "source+port"):
+                add(p + ("source_prefix",), r.name, f"source_prefix groups sources, but per is {r.per}: "
+                                                    "use per: source (or source+port)")
+            if r.source_prefix6 is not None and r.per not in ("source", "source+port"):
+                add(p + ("source_prefix6",), r.name, f"source_prefix6 groups sources, but per is {r.per}: "
+                                                     "use per: source (or source+port)")
+            if rate.exact() is None:
+                add(p + ("limit",), r.name, f"hashlimit counts per second, minute, hour or day: {rate} is not a "
+                                            "whole number per any of them; pick another rate or use method: recent")
+            elif rate.per_second > kl.HASHLIMIT_MAX_PER_SECOND:
                 add(p + ("limit",), r.name, f"{rate} is faster than hashlimit can express "
                                             f"(at most {kl.HASHLIMIT_MAX_PER_SECOND}/second)")
             elif rate.period / rate.count > kl.HASHLIMIT_MAX_INTERVAL_S:

@@ -176,7 +176,9 @@ def _limit_match(rule: NetworkRule, family: int) -> list[Match]:
         refill_ms = math.ceil(1000 * burst * rate.period / rate.count)
         expire = max(HASHLIMIT_MIN_EXPIRE_MS, refill_ms)
     mode = {"source": "srcip", "destination": "dstip", "source+port": "srcip,dstport", "all": None}[rule.per]
-    opts = [("hashlimit-above", _ipt_rate(rate.count, rate.unit)), ("hashlimit-burst", str(burst))]
+    exact = rate.exact()
+    assert exact is not None, "validate rejects rates hashlimit cannot express"
+    opts = [("hashlimit-above", _ipt_rate(*exact)), ("hashlimit-burst", str(burst))]
     if mode:
         opts.append(("hashlimit-mode", mode))
     opts += [

@@ -258,6 +258,45 @@ def test_hashlimit_rate_range():
     load_string("version: 1\nnetwork:\n  - name: ok\n    limit: 21/day\n")
 
 
+def test_rates_hashlimit_cannot_express_exactly():
+    assert problems("""
+        version: 1
+        network:
+          - name: odd
+            limit: 2/7s
+    """) == ["f.yaml:4:12: odd: hashlimit counts per second, minute, hour or day: 2/7s is not a whole number "
+             "per any of them; pick another rate or use method: recent"]
+    c = load_string("version: 1\nnetwork:\n  - name: ok\n    protocol: tcp\n    new_connections: true\n"
+                    "    limit: 3/10s\n    method: recent\n").config
+    assert c.network[0].limit.period == 10
+
+
+def test_source_prefix_needs_per_source():
+    assert problems("""
+        version: 1
+        network:
+          - name: d
+            limit: 10/s
+            per: destination
+            source_prefix: 24
+    """) == ["f.yaml:6:20: d: source_prefix groups sources, but per is destination: use per: source "
+             "(or source+port)"]
+
+
+def test_recent_without_new_connections_is_a_warning():
+    loaded = load_string(textwrap.dedent("""
+        version: 1
+        network:
+          - name: pings
+            protocol: icmp
+            limit: 5/minute
+            method: recent
+    """).lstrip("\n"), "f.yaml")
+    assert [str(w) for w in loaded.warnings] == [
+        "f.yaml:6:13: pings: warning: method: recent without new_connections: true counts every packet as a hit "
+        "(fine for e.g. pings; for connections set new_connections: true)"]
+
+
 def test_hashlimit_names_fit_the_kernel_and_never_collide():
     assert hashlimit_name("ssh") == "ssh"
     long_a = hashlimit_name("a-very-long-rule-name-one")

@@ -26,12 +26,34 @@ def test_parse_rate(text, count, unit):
     assert parse_rate(text) == Rate(count, unit)
 
 
+@pytest.mark.parametrize("text,rate,period,exact", [
+    ("3/10s", Rate(3, "second", 10), 10, (18, "minute")),
+    ("5/2 minutes", Rate(5, "minute", 2), 120, (150, "hour")),
+    ("1/1s", Rate(1, "second", 1), 1, (1, "second")),
+    ("2/7s", Rate(2, "second", 7), 7, None),
+    ("10/30s", Rate(10, "second", 30), 30, (20, "minute")),
+])
+def test_multiplied_periods(text, rate, period, exact):
+    r = parse_rate(text)
+    assert (r, r.period, r.exact()) == (rate, period, exact)
+
+
+@given(st.integers(1, 10**6), st.integers(1, 1000), st.sampled_from(["second", "minute", "hour", "day"]))
+def test_exact_is_the_same_rate(count, every, unit):
+    r = Rate(count, unit, every)
+    assert parse_rate(str(r)) == r
+    e = r.exact()
+    if e is not None:
+        assert e[0] * r.period == count * {"second": 1, "minute": 60, "hour": 3600, "day": 86400}[e[1]]
+
+
 @pytest.mark.parametrize("text,message", [
-    ("100", "bad rate '100': expected N/second|minute|hour|day (also 100/s, 6/m, 2/h, 1/d)"),
+    ("100", "bad rate '100': expected N/second|minute|hour|day (also 100/s, 6/m, 3/10s)"),
     ("3/fortnight", "bad rate unit 'fortnight' in '3/fortnight': expected second, minute, hour or day (s, m, h, d)"),
-    ("0/s", "rate '0/s' must be at least 1 per unit"),
-    ("-1/s", "bad rate '-1/s': expected N/second|minute|hour|day (also 100/s, 6/m, 2/h, 1/d)"),
-    ("1.5/s", "bad rate '1.5/s': expected N/second|minute|hour|day (also 100/s, 6/m, 2/h, 1/d)"),
+    ("0/s", "rate '0/s' must be at least 1 per period"),
+    ("3/0s", "rate '3/0s': the period must be at least 1 second"),
+    ("-1/s", "bad rate '-1/s': expected N/second|minute|hour|day (also 100/s, 6/m, 3/10s)"),
+    ("1.5/s", "bad rate '1.5/s': expected N/second|minute|hour|day (also 100/s, 6/m, 3/10s)"),
 ])
 def test_parse_rate_errors(text, message):
     with pytest.raises(ValueError) as exc:
@@ -45,7 +67,7 @@ def test_rate_needs_text():
 
 
 @given(st.integers(1, 10**9), st.sampled_from(["second", "minute", "hour", "day"]))
-def test_rate_round_trip(count, unit):
+def test_rate_round_trip(count, unit):  # noqa: D103
     r = Rate(count, unit)
     assert parse_rate(format_rate(r)) == r
     assert r.per_second == count / {"second": 1, "minute": 60, "hour": 3600, "day": 86400}[unit]
