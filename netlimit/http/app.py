@@ -219,16 +219,18 @@ class Sidecar:
 
     # -- decision endpoints -----------------------------------------------------------
 
-    async def check_get(self, request: web.BaseRequest) -> web.Response:
+    async def check_get(self, request: web.BaseRequest, query: str = "") -> web.Response:
         """nginx auth_request / forward-auth: GET /v1/check[?deny_status=403]."""
         h = request.headers
         deny_status = 429
-        if request.query_string:
-            ds = request.query.get("deny_status")
-            if ds is not None:
-                if not ds.isdigit() or not 400 <= int(ds) <= 499:
-                    return _problem(400, "Bad Request", f"deny_status must be a 4xx status code, got {ds!r}")
-                deny_status = int(ds)
+        if query:
+            for part in query.split("&"):
+                k, _, ds = part.partition("=")
+                if k == "deny_status":
+                    if not ds.isdigit() or not 400 <= int(ds) <= 499:
+                        self.front.request("check", "bad_request")
+                        return _problem(400, "Bad Request", f"deny_status must be a 4xx status code, got {ds!r}")
+                    deny_status = int(ds)
         uri = h.get("X-Original-URI") or h.get("X-Forwarded-Uri")
         if uri is None and self.plan.needs_path:
             self.front.request("check", "bad_request")
@@ -419,7 +421,7 @@ class Sidecar:
             if path == check_path:
                 if request.method == "POST":
                     return await json_check(request)
-                return await check_get(request)
+                return await check_get(request, "" if q < 0 else raw[q + 1:])
             if path.startswith(authz_slash) or path == authz:
                 return await self.authz(request)
             h = admin_get.get(path)
