@@ -24,11 +24,12 @@ Common rules
 
 State records (kept tiny: the memory store holds one per key)
 -------------------------------------------------------------
-* token_bucket / leaky_bucket: one ``complex``: ``(tokens or level) + 1j * last
-  update time`` -- two doubles in one 32-byte object.  Keeping the fill level
-  itself (not a GCRA arrival time) keeps integer boundaries exact: a full bucket
-  holds exactly ``capacity`` tokens and integer costs subtract exactly, so "20
-  requests at t=0" never turns into 19 through float rounding.
+* token_bucket / leaky_bucket: one ``complex``: ``room + 1j * last update time``
+  (room = tokens, or capacity - level) -- two doubles in one 32-byte object.
+  Keeping the room itself (not a GCRA arrival time) keeps integer boundaries
+  exact: a full bucket holds exactly ``capacity`` tokens and integer costs
+  subtract exactly, so "20 requests at t=0" never turns into 19 through float
+  rounding, and ``remaining`` is exact.
 * fixed_window: one int, ``window_index << 32 | count``.
 * sliding_window_counter: one int, ``window_index << 64 | previous << 32 | current``.
 * sliding_window_log: an ``array('d')`` of admitted timestamps, ascending, one
@@ -42,7 +43,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right, insort
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 __all__ = [
@@ -84,8 +85,22 @@ _LIMIT_BY_NS: dict[str, "Limit"] = {}
 
 
 @dataclass(frozen=True, slots=True)
-class Limit:
-    """One rate limit rule.  Validated on construction (ValueError with the reason).
+class _LimitFields:
+    algorithm: str
+    limit: int
+    period: float
+    burst: int | None = None
+    delay: bool = False
+    name: str = ""
+
+    def __post_init__(self) -> None:  # overridden by Limit (the generated __init__ calls it)
+        pass
+
+
+class Limit(_LimitFields):
+    """One rate limit rule: a frozen, slotted dataclass (fields: algorithm, limit,
+    period, burst, delay, name).  Validated on construction (ValueError with the
+    reason); ``period`` is normalised to float.
 
     ``burst`` is the token bucket capacity (default ``limit``) or the leaky bucket
     capacity = queue depth (default ``limit``); it is refused for the window
@@ -93,20 +108,21 @@ class Limit:
     :func:`leaky_bucket`.  State is kept per (Limit, key): two Limits that differ
     in any field, ``name`` included, never share state, so changing a rule's
     parameters on reload starts it from fresh state instead of misreading old state.
+
+    The derived values the hot path needs live in extra slots of this subclass,
+    not in dataclass fields, so ``fields()`` / ``asdict()`` / ``replace()`` see
+    only the six real fields.
     """
 
-    algorithm: str
-    limit: int
-    period: float
-    burst: int | None = None
-    delay: bool = False
-    name: str = ""
-    # derived, not part of equality: namespace ids used by the stores
-    _ns: str = field(init=False, repr=False, compare=False, default="")
-    _sig: str = field(init=False, repr=False, compare=False, default="")
-    _fn: Callable[..., tuple["Decision", Any]] | None = field(init=False, repr=False, compare=False, default=None)
-    _cap: int = field(init=False, repr=False, compare=False, default=0)
-    _rate: float = field(init=False, repr=False, compare=False, default=0.0)
+    __slots__ = ("_ns", "_sig", "_fn", "_cap", "_rate")
+    _ns: str  # process-local namespace id, e.g. "3:" (memory store)
+    _sig: str  # stable text of every field (Redis key names)
+    _fn: Callable[..., tuple["Decision", Any]]
+    _cap: int
+    _rate: float
+
+    def __reduce__(self):
+        return (Limit, (self.algorithm, self.limit, self.period, self.burst, self.delay, self.name))
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -193,11 +209,46 @@ _new = object.__new__
 
 # --------------------------------------------------------------------------- buckets
 #
-# Both buckets keep (fill, last update time) packed in one ``complex`` (two
+# Both buckets keep (free room, last update time) packed in one ``complex`` (two
 # doubles in a 32-byte object; a 2-tuple of floats costs 104 bytes).  Keeping
-# the fill itself, rather than a GCRA arrival time, keeps integer boundaries
-# exact: a full bucket holds exactly ``cap`` tokens, and taking an integer cost
-# from a token count is exact in binary floating point.
+# the room itself -- tokens for the token bucket, ``capacity - level`` for the
+# leaky bucket -- rather than a GCRA arrival time or a rising water level keeps
+# integer boundaries exact: a full bucket holds exactly ``cap`` tokens, and
+# taking an integer cost away is exact in binary floating point, so
+# ``remaining`` is always exactly the number of unit requests that still fit.
+# (A leaky bucket as a meter is mathematically a token bucket.)
+
+def _bucket(limit: Limit, state: complex | None, now: float, cost: int):
+    cap = limit._cap
+    rate = limit._rate
+    if state is None:
+        free = cap
+        last = now
+    else:
+        free = state.real
+        last = state.imag
+        if now > last:
+            free = free + (now - last) * rate
+            if free > cap:
+                free = cap
+            last = now
+    if cost > free:
+        remaining = _floor(free)
+        retry = _INF if cost > cap else (cost - free) / rate
+        return Decision(False, cap, remaining if remaining > 0 else 0, retry, (cap - free) / rate), state
+    delay = (cap - free) / rate if limit.delay else 0.0
+    if cost == 0:
+        return Decision(True, cap, _floor(free), 0.0, (cap - free) / rate, delay), state
+    free = free - cost
+    d = _new(Decision)
+    d.allowed = True
+    d.limit = cap
+    d.remaining = _floor(free)
+    d.retry_after = 0.0
+    d.reset = (cap - free) / rate
+    d.delay = delay
+    return d, free + _J * last
+
 
 def token_bucket(limit: Limit, state: complex | None, now: float, cost: int = 1):
     """Token bucket: ``rate = limit/period`` tokens/s refill a bucket of ``burst``
@@ -209,40 +260,13 @@ def token_bucket(limit: Limit, state: complex | None, now: float, cost: int = 1)
     """
     if limit.limit == 0:
         return _deny_all(cost), state
-    cap = limit._cap
-    rate = limit._rate
-    if state is None:
-        tokens = cap
-        last = now
-    else:
-        tokens = state.real
-        last = state.imag
-        if now > last:
-            tokens = tokens + (now - last) * rate
-            if tokens > cap:
-                tokens = cap
-            last = now
-    if cost > tokens:
-        remaining = _floor(tokens)
-        retry = _INF if cost > cap else (cost - tokens) / rate
-        return Decision(False, cap, remaining if remaining > 0 else 0, retry, (cap - tokens) / rate), state
-    if cost == 0:
-        return Decision(True, cap, _floor(tokens), 0.0, (cap - tokens) / rate), state
-    tokens = tokens - cost
-    d = _new(Decision)
-    d.allowed = True
-    d.limit = cap
-    d.remaining = _floor(tokens)
-    d.retry_after = 0.0
-    d.reset = (cap - tokens) / rate
-    d.delay = 0.0
-    return d, tokens + _J * last
+    return _bucket(limit, state, now, cost)
 
 
 def leaky_bucket(limit: Limit, state: complex | None, now: float, cost: int = 1):
     """Leaky bucket of ``capacity = burst or limit`` units draining at ``limit/period``/s.
 
-    State: ``complex(level, last_update)``.
+    State: ``complex(capacity - level, last_update)`` (the room left, see above).
 
     Meter mode (``delay=False``): a request is admitted at once if it fits in the
     bucket, else rejected (mathematically a token bucket; ``reset`` = time until
@@ -258,36 +282,7 @@ def leaky_bucket(limit: Limit, state: complex | None, now: float, cost: int = 1)
     """
     if limit.limit == 0:
         return _deny_all(cost), state
-    cap = limit._cap  # capacity, +1 in queue mode
-    rate = limit._rate
-    if state is None:
-        level = 0.0
-        last = now
-    else:
-        level = state.real
-        last = state.imag
-        if now > last:
-            level = level - (now - last) * rate
-            if level < 0:
-                level = 0.0
-            last = now
-    if level + cost > cap:
-        remaining = _floor(cap - level)
-        retry = _INF if cost > cap else (level + cost - cap) / rate
-        return Decision(False, cap, remaining if remaining > 0 else 0, retry, level / rate), state
-    delay = level / rate if limit.delay else 0.0
-    if cost == 0:
-        return Decision(True, cap, _floor(cap - level), 0.0, level / rate, delay), state
-    level = level + cost
-    remaining = _floor(cap - level)
-    d = _new(Decision)
-    d.allowed = True
-    d.limit = cap
-    d.remaining = remaining if remaining > 0 else 0
-    d.retry_after = 0.0
-    d.reset = level / rate
-    d.delay = delay
-    return d, level + _J * last
+    return _bucket(limit, state, now, cost)
 
 
 # --------------------------------------------------------------------------- windows
@@ -466,18 +461,11 @@ def is_idle(limit: Limit, state: Any, now: float) -> bool:
         return True
     alg = limit.algorithm
     if alg == "token_bucket" or alg == "leaky_bucket":
-        fill = state.real
+        free = state.real
         last = state.imag
         if now > last:
-            elapsed = (now - last) * (limit.limit / limit.period)
-            if alg == "token_bucket":
-                fill = fill + elapsed
-            else:
-                fill = fill - elapsed
-        if alg == "token_bucket":
-            burst = limit.burst
-            return fill >= (limit.limit if burst is None else burst)
-        return fill <= 0
+            free = free + (now - last) * limit._rate
+        return free >= limit._cap
     w = _floor(now / limit.period)
     if alg == "fixed_window":
         return (state >> 32) < w

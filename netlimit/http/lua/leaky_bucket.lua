@@ -1,7 +1,10 @@
--- netlimit leaky bucket; mirrors algorithms.leaky_bucket operation for operation.
--- Meter mode: admitted if it fits.  Queue mode (ARGV[4] = '1', ARGV[3] is then
--- capacity + 1, nginx burst semantics): admitted if it fits, delay = level / rate.
--- KEYS[1] state key (string: "<level> <last update time>")
+-- netlimit leaky bucket; mirrors algorithms.leaky_bucket (algorithms._bucket)
+-- operation for operation.  The state is the room left in the bucket
+-- (capacity - level), which keeps integer boundaries exact, exactly as the
+-- token bucket's tokens.  Meter mode: admitted if it fits.  Queue mode
+-- (ARGV[4] = '1', ARGV[3] is then capacity + 1, nginx burst semantics):
+-- admitted if it fits, delay = level / rate.
+-- KEYS[1] state key (string: "<room> <last update time>")
 -- ARGV: 1 limit, 2 period (s), 3 capacity, 4 queue flag, 5 cost,
 --       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
@@ -24,38 +27,36 @@ local cost = tonumber(ARGV[5])
 local dry = ARGV[7] == '1'
 
 local rate = lim / period
-local level, last
+local free, last
 local v = redis.call('GET', key)
 if v then
   local a, b = string.match(v, '^(%S+) (%S+)$')
-  level = tonumber(a)
+  free = tonumber(a)
   last = tonumber(b)
   if now > last then
-    level = level - (now - last) * rate
-    if level < 0 then level = 0 end
+    free = free + (now - last) * rate
+    if free > cap then free = cap end
     last = now
   end
 else
-  level = 0
+  free = cap
   last = now
 end
-if cost > cap or level + cost > cap then
-  local remaining = math.floor(cap - level)
+if cost > free then
+  local remaining = math.floor(free)
   if remaining < 0 then remaining = 0 end
   local retry
-  if cost > cap then retry = math.huge else retry = (level + cost - cap) / rate end
-  return {0, cap, remaining, fmt(retry), fmt(level / rate), '0'}
+  if cost > cap then retry = math.huge else retry = (cost - free) / rate end
+  return {0, cap, remaining, fmt(retry), fmt((cap - free) / rate), '0'}
 end
 local delay = 0
-if queue then delay = level / rate end
+if queue then delay = (cap - free) / rate end
 if cost == 0 then
-  return {1, cap, math.floor(cap - level), '0', fmt(level / rate), fmt(delay)}
+  return {1, cap, math.floor(free), '0', fmt((cap - free) / rate), fmt(delay)}
 end
-level = level + cost
-local remaining = math.floor(cap - level)
-if remaining < 0 then remaining = 0 end
-local reset = level / rate
+free = free - cost
+local reset = (cap - free) / rate
 if not dry then
-  redis.call('SET', key, fmt(level) .. ' ' .. fmt(last), 'PX', math.ceil(reset * 1000) + 1000)
+  redis.call('SET', key, fmt(free) .. ' ' .. fmt(last), 'PX', math.ceil(reset * 1000) + 1000)
 end
-return {1, cap, remaining, '0', fmt(reset), fmt(delay)}
+return {1, cap, math.floor(free), '0', fmt(reset), fmt(delay)}
