@@ -76,6 +76,23 @@ def test_limit_normalises_and_reports_capacity():
     assert Limit("fixed_window", 1, 1)._ns != Limit("sliding_window_counter", 1, 1)._ns
 
 
+def test_limit_is_a_plain_frozen_dataclass_to_its_users():
+    import dataclasses
+    import pickle
+
+    lim = Limit("leaky_bucket", 10, 1, burst=5, delay=True, name="api")
+    assert dataclasses.is_dataclass(lim)
+    assert dataclasses.asdict(lim) == dict(algorithm="leaky_bucket", limit=10, period=1.0, burst=5, delay=True,
+                                           name="api")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lim.limit = 3  # type: ignore[misc]
+    other = dataclasses.replace(lim, limit=20)
+    assert other.capacity == 6 and other.rate == 20.0 and other._ns != lim._ns
+    back = pickle.loads(pickle.dumps(lim))
+    assert back == lim and hash(back) == hash(lim) and back._ns == lim._ns and back.capacity == 6
+    assert repr(lim).startswith("Limit(algorithm='leaky_bucket', limit=10, period=1.0")
+
+
 def test_cost_must_not_be_negative():
     with pytest.raises(ValueError):
         decide(Limit("fixed_window", 1, 1), None, 0.0, -1)

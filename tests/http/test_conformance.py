@@ -380,3 +380,26 @@ def test_memory_store_uses_its_clock():
 def test_memory_store_rejects_negative_cost():
     with pytest.raises(ValueError):
         MemoryStore().hit_sync("x", Limit("fixed_window", 1, 1), -1, 0.0)
+
+
+@pytest.mark.parametrize("limit", [Limit("token_bucket", 10, 60), Limit("leaky_bucket", 10, 60, delay=True),
+                                   Limit("fixed_window", 100, 60), Limit("sliding_window_counter", 100, 60)],
+                         ids=lambda lim: lim.algorithm)
+def test_memory_store_costs_at_most_150_bytes_per_key(limit):
+    """The memory budget for bucket and counter algorithms, key strings included."""
+    import gc
+    import tracemalloc
+
+    n = 10_000
+    store = MemoryStore(max_keys=n)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(n):
+            store.hit_sync(f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", limit, 1, 1_700_000_000.0 + i * 1e-6)
+        per_key = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    assert len(store) == n
+    assert per_key <= 150, per_key
