@@ -397,6 +397,10 @@ def sliding_window_log(limit: Limit, state: array | None, now: float, cost: int 
 
     ``state`` is updated in place (see module doc).  ``retry_after`` is the time
     until enough of the oldest entries expire; ``reset`` the time until all do.
+
+    Memory grows with the limit: up to ``limit`` entries per key (8 bytes each
+    in the memory store, a sorted-set member of ~50-80 bytes in Redis), so for
+    large limits prefer ``sliding_window_counter``.
     """
     lim = limit.limit
     if lim == 0:
