@@ -323,7 +323,8 @@ def sliding_window_counter(limit: Limit, state: int | None, now: float, cost: in
     Counts are kept for the current and the previous aligned window; the
     estimate is ``previous * (1 - elapsed/period) + current`` where ``elapsed`` is
     the time since the current window began.  A request is admitted if
-    ``estimate + cost <= limit``.  ``remaining = floor(limit - estimate)``;
+    ``estimate + cost <= limit``; ``remaining`` = how many more unit requests
+    would be admitted now (``floor(limit - estimate)``, exactly);
     ``reset`` = time until the estimate decays to zero; ``retry_after`` solves the
     linear decay for the moment the request fits.
     """
@@ -346,8 +347,17 @@ def sliding_window_counter(limit: Limit, state: int | None, now: float, cost: in
     elapsed = now - ws
     if elapsed < 0:
         elapsed = 0.0
-    est = prev * (1 - elapsed / period) + curr
-    if cost > lim or est + cost > lim:
+    x = prev * (1 - elapsed / period)  # the previous window's weighted share
+    # hold = the most units the current window may hold now: the largest integer
+    # with x + hold <= lim, found with the same float comparison that admits, so
+    # that ``remaining`` is exactly the number of unit requests that still fit.
+    hold = _floor(lim - x)
+    if x + (hold + 1) <= lim:
+        hold += 1
+    elif x + hold > lim:
+        hold -= 1
+    n = curr + cost
+    if cost > lim or n > hold:  # i.e. x + curr + cost > lim
         if cost > lim:
             retry = _INF
         else:
@@ -369,9 +379,7 @@ def sliding_window_counter(limit: Limit, state: int | None, now: float, cost: in
             reset = (w + 1) * period - now
         else:
             reset = 0.0
-        remaining = _floor(lim - est)
-        return Decision(False, lim, remaining if remaining > 0 else 0, retry, reset), state
-    remaining = _floor(lim - est - cost)
+        return Decision(False, lim, hold - curr if hold > curr else 0, retry, reset), state
     if cost == 0:
         if curr > 0:
             reset = (w + 2) * period - now
@@ -379,15 +387,15 @@ def sliding_window_counter(limit: Limit, state: int | None, now: float, cost: in
             reset = (w + 1) * period - now
         else:
             reset = 0.0
-        return Decision(True, lim, remaining if remaining > 0 else 0, 0.0, reset), state
+        return Decision(True, lim, hold - n, 0.0, reset), state
     d = _new(Decision)
     d.allowed = True
     d.limit = lim
-    d.remaining = remaining if remaining > 0 else 0
+    d.remaining = hold - n
     d.retry_after = 0.0
     d.reset = (w + 2) * period - now
     d.delay = 0.0
-    return d, (w << 64) | (prev << 32) | (curr + cost)
+    return d, (w << 64) | (prev << 32) | n
 
 
 def sliding_window_log(limit: Limit, state: array | None, now: float, cost: int = 1):

@@ -8,7 +8,7 @@ from array import array
 from dataclasses import astuple
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from netlimit.http.algorithms import (
@@ -460,6 +460,13 @@ def test_retry_after_is_honest(case):
 
 @PROPS
 @given(cases())
+# float edges hypothesis found: a rising leaky level absorbing a sub-ulp residue,
+# and a sliding-counter remaining computed by a different float expression than admission
+@example(case=(Limit("leaky_bucket", 6, 1.0, burst=8),
+               [(0.7099351523791327, 1), (0.7099351523791327, 2), (1.2099351523791326, 1)]))
+@example(case=(Limit("sliding_window_counter", 9, 0.5),
+               [(0.0, 1), (0.16666666666666666, 0), (0.41666666666666663, 8), (0.6666666666666666, 1)]))
+@example(case=(Limit("token_bucket", 1, 0.5), [(0.005, 1), (0.055, 1), (0.555, 1)]))
 def test_remaining_is_honest(case):
     """After any decision exactly `remaining` more unit requests fit at that instant."""
     limit, events = case

@@ -37,7 +37,15 @@ end
 local ws = w * period
 local elapsed = now - ws
 if elapsed < 0 then elapsed = 0 end
-local est = prev * (1 - elapsed / period) + curr
+local x = prev * (1 - elapsed / period) -- the previous window's weighted share
+-- hold = the largest integer with x + hold <= lim (same comparison as admission)
+local hold = math.floor(lim - x)
+if x + (hold + 1) <= lim then
+  hold = hold + 1
+elseif x + hold > lim then
+  hold = hold - 1
+end
+local n = curr + cost
 
 local function reset_of(p, c)
   if c > 0 then return (w + 2) * period - now end
@@ -45,7 +53,7 @@ local function reset_of(p, c)
   return 0
 end
 
-if cost > lim or est + cost > lim then
+if cost > lim or n > hold then
   local retry
   if cost > lim then
     retry = math.huge
@@ -65,18 +73,15 @@ if cost > lim or est + cost > lim then
     retry = t - now
     if retry < 0 then retry = 0 end
   end
-  local remaining = math.floor(lim - est)
+  local remaining = hold - curr
   if remaining < 0 then remaining = 0 end
   return {0, lim, remaining, fmt(retry), fmt(reset_of(prev, curr)), '0'}
 end
-local remaining = math.floor(lim - est - cost)
-if remaining < 0 then remaining = 0 end
 if cost == 0 then
-  return {1, lim, remaining, '0', fmt(reset_of(prev, curr)), '0'}
+  return {1, lim, hold - n, '0', fmt(reset_of(prev, curr)), '0'}
 end
-curr = curr + cost
 local reset = (w + 2) * period - now
 if not dry then
-  redis.call('SET', key, fmt(w) .. ' ' .. fmt(prev) .. ' ' .. fmt(curr), 'PX', math.ceil(reset * 1000) + 1000)
+  redis.call('SET', key, fmt(w) .. ' ' .. fmt(prev) .. ' ' .. fmt(n), 'PX', math.ceil(reset * 1000) + 1000)
 end
-return {1, lim, remaining, '0', fmt(reset), '0'}
+return {1, lim, hold - n, '0', fmt(reset), '0'}
