@@ -572,6 +572,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 async def serve(sidecar: Sidecar, host: str, port: int) -> None:
     """Run until SIGTERM / SIGINT; SIGHUP reloads the rules."""
+    await sidecar.start()  # the upstream session exists before the first request
     server = web.Server(sidecar.make_handler(), access_log=None)
     runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
@@ -582,7 +583,6 @@ async def serve(sidecar: Sidecar, host: str, port: int) -> None:
         await runner.cleanup()
         await sidecar.stop()
         raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    await sidecar.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
