@@ -42,7 +42,7 @@ from .headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_headers, s
 from .limiter import CODE_NAMES, OVER_LIMIT, SRC_NONE, CheckResult, Limiter
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import FrontStats, Metrics
-from .rules import RuleSet, from_loaded
+from .rules import from_loaded
 from .store import MemoryStore, RedisStore
 
 log = logging.getLogger("netlimit.sidecar")

@@ -27,7 +27,6 @@ from fixtures_sidecar import (
     metric,
     netlimit_cmd,
     request,
-    wait_until,
     write_config,
 )
 
