@@ -103,9 +103,9 @@ class LockTimeout(Exception):
 
 
 @contextmanager
-def xtables_lock(timeout: float = 10.0) -> Iterator[None]:
-    """flock /run/xtables.lock as iptables-legacy does (python-iptables takes no lock)."""
-    fd = os.open(XTABLES_LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+def _flock(path: str, timeout: float, busy: str) -> Iterator[None]:
+    """Hold an exclusive flock on `path`, waiting up to `timeout` s (then LockTimeout(busy))."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -116,12 +116,17 @@ def xtables_lock(timeout: float = 10.0) -> Iterator[None]:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 if time.monotonic() > deadline:
-                    raise LockTimeout(f"another program has held {XTABLES_LOCK} for {timeout:.0f} s "
-                                      "(an iptables command still running?); nothing was changed") from None
+                    raise LockTimeout(busy) from None
                 time.sleep(0.05)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def xtables_lock(timeout: float = 10.0):
+    """flock /run/xtables.lock as iptables-legacy does (python-iptables takes no lock)."""
+    return _flock(XTABLES_LOCK, timeout, f"another program has held {XTABLES_LOCK} for {timeout:.0f} s "
+                                         "(an iptables command still running?); nothing was changed")
 
 
 _process_lock = threading.RLock()
@@ -136,26 +141,10 @@ def kernel_lock() -> Iterator[None]:
         yield
 
 
-@contextmanager
-def writer_lock(timeout: float = 60.0) -> Iterator[None]:
+def writer_lock(timeout: float = 60.0):
     """One netlimit writer at a time across processes (CLI, daemon): read -> diff ->
     write must not interleave, or one writer's rollback could undo the other's work.
     (The xtables lock, taken around each commit, only orders us against iptables.)"""
     os.makedirs(os.path.dirname(APPLY_LOCK), exist_ok=True)
-    fd = os.open(APPLY_LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() > deadline:
-                    raise LockTimeout(f"another netlimit apply/flush has held {APPLY_LOCK} for {timeout:.0f} s; "
-                                      "nothing was changed") from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)
+    return _flock(APPLY_LOCK, timeout, f"another netlimit apply/flush has held {APPLY_LOCK} for {timeout:.0f} s; "
+                                       "nothing was changed")
