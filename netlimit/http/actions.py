@@ -152,7 +152,7 @@ class ActionPlan:
                 elif item == "method":
                     g.append((_METHOD, "method", ""))
                 elif item.startswith("header:"):
-                    g.append((_HEADER, item, item[len("header:"):]))
+                    g.append((_HEADER, item, item[len("header:"):].lower()))
                 elif item.startswith("generic:"):
                     k, _, v = item[len("generic:"):].partition("=")
                     g.append((_GENERIC, k, v))
@@ -166,9 +166,10 @@ class ActionPlan:
 
     def descriptors(self, *, peer: str, method: str, path: str | Callable[[], str],
                     headers: Mapping[str, str], xff: str | None = None) -> list[list[Entry]]:
-        """Descriptor lists for one request.  ``headers`` must be case-insensitive
-        (aiohttp's CIMultiDictProxy); ``xff`` defaults to its X-Forwarded-For;
-        ``path`` may be a callable, called only when an action needs it."""
+        """Descriptor lists for one request.  ``headers.get`` is called with
+        lower-case names (aiohttp's case-insensitive CIMultiDictProxy, or a dict
+        with lower-case keys); ``xff`` defaults to its X-Forwarded-For; ``path``
+        may be a callable, called only when an action needs it."""
         out: list[list[Entry]] = []
         client: str | None = None
         p: str | None = None
@@ -178,7 +179,7 @@ class ActionPlan:
                 if kind == _REMOTE:
                     if client is None:
                         if xff is None and self.trusted:
-                            xff = headers.get("X-Forwarded-For")
+                            xff = headers.get("x-forwarded-for")
                         client = client_address(peer, xff, self.trusted)
                     entries.append((key, client))
                 elif kind == _PATH:

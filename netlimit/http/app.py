@@ -30,6 +30,10 @@ import logging
 import math
 import os
 import signal
+import socket
+import time
+from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, client_exceptions, hdrs, web
@@ -65,6 +69,29 @@ _SKIP_AUTO = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
 class BadRequest(Exception):
     pass
+
+
+class Reply:
+    """A decision endpoint's answer, independent of the server that sends it."""
+
+    __slots__ = ("status", "headers", "body", "delay")
+
+    def __init__(self, status: int, headers: dict[str, str], body: str = "", delay: float = 0.0):
+        self.status = status
+        self.headers = headers
+        self.body = body          # a problem+json document, or "" (no body)
+        self.delay = delay        # leaky bucket queue mode: answer after this many seconds
+
+    @classmethod
+    def problem(cls, status: int, title: str, detail: str) -> "Reply":
+        return cls(status, {}, simple_problem(status, title, detail))
+
+    async def response(self) -> web.Response:
+        if self.delay > 0:
+            await asyncio.sleep(self.delay)
+        if self.body:
+            return web.Response(status=self.status, text=self.body, content_type=PROBLEM_TYPE, headers=self.headers)
+        return web.Response(status=self.status, headers=self.headers)
 
 
 def _hop_tokens(headers) -> frozenset[str] | None:
@@ -105,6 +132,7 @@ class Sidecar:
         self._file_sig = self._stat()
         self._stat_error_logged = False
         self._xff_warned = False
+        self.fast_conns: set = set()   # FastCheckProtocol connections (idle ones are swept)
 
     # -- reload --------------------------------------------------------------------
 
@@ -158,6 +186,10 @@ class Sidecar:
         an editor that replaces the file by rename changes the inode."""
         while True:
             await asyncio.sleep(self.reload_interval)
+            if self.fast_conns:
+                now = time.monotonic()
+                for conn in list(self.fast_conns):
+                    conn.close_if_idle(now)
             sig = self._stat()
             if sig == self._file_sig:
                 continue
@@ -199,29 +231,21 @@ class Sidecar:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _descriptors(self, request: web.BaseRequest, method: str, path) -> list:
-        h = request.headers
-        peer = request.remote or ""
+    def _descriptors(self, peer: str, h, method: str, path) -> list:
+        """``h.get`` takes lower-case names (CIMultiDictProxy or a lower-case dict)."""
         plan = self.plan
-        if not self._xff_warned and plan.needs_remote and hdrs.X_FORWARDED_FOR in h and peer not in plan.trusted:
+        if not self._xff_warned and plan.needs_remote and h.get("x-forwarded-for") is not None \
+                and peer not in plan.trusted:
             self._xff_warned = True
             log.warning("request from %s carries X-Forwarded-For but %s is not in http.trusted_proxies: "
                         "the header is ignored and remote_address is the peer (add the proxy's address "
                         "to trusted_proxies if it is yours)", peer, peer)
         return plan.descriptors(peer=peer, method=method, path=path, headers=h)
 
-    @staticmethod
-    def _deny_response(result: CheckResult, status: int, headers: dict[str, str], nginx: bool = False) -> web.Response:
-        body = problem_body(result, status)
-        if nginx:
-            headers[PROBLEM_HEADER] = body if status == 429 else problem_body(result, 429)
-        return web.Response(status=status, text=body, content_type=PROBLEM_TYPE, headers=headers)
+    # -- decision endpoints (shared by the aiohttp handlers and the fast path) -------------
 
-    # -- decision endpoints -----------------------------------------------------------
-
-    async def check_get(self, request: web.BaseRequest, query: str = "") -> web.Response:
-        """nginx auth_request / forward-auth: GET /v1/check[?deny_status=403]."""
-        h = request.headers
+    def check_request(self, peer: str, h, query: str) -> tuple[list, int] | Reply:
+        """GET /v1/check[?deny_status=403]: (descriptors, deny status) or an error reply."""
         deny_status = 429
         if query:
             for part in query.split("&"):
@@ -229,41 +253,49 @@ class Sidecar:
                 if k == "deny_status":
                     if not ds.isdigit() or not 400 <= int(ds) <= 499:
                         self.front.request("check", "bad_request")
-                        return _problem(400, "Bad Request", f"deny_status must be a 4xx status code, got {ds!r}")
+                        return Reply.problem(400, "Bad Request", f"deny_status must be a 4xx status code, got {ds!r}")
                     deny_status = int(ds)
-        uri = h.get("X-Original-URI") or h.get("X-Forwarded-Uri")
+        uri = h.get("x-original-uri") or h.get("x-forwarded-uri")
         if uri is None and self.plan.needs_path:
             self.front.request("check", "bad_request")
-            return _problem(400, "Bad Request",
-                            "the actions use 'path' but the request has no X-Original-URI header "
-                            "(nginx: proxy_set_header X-Original-URI $request_uri;)")
-        method = h.get("X-Original-Method") or h.get("X-Forwarded-Method") or "GET"
-        descs = self._descriptors(request, method, (lambda: path_of_uri(uri)) if uri is not None else "/")
-        result = await self.limiter.check(self.limiter.rules.domain, descs)
+            return Reply.problem(400, "Bad Request",
+                                 "the actions use 'path' but the request has no X-Original-URI header "
+                                 "(nginx: proxy_set_header X-Original-URI $request_uri;)")
+        method = h.get("x-original-method") or h.get("x-forwarded-method") or "GET"
+        return self._descriptors(peer, h, method, (lambda: path_of_uri(uri)) if uri is not None else "/"), \
+            deny_status
+
+    def authz_request(self, peer: str, h, method: str, raw_path: str) -> list:
+        """Envoy ext_authz (path_prefix /v1/authz): the original path follows the prefix."""
+        i = raw_path.find("/v1/authz")
+        tail = raw_path[i + 9:] if i >= 0 else raw_path
+        return self._descriptors(peer, h, method, lambda: path_of_uri(tail or "/"))
+
+    def decision_reply(self, endpoint: str, result: CheckResult, deny_status: int) -> Reply:
         headers = rate_headers(result)
         if result.code == OVER_LIMIT:
-            self.front.request("check", "over_limit")
-            return self._deny_response(result, deny_status, headers, nginx=True)
-        if result.delay > 0:
-            await asyncio.sleep(min(result.delay, MAX_DELAY))
-        self.front.request("check", "ok")
-        return web.Response(status=200, headers=headers)
+            self.front.request(endpoint, "over_limit")
+            body = problem_body(result, deny_status)
+            if endpoint == "check":  # for nginx, which cannot read the body of an auth subrequest
+                headers[PROBLEM_HEADER] = body if deny_status == 429 else problem_body(result, 429)
+            return Reply(deny_status, headers, body)
+        self.front.request(endpoint, "ok")
+        return Reply(200, headers, "", min(result.delay, MAX_DELAY))
+
+    async def check_get(self, request: web.BaseRequest, query: str = "") -> web.Response:
+        """nginx auth_request / forward-auth: GET /v1/check[?deny_status=403]."""
+        prep = self.check_request(request.remote or "", request.headers, query)
+        if isinstance(prep, Reply):
+            return await prep.response()
+        descs, deny_status = prep
+        result = await self.limiter.check(self.limiter.rules.domain, descs)
+        return await self.decision_reply("check", result, deny_status).response()
 
     async def authz(self, request: web.BaseRequest) -> web.Response:
         """Envoy ext_authz HTTP service with path_prefix /v1/authz."""
-        raw = request.raw_path
-        i = raw.find("/v1/authz")
-        tail = raw[i + 9:] if i >= 0 else raw
-        descs = self._descriptors(request, request.method, lambda: path_of_uri(tail or "/"))
+        descs = self.authz_request(request.remote or "", request.headers, request.method, request.raw_path)
         result = await self.limiter.check(self.limiter.rules.domain, descs)
-        headers = rate_headers(result)
-        if result.code == OVER_LIMIT:
-            self.front.request("authz", "over_limit")
-            return self._deny_response(result, 429, headers)
-        if result.delay > 0:
-            await asyncio.sleep(min(result.delay, MAX_DELAY))
-        self.front.request("authz", "ok")
-        return web.Response(status=200, headers=headers)
+        return await self.decision_reply("authz", result, 429).response()
 
     async def json_check(self, request: web.BaseRequest) -> web.Response:
         """POST /v1/check (Lyft's /json shape)::
@@ -326,12 +358,13 @@ class Sidecar:
     # -- reverse proxy -----------------------------------------------------------------
 
     async def proxy(self, request: web.BaseRequest) -> web.StreamResponse:
-        descs = self._descriptors(request, request.method, lambda: path_of_uri(request.raw_path))
+        descs = self._descriptors(request.remote or "", request.headers, request.method,
+                                  lambda: path_of_uri(request.raw_path))
         result = await self.limiter.check(self.limiter.rules.domain, descs)
         rh = rate_headers(result)
         if result.code == OVER_LIMIT:
             self.front.request("proxy", "over_limit")
-            return self._deny_response(result, 429, rh)
+            return web.Response(status=429, text=problem_body(result, 429), content_type=PROBLEM_TYPE, headers=rh)
         if result.delay > 0:
             await asyncio.sleep(min(result.delay, MAX_DELAY))
         h = request.headers
@@ -449,6 +482,230 @@ async def _continue(request: web.BaseRequest) -> None:
 def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, text=simple_problem(status, title, detail), content_type=PROBLEM_TYPE,
                         headers=headers)
+
+
+# --- fast path -----------------------------------------------------------------------------
+
+MAX_HEAD = 8190          # request line + headers, as aiohttp's default
+IDLE_TIMEOUT = 75.0      # keep-alive connections idle longer are closed (aiohttp's default)
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+_STATUS_LINES = {c: f"HTTP/1.1 {c} {_REASONS[c]}\r\n" for c in (200, 400, 403, 429, 500)}
+
+_date_cache = [0, b""]
+
+
+def _http_date() -> bytes:
+    now = int(time.time())
+    if now != _date_cache[0]:
+        _date_cache[0] = now
+        _date_cache[1] = formatdate(now, usegmt=True).encode()
+    return _date_cache[1]
+
+
+class FastCheckProtocol(asyncio.Protocol):
+    """HTTP/1.1 fast path for the decision endpoints (the benchmarked path).
+
+    aiohttp builds request and response objects, a task and a router match per
+    request; for ``GET /v1/check`` (nginx auth_request, one small request per
+    client request) that costs more than the decision itself.  This protocol
+    parses a request head, and when it is a decision request without a body it
+    answers it directly (synchronously when the store is in-process).  On the
+    first request it does not serve itself (another path, any body, anything
+    unusual) it hands the connection, with every byte buffered so far, to
+    aiohttp for good, so aiohttp remains the HTTP implementation for everything
+    but the bodiless decision requests.
+    """
+
+    __slots__ = ("sc", "aio", "transport", "buf", "busy", "peer", "last", "paused", "http10")
+
+    def __init__(self, sc: "Sidecar", aio_factory) -> None:
+        self.sc = sc
+        self.aio = aio_factory
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.busy = False
+        self.paused = False
+        self.peer = ""
+        self.last = time.monotonic()
+        self.http10 = False
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if peer else ""
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.sc.fast_conns.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.sc.fast_conns.discard(self)
+        self.buf = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.last = time.monotonic()
+        self.buf = self.buf + data if self.buf else data
+        if not self.busy:
+            self._process()
+        elif len(self.buf) > 4 * MAX_HEAD and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        return False
+
+    # -- requests ------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        buf = self.buf
+        while buf and not self.busy:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD:
+                    return self._handoff(buf)
+                break
+            if end > MAX_HEAD:
+                return self._handoff(buf)
+            head = buf[:end].decode("latin-1")
+            eol = head.find("\r\n")
+            parts = (head if eol < 0 else head[:eol]).split(" ")
+            if len(parts) != 3:
+                return self._handoff(buf)
+            method, target, version = parts
+            if version != "HTTP/1.1" and version != "HTTP/1.0":
+                return self._handoff(buf)
+            q = target.find("?")
+            path = target if q < 0 else target[:q]
+            if path == "/v1/check":
+                if method != "GET" and method != "HEAD":
+                    return self._handoff(buf)
+                kind = 0
+            elif path.startswith("/v1/authz") and (len(path) == 9 or path[9] == "/"):
+                kind = 1
+            else:
+                return self._handoff(buf)
+            h: dict[str, str] = {}
+            if eol >= 0:
+                for line in head[eol + 2:].split("\r\n"):
+                    name, sep, value = line.partition(":")
+                    # anything but `name: value` (no colon, obsolete folding, space before the
+                    # colon) goes to aiohttp, which answers it properly
+                    if not sep or not name or name[-1] in " \t" or line[0] in " \t":
+                        return self._handoff(buf)
+                    k = name.lower()
+                    if k not in h:   # the first occurrence wins, as CIMultiDict.get
+                        h[k] = value.strip(" \t")
+            if "transfer-encoding" in h or h.get("content-length", "0") != "0" or "upgrade" in h:
+                return self._handoff(buf)
+            buf = buf[end + 4:]
+            self.buf = buf
+            conn = h.get("connection")
+            if version == "HTTP/1.1":
+                keep = conn is None or "close" not in conn.lower()
+                self.http10 = False
+            else:
+                keep = conn is not None and "keep-alive" in conn.lower()
+                self.http10 = True
+            self._serve(kind, method, target, q, h, keep)
+            buf = self.buf
+        self.buf = buf
+        if self.paused and not self.busy:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def _serve(self, kind: int, method: str, target: str, q: int, h: dict, keep: bool) -> None:
+        sc = self.sc
+        head_only = method == "HEAD"
+        if kind == 0:
+            prep = sc.check_request(self.peer, h, "" if q < 0 else target[q + 1:])
+            if isinstance(prep, Reply):
+                return self._send(prep, keep, head_only)
+            descs, deny = prep
+            endpoint = "check"
+        else:
+            descs = sc.authz_request(self.peer, h, method, target)
+            deny = 429
+            endpoint = "authz"
+        lim = sc.limiter
+        if lim.is_sync:
+            reply = sc.decision_reply(endpoint, lim.check_nowait(lim.rules.domain, descs), deny)
+            if reply.delay <= 0:
+                return self._send(reply, keep, head_only)
+            self.busy = True
+            asyncio.get_running_loop().call_later(reply.delay, self._finish, reply, keep, head_only)
+            return
+        self.busy = True
+        asyncio.ensure_future(self._serve_async(endpoint, descs, deny, keep, head_only))
+
+    async def _serve_async(self, endpoint, descs, deny, keep, head_only) -> None:
+        sc = self.sc
+        try:
+            result = await sc.limiter.check(sc.limiter.rules.domain, descs)
+            reply = sc.decision_reply(endpoint, result, deny)
+            if reply.delay > 0:
+                await asyncio.sleep(reply.delay)
+        except Exception:  # noqa: BLE001 - never leave the connection hanging
+            log.exception("decision failed")
+            reply = Reply.problem(500, "Internal Server Error", "the sidecar failed to decide; see its log")
+            keep = False
+        self._finish(reply, keep, head_only)
+
+    def _finish(self, reply: Reply, keep: bool, head_only: bool) -> None:
+        self.busy = False
+        self._send(reply, keep, head_only)
+        if self.transport is not None and not self.transport.is_closing():
+            self._process()
+
+    def _send(self, reply: Reply, keep: bool, head_only: bool) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        status = reply.status
+        line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
+        parts = [line]
+        for k, v in reply.headers.items():
+            parts.append(f"{k}: {v}\r\n")
+        body = reply.body
+        if body:
+            parts.append(f"Content-Type: application/problem+json; charset=utf-8\r\nContent-Length: {len(body)}\r\n")
+        else:
+            parts.append("Content-Length: 0\r\n")
+        if not keep:
+            parts.append("Connection: close\r\n")
+        elif self.http10:
+            parts.append("Connection: keep-alive\r\n")
+        parts.append("Server: netlimit\r\nDate: ")
+        if body and not head_only:
+            t.write("".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n" + body.encode())
+        else:
+            t.write("".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n")
+        if not keep:
+            self.buf = b""
+            t.close()
+
+    def _handoff(self, buf: bytes) -> None:
+        """Give the connection to aiohttp (with the unparsed bytes) for good."""
+        t = self.transport
+        self.sc.fast_conns.discard(self)
+        self.buf = b""
+        self.busy = True  # nothing more for this protocol
+        if self.paused:
+            self.paused = False
+            t.resume_reading()
+        proto = self.aio()
+        proto.connection_made(t)
+        t.set_protocol(proto)
+        if buf:
+            proto.data_received(buf)
+
+    def close_if_idle(self, now: float) -> None:
+        if not self.busy and now - self.last > IDLE_TIMEOUT and self.transport is not None:
+            self.transport.close()
 
 
 # --- JSON API -----------------------------------------------------------------------------
@@ -570,37 +827,51 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port_s)
 
 
-async def serve(sidecar: Sidecar, host: str, port: int) -> None:
-    """Run until SIGTERM / SIGINT; SIGHUP reloads the rules."""
+async def serve(sidecar: Sidecar, host: str, port: int, *, fast_path: bool = True) -> None:
+    """Run until SIGTERM / SIGINT; SIGHUP reloads the rules.
+
+    Without --upstream, connections start on :class:`FastCheckProtocol` (aiohttp
+    takes over a connection at its first request the fast path does not serve);
+    in proxy mode, or with ``fast_path=False``, aiohttp serves everything."""
     await sidecar.start()  # the upstream session exists before the first request
-    server = web.Server(sidecar.make_handler(), access_log=None)
-    runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=5.0)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, backlog=1024)
+    aio = web.Server(sidecar.make_handler(), access_log=None)
+    loop = asyncio.get_running_loop()
+    fast = fast_path and sidecar.upstream is None
+    if fast:
+        def factory() -> asyncio.Protocol:
+            return FastCheckProtocol(sidecar, aio)
+    else:
+        factory = aio
     try:
-        await site.start()
+        listener = await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)
     except OSError as exc:
-        await runner.cleanup()
         await sidecar.stop()
         raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
     loop.add_signal_handler(signal.SIGHUP, sidecar.on_sighup)
-    addrs = runner.addresses
-    a = addrs[0] if addrs else (host, port)
+    a = listener.sockets[0].getsockname() if listener.sockets else (host, port)
     shown = f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}"
     rs = sidecar.limiter.rules
     mode = f"proxy to {sidecar.upstream}" if sidecar.upstream is not None else "decision endpoint"
     store = "memory" if sidecar.storage == "memory" else "redis"
-    log.info("listening on http://%s (%s; domain %r, %d rules, store %s, on_store_failure %s)",
-             shown, mode, rs.domain, len(rs.rules), store, sidecar.limiter.on_store_failure)
+    log.info("listening on http://%s (%s%s; domain %r, %d rules, store %s, on_store_failure %s)",
+             shown, mode, ", fast path" if fast else "", rs.domain, len(rs.rules), store,
+             sidecar.limiter.on_store_failure)
     try:
         await stop.wait()
     finally:
         log.info("stopping")
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(s)
-        await runner.cleanup()
+        listener.close()
+        for conn in list(sidecar.fast_conns):   # finish what is in flight (bounded), then close
+            for _ in range(50):
+                if not conn.busy:
+                    break
+                await asyncio.sleep(0.1)
+            if conn.transport is not None:
+                conn.transport.close()
+        await aio.shutdown(5.0)
         await sidecar.stop()

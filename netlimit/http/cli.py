@@ -45,6 +45,10 @@ def register(app: typer.Typer) -> None:
         redis: Optional[str] = typer.Option(None, "--redis", show_default=False,
                                             help="Redis URL; overrides http.storage."),
         log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
+        fast_path: bool = typer.Option(
+            True, "--fast-path/--no-fast-path",
+            help="Answer bodiless /v1/check and /v1/authz requests with a lean HTTP/1.1 parser "
+                 "(aiohttp serves everything else); --no-fast-path leaves all to aiohttp."),
     ) -> None:
         """Run the HTTP rate-limit sidecar (decision endpoint, JSON API, or reverse proxy).
 
@@ -90,7 +94,7 @@ def register(app: typer.Typer) -> None:
             factory = None
         try:
             with asyncio.Runner(loop_factory=factory) as runner:
-                runner.run(serve(sc, host, port))
+                runner.run(serve(sc, host, port, fast_path=fast_path))
         except SystemExit as exc:
             if isinstance(exc.code, str):
                 err(exc.code)

@@ -212,36 +212,59 @@ class Limiter:
 
     # -- the decision ----------------------------------------------------------
 
-    async def check(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:
-        """Decide one request.  ``descriptors`` are lists of (key, value) entries;
-        ``cost`` (>= 0) is charged to every matching rule."""
-        t0 = _perf()
-        rs = self.rules
-        if domain != rs.domain:
-            return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
+    @property
+    def is_sync(self) -> bool:
+        """True when the primary store is in-process: :meth:`check_nowait` can decide."""
+        return self._mem is not None
+
+    def _match(self, rs: RuleSet, descriptors: Sequence[Sequence[Entry]]) -> list[Rule | None]:
         match = rs.match
         rules = [match(d) for d in descriptors]
         if rs.has_replaces:
             replaced = {name for r in rules if r is not None for name in r.replaces}
             if replaced:
                 rules = [None if r is not None and r.name in replaced else r for r in rules]
+        return rules
+
+    def check_nowait(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:
+        """:meth:`check` without a coroutine, for an in-process primary store
+        (``is_sync``); front doors that run outside a task use it."""
+        t0 = _perf()
+        rs = self.rules
+        if domain != rs.domain:
+            return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
+        rules = self._match(rs, descriptors)
         mem = self._mem
-        if mem is not None:
-            hit = mem.hit_sync
-            key = rs.store_key
-            decided = [None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
-                       for d, r in zip(descriptors, rules)]
-        else:
-            pending = [(i, r, rs.store_key(r, d)) for i, (d, r) in enumerate(zip(descriptors, rules))
-                       if r is not None and r.limit is not None]
-            decided = [None] * len(rules)
-            if len(pending) == 1:
-                i, r, k = pending[0]
-                decided[i] = await self._hit(k, r, cost)
-            elif pending:
-                res = await asyncio.gather(*[self._hit(k, r, cost) for _, r, k in pending])
-                for (i, _, _), dr in zip(pending, res):
-                    decided[i] = dr
+        if mem is None:
+            raise RuntimeError("check_nowait needs an in-process store; use check()")
+        hit = mem.hit_sync
+        key = rs.store_key
+        decided = [None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
+                   for d, r in zip(descriptors, rules)]
+        result = self._evaluate(descriptors, rules, decided, cost)
+        self.stats.latency.observe(_perf() - t0)
+        return result
+
+    async def check(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:
+        """Decide one request.  ``descriptors`` are lists of (key, value) entries;
+        ``cost`` (>= 0) is charged to every matching rule."""
+        if self._mem is not None:
+            return self.check_nowait(domain, descriptors, cost)
+        t0 = _perf()
+        rs = self.rules
+        if domain != rs.domain:
+            return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
+        rules = self._match(rs, descriptors)
+        pending = [(i, r, rs.store_key(r, d)) for i, (d, r) in enumerate(zip(descriptors, rules))
+                   if r is not None and r.limit is not None]
+        decided: list[Any] = [None] * len(rules)
+        if len(pending) == 1:
+            i, r, k = pending[0]
+            decided[i] = await self._hit(k, r, cost)
+        elif pending:
+            res = await asyncio.gather(*[self._hit(k, r, cost) for _, r, k in pending])
+            for (i, _, _), dr in zip(pending, res):
+                decided[i] = dr
         result = self._evaluate(descriptors, rules, decided, cost)
         self.stats.latency.observe(_perf() - t0)
         return result

@@ -80,6 +80,12 @@ http:
         - key: remote_address
           rate_limit: {unit: hour, requests_per_unit: 1, name: forbidden}
           algorithm: token_bucket
+    - key: path
+      value: /raw
+      descriptors:
+        - key: remote_address
+          rate_limit: {unit: hour, requests_per_unit: 1000, name: raw}
+          algorithm: token_bucket
     - key: user
       rate_limit: {unit: hour, requests_per_unit: 3, name: per-user}
       algorithm: token_bucket
@@ -105,10 +111,12 @@ RATE = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "RateLimit-Policy", "RateL
         "X-RateLimit-Retry-After", "Retry-After")
 
 
-@pytest.fixture(scope="module")
-def decision(tmp_path_factory):
+@pytest.fixture(scope="module", params=["fast-path", "aiohttp-only"])
+def decision(request, tmp_path_factory):
+    """Each decision test runs against both front ends: the lean fast path (default)
+    and aiohttp alone (--no-fast-path); they must answer byte-for-byte alike."""
     cfg = write_config(tmp_path_factory.mktemp("decision") / "netlimit.yaml", DECISION)
-    sc = Sidecar(cfg)
+    sc = Sidecar(cfg, *(["--no-fast-path"] if request.param == "aiohttp-only" else []))
     try:
         yield sc
     finally:
@@ -220,6 +228,93 @@ def test_envoy_ext_authz_path(decision):
     assert request(decision.port, "GET", "/v1/authz/envoy/b").status == 200
 
 
+# --- HTTP/1.1 details on the decision port (fast path and aiohttp alike) ------------------
+
+
+def read_responses(sock, n: int, head_only: tuple[int, ...] = ()) -> list[tuple[str, dict[str, str], bytes]]:
+    """Read n responses (Content-Length framed) from a socket: (status line, headers, body)."""
+    buf = b""
+    out = []
+    deadline = time.monotonic() + 5
+    while len(out) < n:
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            lines = buf[:end].decode("latin-1").split("\r\n")
+            h = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+            size = 0 if len(out) in head_only else int(h.get("content-length", "0"))
+            if len(buf) >= end + 4 + size:
+                out.append((lines[0], h, buf[end + 4:end + 4 + size]))
+                buf = buf[end + 4 + size:]
+                continue
+        assert time.monotonic() < deadline, (out, buf)
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    assert len(out) == n, (out, buf)
+    return out
+
+
+def raw_conn(sc):
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", sc.port), timeout=5)
+    return s
+
+
+CHECK_RAW = b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI: /raw\r\n\r\n"
+
+
+def test_pipelined_requests_are_answered_in_order_across_the_handoff(decision):
+    body = json.dumps({"domain": "api", "descriptors": [{"entries": [{"key": "metered", "value": "pipe"}]}]}).encode()
+    with raw_conn(decision) as s:
+        s.sendall(CHECK_RAW + CHECK_RAW + b"POST /v1/check HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body + CHECK_RAW)
+        rs = read_responses(s, 4)
+    assert [r[0] for r in rs] == ["HTTP/1.1 200 OK"] * 4
+    rem = [int(r[1]["x-ratelimit-remaining"]) for r in rs]
+    assert rem[1] == rem[0] - 1 and rem[3] == rem[1] - 1
+    assert json.loads(rs[2][2])["statuses"][0]["rule"] == "metered"
+
+
+def test_connection_close_and_http10_keep_alive(decision):
+    with raw_conn(decision) as s:
+        s.sendall(b"GET /v1/check HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Original-URI: /raw\r\n\r\n")
+        (r,) = read_responses(s, 1)
+        assert r[0] == "HTTP/1.1 200 OK" and r[1]["connection"] == "close"
+        assert s.recv(10) == b""          # closed by the server
+    with raw_conn(decision) as s:
+        req = b"GET /v1/check HTTP/1.0\r\nConnection: keep-alive\r\nX-Original-URI: /raw\r\n\r\n"
+        s.sendall(req)
+        (r1,) = read_responses(s, 1)
+        s.sendall(req)
+        (r2,) = read_responses(s, 1)
+        assert r1[1]["connection"].lower() == "keep-alive" and r2[0].endswith("200 OK")
+    with raw_conn(decision) as s:
+        s.sendall(b"GET /v1/check HTTP/1.0\r\nX-Original-URI: /raw\r\n\r\n")
+        (r,) = read_responses(s, 1)
+        assert r[0].endswith("200 OK") and s.recv(10) == b""   # HTTP/1.0 without keep-alive: closed
+
+
+def test_head_and_bodies_and_malformed_heads(decision):
+    with raw_conn(decision) as s:
+        # HEAD: the headers of the GET, no body
+        s.sendall(b"HEAD /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI: /raw\r\n\r\n" + CHECK_RAW)
+        rs = read_responses(s, 2, head_only=(0,))
+        assert rs[0][2] == b"" and rs[0][1]["x-ratelimit-limit"] == "1000"
+        assert rs[1][0] == "HTTP/1.1 200 OK"
+        # a GET with a body is still answered (by aiohttp), and the connection goes on
+        s.sendall(b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI: /raw\r\nContent-Length: 5\r\n\r\nhello"
+                  + CHECK_RAW)
+        rs = read_responses(s, 2)
+        assert [r[0] for r in rs] == ["HTTP/1.1 200 OK"] * 2
+    with raw_conn(decision) as s:
+        # whitespace before the colon is a request-smuggling vector: 400 (RFC 9112 §5.1)
+        s.sendall(b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI : /raw\r\n\r\n")
+        (r,) = read_responses(s, 1)
+        assert r[0].split(" ")[1] == "400", r   # aiohttp answers parse errors (as HTTP/1.0)
+
+
 # --- JSON API ---------------------------------------------------------------------------
 
 
@@ -295,7 +390,7 @@ def test_healthz_and_rules(decision):
     r = decision.get("/healthz")
     assert r.status == 200
     assert r.json() == {
-        "status": "ok", "mode": "decision", "domain": "api", "rules": 9, "store": "memory",
+        "status": "ok", "mode": "decision", "domain": "api", "rules": 10, "store": "memory",
         "store_available": True, "on_store_failure": "local", "config": str(decision.config),
         "config_sha256": hashlib.sha256(DECISION.encode()).hexdigest(), "last_reload_error": None}
     rules = decision.get("/v1/rules").json()
@@ -310,7 +405,7 @@ def test_metrics_endpoint_parses_with_bounded_labels(decision):
         decision.post_json("/v1/check", {"domain": "api",
                                          "descriptors": [{"entries": [{"key": "metered", "value": f"c{i}"}]}]})
     s = get_metrics(decision.port)
-    assert metric(s, "netlimit_http_rules") == 9
+    assert metric(s, "netlimit_http_rules") == 10
     assert metric(s, "netlimit_http_store_up") == 1
     assert metric(s, "netlimit_http_store_errors_total", reason="timeout") == 0
     assert metric(s, "netlimit_http_store_fallbacks_total", mode="local") == 0
@@ -319,8 +414,8 @@ def test_metrics_endpoint_parses_with_bounded_labels(decision):
         metric(s, "netlimit_http_decision_seconds_count")
     assert metric(s, "netlimit_http_requests_total", endpoint="json", result="ok") >= 3
     rule_labels = {dict(lbl)["rule"] for (name, lbl) in s if name == "netlimit_http_rule_hits_total"}
-    assert rule_labels == {"hourly", "multi-ip", "multi-key", "dark", "spoof", "envoy", "forbidden", "per-user",
-                           "metered"}
+    assert rule_labels == {"hourly", "multi-ip", "multi-key", "dark", "spoof", "envoy", "forbidden", "raw",
+                           "per-user", "metered"}
     assert not any("c1" in str(lbl) or "127.0.0.1" in str(lbl) for (_, lbl) in s)
 
 
