@@ -566,12 +566,15 @@ class FastCheckProtocol(asyncio.Protocol):
         while buf and not self.busy:
             end = buf.find(b"\r\n\r\n")
             if end < 0:
-                if len(buf) > MAX_HEAD:
-                    return self._handoff(buf)
+                if len(buf) > MAX_HEAD or b"\n\n" in buf or b"\n\r\n" in buf:
+                    return self._handoff(buf)   # too long, or bare-LF line ends: aiohttp decides
                 break
             if end > MAX_HEAD:
                 return self._handoff(buf)
             head = buf[:end].decode("latin-1")
+            n = head.count("\r\n")
+            if head.count("\n") != n or head.count("\r") != n:
+                return self._handoff(buf)       # a bare CR or LF inside the head
             eol = head.find("\r\n")
             parts = (head if eol < 0 else head[:eol]).split(" ")
             if len(parts) != 3:

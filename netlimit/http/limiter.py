@@ -233,14 +233,23 @@ class Limiter:
         rs = self.rules
         if domain != rs.domain:
             return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
-        rules = self._match(rs, descriptors)
         mem = self._mem
         if mem is None:
             raise RuntimeError("check_nowait needs an in-process store; use check()")
-        hit = mem.hit_sync
-        key = rs.store_key
-        decided = [None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
-                   for d, r in zip(descriptors, rules)]
+        if len(descriptors) == 1 and not rs.has_replaces:   # the common case, without list machinery
+            d = descriptors[0]
+            r = rs.match(d)
+            rules = [r]
+            if r is None or r.limit is None:
+                decided: list[Any] = [None]
+            else:
+                decided = [(mem.hit_sync(rs.store_key(r, d), r.limit, cost), SRC_STORE)]
+        else:
+            rules = self._match(rs, descriptors)
+            hit = mem.hit_sync
+            key = rs.store_key
+            decided = [None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
+                       for d, r in zip(descriptors, rules)]
         result = self._evaluate(descriptors, rules, decided, cost)
         self.stats.latency.observe(_perf() - t0)
         return result
