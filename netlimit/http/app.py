@@ -1,4 +1,5 @@
-"""The HTTP sidecar: aiohttp front doors around the limiter core.
+"""The HTTP sidecar: front doors around the limiter core (aiohttp on uvloop, plus
+a lean HTTP/1.1 fast path for bodiless decision requests, see FastCheckProtocol).
 
 Endpoints (decision mode, i.e. without ``--upstream``)::
 
@@ -11,7 +12,7 @@ Endpoints (decision mode, i.e. without ``--upstream``)::
     ANY  /v1/authz/<path> Envoy ext_authz (HTTP service, path_prefix /v1/authz):
                           the original path is what follows the prefix, the
                           original method is the request's; 200 or 429.
-    POST /v1/check        JSON API, Lyft-compatible shape (see _json_check).
+    POST /v1/check        JSON API, Lyft-compatible shape (see Sidecar.json_check).
     GET  /v1/rules        the loaded rules.
     GET  /healthz         liveness + state (JSON).
     GET  /metrics         Prometheus text format.
@@ -19,7 +20,13 @@ Endpoints (decision mode, i.e. without ``--upstream``)::
 Proxy mode (``--upstream URL``): every request is checked, then forwarded to the
 upstream (or answered 429); the sidecar's own endpoints move under
 ``/_netlimit/`` (``/_netlimit/healthz``, ``/_netlimit/metrics``, ...) so that
-they never shadow the application's paths.
+they never shadow the application's paths.  Bodies are streamed both ways, the
+upstream connections pooled, hop-by-hop headers dropped (RFC 9110 §7.6.1),
+``X-Forwarded-For`` and ``Via`` appended; everything else passes unchanged.
+
+Errors are problem+json (RFC 9457).  The sidecar never answers 5xx because of
+its store: see ``on_store_failure`` in limiter.py.  (502/504 in proxy mode mean
+the upstream application failed.)
 """
 
 from __future__ import annotations
