@@ -210,7 +210,23 @@ UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7
 ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
 
 
+def _lyft_rate_limit_schema(schema: dict[str, Any]) -> None:
+    """The schema also admits Lyft's placement of ``unlimited`` / ``replaces``
+    inside ``rate_limit`` (Descriptor moves them to the descriptor)."""
+    props = schema.setdefault("properties", {})
+    props["unlimited"] = {"type": "boolean", "description": "Lyft's placement of the descriptor's 'unlimited'"}
+    props["replaces"] = {"type": "array", "description": "Lyft's placement of the descriptor's 'replaces'",
+                         "items": {"type": "object", "properties": {"name": {"type": "string"}},
+                                   "required": ["name"], "additionalProperties": False}}
+    required = schema.pop("required", [])
+    schema["anyOf"] = [{"required": required},
+                       {"required": ["unlimited"], "properties": {"unlimited": {"const": True}}}]
+
+
 class RateLimit(Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True,
+                              json_schema_extra=_lyft_rate_limit_schema)
+
     unit: Literal["second", "minute", "hour", "day", "week", "month", "year"]
     requests_per_unit: int = Field(ge=0)
     name: str | None = None
@@ -245,6 +261,32 @@ class Descriptor(Strict):
     replaces: list[Replaces] = Field(default_factory=list)
     detailed_metric: bool = False
     descriptors: list["Descriptor"] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lyft_placement(cls, data: Any) -> Any:
+        """Lyft's ratelimit writes ``unlimited`` and ``replaces`` inside
+        ``rate_limit``; netlimit on the descriptor.  Both are accepted: Lyft's
+        are moved here (``rate_limit: {unlimited: true}`` is then no limit)."""
+        if not isinstance(data, dict):
+            return data
+        rl = data.get("rate_limit")
+        if not isinstance(rl, dict) or ("unlimited" not in rl and "replaces" not in rl):
+            return data
+        data, rl = dict(data), dict(rl)
+        unlimited = rl.pop("unlimited", False)
+        replaces = rl.pop("replaces", None)
+        if replaces is not None:
+            own = data.get("replaces")
+            data["replaces"] = [*own, *replaces] if isinstance(own, list) and isinstance(replaces, list) \
+                else replaces if own is None else own
+        if unlimited is not False:      # true, or a bad value the field check reports
+            if data.get("unlimited") in (None, False):
+                data["unlimited"] = unlimited
+            if set(rl) <= {"name"}:
+                rl = None
+        data["rate_limit"] = rl
+        return data
 
     @field_validator("value", mode="before")
     @classmethod
