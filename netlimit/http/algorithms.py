@@ -58,6 +58,9 @@ __all__ = [
     "sliding_window_log",
     "sliding_window_counter",
     "DECIDERS",
+    "ADMITTERS",
+    "DENIED",
+    "admit",
 ]
 
 ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
@@ -114,10 +117,12 @@ class Limit(_LimitFields):
     only the six real fields.
     """
 
-    __slots__ = ("_ns", "_sig", "_fn", "_cap", "_rate")
+    __slots__ = ("_ns", "_sig", "_fn", "_admit", "_fw", "_cap", "_rate")
     _ns: str  # process-local namespace id, e.g. "3:" (memory store)
     _sig: str  # stable text of every field (Redis key names)
     _fn: Callable[..., tuple["Decision", Any]]
+    _admit: Callable[..., Any]
+    _fw: bool  # fixed window with limit > 0 (MemoryStore.hit_sync inlines it)
     _cap: int
     _rate: float
 
@@ -168,6 +173,8 @@ class Limit(_LimitFields):
         object.__setattr__(self, "_cap", cap)
         object.__setattr__(self, "_rate", self.limit / period)
         object.__setattr__(self, "_fn", DECIDERS[self.algorithm] if self.limit else _deny_all_decider)
+        object.__setattr__(self, "_admit", ADMITTERS[self.algorithm] if self.limit else _deny_all_admit)
+        object.__setattr__(self, "_fw", self.algorithm == "fixed_window" and self.limit > 0)
 
     @property
     def capacity(self) -> int:
@@ -203,7 +210,9 @@ def _deny_all_decider(limit: Limit, state: Any, now: float, cost: int = 1):
 
 # Hot-path note: ``_new(Decision)`` followed by six slot stores builds a Decision
 # in about 60% of the time ``Decision(...)`` takes on CPython 3.11 (no __init__
-# frame); the allowed paths below use it because that is most decisions.
+# frame).  The allowed paths use it because that is most decisions, and so do
+# the denied ones, because a key being limited (a client hammering) makes most
+# of its decisions denials; only the rare cost-0 probes call Decision(...).
 _new = object.__new__
 
 
@@ -234,8 +243,14 @@ def _bucket(limit: Limit, state: complex | None, now: float, cost: int):
             last = now
     if cost > free:
         remaining = _floor(free)
-        retry = _INF if cost > cap else (cost - free) / rate
-        return Decision(False, cap, remaining if remaining > 0 else 0, retry, (cap - free) / rate), state
+        d = _new(Decision)
+        d.allowed = False
+        d.limit = cap
+        d.remaining = remaining if remaining > 0 else 0
+        d.retry_after = _INF if cost > cap else (cost - free) / rate
+        d.reset = (cap - free) / rate
+        d.delay = 0.0
+        return d, state
     delay = (cap - free) / rate if limit.delay else 0.0
     if cost == 0:
         return Decision(True, cap, _floor(free), 0.0, (cap - free) / rate, delay), state
@@ -303,8 +318,15 @@ def fixed_window(limit: Limit, state: int | None, now: float, cost: int = 1):
             count = state & _MASK
     reset = (w + 1) * period - now
     new = count + cost
-    if new > lim:
-        return Decision(False, lim, lim - count if count < lim else 0, _INF if cost > lim else reset, reset), state
+    if new > lim:  # denied (the common case for a key being limited: built like the allowed one, below)
+        d = _new(Decision)
+        d.allowed = False
+        d.limit = lim
+        d.remaining = lim - count if count < lim else 0
+        d.retry_after = _INF if cost > lim else reset
+        d.reset = reset
+        d.delay = 0.0
+        return d, state
     if cost == 0:
         return Decision(True, lim, lim - new, 0.0, reset), state
     d = _new(Decision)
@@ -379,7 +401,14 @@ def sliding_window_counter(limit: Limit, state: int | None, now: float, cost: in
             reset = (w + 1) * period - now
         else:
             reset = 0.0
-        return Decision(False, lim, hold - curr if hold > curr else 0, retry, reset), state
+        d = _new(Decision)
+        d.allowed = False
+        d.limit = lim
+        d.remaining = hold - curr if hold > curr else 0
+        d.retry_after = retry
+        d.reset = reset
+        d.delay = 0.0
+        return d, state
     if cost == 0:
         if curr > 0:
             reset = (w + 2) * period - now
@@ -415,16 +444,23 @@ def sliding_window_log(limit: Limit, state: array | None, now: float, cost: int 
         return _deny_all(cost), state
     period = limit.period
     if state:
-        i = bisect_right(state, now - period)
-        if i:
-            del state[:i]
+        cutoff = now - period
+        if state[0] <= cutoff:  # something expired (checking the oldest first skips the bisect)
+            del state[:bisect_right(state, cutoff)]
         count = len(state)
     else:
         count = 0
     if cost > lim or count + cost > lim:
         retry = _INF if cost > lim else state[count + cost - lim - 1] + period - now
         reset = state[-1] + period - now if count else 0.0
-        return Decision(False, lim, lim - count if count < lim else 0, retry, reset), state
+        d = _new(Decision)
+        d.allowed = False
+        d.limit = lim
+        d.remaining = lim - count if count < lim else 0
+        d.retry_after = retry
+        d.reset = reset
+        d.delay = 0.0
+        return d, state
     if cost == 0:
         reset = state[-1] + period - now if count else 0.0
         return Decision(True, lim, lim - count, 0.0, reset), state
@@ -456,6 +492,126 @@ DECIDERS: dict[str, Callable[..., tuple[Decision, Any]]] = {
     "sliding_window_log": sliding_window_log,
     "sliding_window_counter": sliding_window_counter,
 }
+
+
+# --------------------------------------------------------------------------- admission only
+#
+# ``admit(limit, state, now, cost)`` is ``decide`` for a caller that needs only
+# "allowed?" (``MemoryStore.allow_sync``, the like of ``limits``' ``hit() -> bool``):
+# the same comparisons and the same new state, without a Decision.  It returns
+# the state to keep (possibly the same object, possibly None for a free probe
+# of an unknown key) or ``DENIED``.  tests/bench/test_admit.py holds every
+# admitter to its decider: same verdict, same state, on random event streams.
+
+DENIED: Any = type("Denied", (), {"__repr__": lambda self: "DENIED", "__slots__": ()})()
+
+
+def _deny_all_admit(limit: Limit, state: Any, now: float, cost: int = 1):
+    return state if cost == 0 else DENIED
+
+
+def _bucket_admit(limit: Limit, state: complex | None, now: float, cost: int = 1):
+    cap = limit._cap
+    if state is None:
+        free = cap
+        last = now
+    else:
+        free = state.real
+        last = state.imag
+        if now > last:
+            free = free + (now - last) * limit._rate
+            if free > cap:
+                free = cap
+            last = now
+    if cost > free:
+        return DENIED
+    if cost == 0:
+        return state
+    return (free - cost) + _J * last
+
+
+def _fixed_window_admit(limit: Limit, state: int | None, now: float, cost: int = 1):
+    w = _floor(now / limit.period)
+    count = 0
+    if state is not None:
+        sw = state >> 32
+        if sw >= w:
+            w = sw
+            count = state & _MASK
+    new = count + cost
+    if new > limit.limit:
+        return DENIED
+    if cost == 0:
+        return state
+    return (w << 32) | new
+
+
+def _sliding_window_counter_admit(limit: Limit, state: int | None, now: float, cost: int = 1):
+    lim = limit.limit
+    period = limit.period
+    w = _floor(now / period)
+    prev = 0
+    curr = 0
+    if state is not None:
+        sw = state >> 64
+        if sw >= w:
+            w = sw
+            prev = (state >> 32) & _MASK
+            curr = state & _MASK
+        elif sw == w - 1:
+            prev = state & _MASK
+    elapsed = now - w * period
+    if elapsed < 0:
+        elapsed = 0.0
+    n = curr + cost
+    # ``n > hold`` in sliding_window_counter: hold is the largest integer h with
+    # x + h <= lim, and x + h grows with h, so this is the same comparison
+    if cost > lim or prev * (1 - elapsed / period) + n > lim:
+        return DENIED
+    if cost == 0:
+        return state
+    return (w << 64) | (prev << 32) | n
+
+
+def _sliding_window_log_admit(limit: Limit, state: array | None, now: float, cost: int = 1):
+    lim = limit.limit
+    if state:
+        cutoff = now - limit.period
+        if state[0] <= cutoff:
+            del state[:bisect_right(state, cutoff)]
+        count = len(state)
+    else:
+        count = 0
+    if cost > lim or count + cost > lim:
+        return DENIED
+    if cost == 0:
+        return state
+    if state is None:
+        return array("d", (now,)) * cost
+    if state and now < state[-1]:
+        for _ in range(cost):
+            insort(state, now)
+    elif cost == 1:
+        state.append(now)
+    else:
+        state.extend(array("d", (now,)) * cost)
+    return state
+
+
+ADMITTERS: dict[str, Callable[..., Any]] = {
+    "token_bucket": _bucket_admit,
+    "leaky_bucket": _bucket_admit,
+    "fixed_window": _fixed_window_admit,
+    "sliding_window_log": _sliding_window_log_admit,
+    "sliding_window_counter": _sliding_window_counter_admit,
+}
+
+
+def admit(limit: Limit, state: Any, now: float, cost: int = 1) -> Any:
+    """``decide`` reduced to the verdict: the new state if admitted, else ``DENIED``."""
+    if cost < 0:
+        raise ValueError(f"cost must be >= 0, got {cost}")
+    return limit._admit(limit, state, now, cost)
 
 
 def decide(limit: Limit, state: Any, now: float, cost: int = 1) -> tuple[Decision, Any]:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from redis.exceptions import NoScriptError, RedisError
 
-from .algorithms import ALGORITHMS, Decision, Limit, _LIMIT_BY_NS, _deny_all, is_idle
+from .algorithms import _INF, _LIMIT_BY_NS, _MASK, ALGORITHMS, DENIED, Decision, Limit, _deny_all, _floor, _new, is_idle
 
 __all__ = ["Store", "StoreError", "MemoryStore", "RedisStore", "hash_key", "load_lua"]
 
@@ -122,25 +122,91 @@ class MemoryStore:
         if table is not None:
             state = table.get(key)
             if state is not None:
+                if limit._fw:
+                    # algorithms.fixed_window inlined (Lyft's default, the most used):
+                    # the same operations without a call and a tuple per decision
+                    lim = limit.limit
+                    period = limit.period
+                    w = _floor(now / period)
+                    sw = state >> 32
+                    if sw >= w:
+                        w = sw
+                        count = state & _MASK
+                    else:
+                        count = 0
+                    new = count + cost
+                    reset = (w + 1) * period - now
+                    d = _new(Decision)
+                    d.limit = lim
+                    d.reset = reset
+                    d.delay = 0.0
+                    if new > lim:
+                        d.allowed = False
+                        d.remaining = lim - count if count < lim else 0
+                        d.retry_after = _INF if cost > lim else reset
+                        return d
+                    if cost:
+                        table[key] = (w << 32) | new
+                    d.allowed = True
+                    d.remaining = lim - new
+                    d.retry_after = 0.0
+                    return d
                 decision, new_state = limit._fn(limit, state, now, cost)
                 if new_state is not state:
                     table[key] = new_state
                 return decision
-        state = None
+        state = self._take_old(key, limit)
+        decision, new_state = limit._fn(limit, state, now, cost)
+        if new_state is not None:  # a new key, or one coming back from the old generation
+            self._insert(key, limit, new_state, table)
+        return decision
+
+    def allow_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> bool:
+        """:meth:`hit_sync` for callers that need only the verdict (no Decision is
+        built): the same state change, True when admitted."""
+        if now is None:
+            now = self._clock()
+        if len(key) > self._max_key_length:
+            key = hash_key(key)
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost}")
+        table = self._young.get(limit._ns)
+        if table is not None:
+            state = table.get(key)
+            if state is not None:
+                new_state = limit._admit(limit, state, now, cost)
+                if new_state is DENIED:
+                    return False
+                if new_state is not state:
+                    table[key] = new_state
+                return True
+        state = self._take_old(key, limit)
+        new_state = limit._admit(limit, state, now, cost)
+        allowed = new_state is not DENIED
+        if not allowed:
+            new_state = state
+        if new_state is not None:
+            self._insert(key, limit, new_state, table)
+        return allowed
+
+    def _take_old(self, key: str, limit: Limit) -> Any:
+        """The state of ``key`` in the old generation, removed from it (or None)."""
         if self._old:
             old = self._old.get(limit._ns)
             if old:
-                state = old.pop(key, None)
-        decision, new_state = limit._fn(limit, state, now, cost)
-        if new_state is not None:  # a new key, or one coming back from the old generation
-            if self._n_young >= self._young_cap:
-                self._rotate()
-                table = None
-            if table is None:
-                table = self._young.setdefault(limit._ns, {})
-            table[key] = new_state
-            self._n_young += 1
-        return decision
+                return old.pop(key, None)
+        return None
+
+    def _insert(self, key: str, limit: Limit, state: Any, table: dict[str, Any] | None) -> None:
+        """Store a state that is not in the young generation (``table`` is the
+        limit's young table, or None if it has none yet)."""
+        if self._n_young >= self._young_cap:
+            self._rotate()
+            table = None
+        if table is None:
+            table = self._young.setdefault(limit._ns, {})
+        table[key] = state
+        self._n_young += 1
 
     def peek_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> Decision:
         """The decision ``hit_sync`` would return, without changing anything."""
