@@ -32,7 +32,8 @@ Core → response
 * ``response_headers_to_add``: the same rate limit headers the HTTP paths send
   (``X-RateLimit-*``, ``RateLimit-Policy``, ``RateLimit``, and ``Retry-After``
   on denials); Envoy adds them to the client's response.  Denials also carry
-  ``raw_body``: the same RFC 9457 problem JSON as the HTTP 429.
+  ``raw_body``: the same RFC 9457 problem JSON as the HTTP 429 (with its
+  ``Content-Type``, which Envoy puts in place of its own on the local reply).
 * A leaky bucket in queue mode (``delay: true``) holds the answer for the
   request's slot, as the HTTP paths hold the request; Envoy's ``timeout`` for
   the rate limit service must then be longer than the queue.
@@ -63,7 +64,7 @@ import grpc
 
 from ...config.model import UNIT_SECONDS
 from ..algorithms import Limit
-from ..headers import problem_body, rate_headers
+from ..headers import PROBLEM_TYPE, problem_body, rate_headers
 from ..limiter import OK, OVER_LIMIT, SRC_STORE, CheckResult, DescriptorStatus, Limiter
 from ..rules import Rule, RuleSet, RuleStats, sf_string
 from .proto import envoy_core_pb2, rls_pb2, rls_pb2_grpc
@@ -334,7 +335,9 @@ def build_response(result: CheckResult, overrides: Sequence[Override | None] = (
     if headers:
         resp.response_headers_to_add.extend(HeaderValue(key=k, value=v) for k, v in headers.items())
     if result.code == OVER_LIMIT and result.report is not None and result.report.rule is not None:
+        # Envoy answers 429 with this body; it replaces its own content-type with ours
         resp.raw_body = problem_body(result, 429).encode()
+        resp.response_headers_to_add.add(key="Content-Type", value=PROBLEM_TYPE)
     return resp
 
 
