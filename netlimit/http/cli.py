@@ -49,6 +49,10 @@ def register(app: typer.Typer) -> None:
             True, "--fast-path/--no-fast-path",
             help="Answer bodiless /v1/check and /v1/authz requests with a lean HTTP/1.1 parser "
                  "(aiohttp serves everything else); --no-fast-path leaves all to aiohttp."),
+        grpc: Optional[str] = typer.Option(
+            None, "--grpc", show_default=False,
+            help="Also serve Envoy's rate limit gRPC API (envoy.service.ratelimit.v3, as envoyproxy/ratelimit) "
+                 "and grpc.health.v1 on HOST:PORT, on the same rules and store."),
     ) -> None:
         """Run the HTTP rate-limit sidecar (decision endpoint, JSON API, or reverse proxy).
 
@@ -69,6 +73,9 @@ def register(app: typer.Typer) -> None:
 
         try:
             host, port = parse_listen(listen)
+            if grpc is not None:
+                from .grpc.server import parse_address
+                grpc_host, grpc_port = parse_address(grpc)
         except ValueError as exc:
             err(str(exc))
             raise typer.Exit(EXIT_USAGE) from None
@@ -94,7 +101,11 @@ def register(app: typer.Typer) -> None:
             factory = None
         try:
             with asyncio.Runner(loop_factory=factory) as runner:
-                runner.run(serve(sc, host, port, fast_path=fast_path))
+                if grpc is not None:
+                    from .grpc.server import serve_with_grpc
+                    runner.run(serve_with_grpc(sc, host, port, grpc_host, grpc_port, fast_path=fast_path))
+                else:
+                    runner.run(serve(sc, host, port, fast_path=fast_path))
         except SystemExit as exc:
             if isinstance(exc.code, str):
                 err(exc.code)

@@ -183,3 +183,23 @@ def embedded_descriptors(binary: Path, names: Iterable[str]) -> dict[str, Any]:
                 i = j
             out[name] = descriptor_pb2.FileDescriptorProto.FromString(m[start:i])
     return out
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def grpc_sidecar(config: Path, *extra: str):
+    """``netlimit sidecar --config FILE --listen 127.0.0.1:0 --grpc 127.0.0.1:0 ...``
+    as a process; ``.port`` (HTTP) and ``.grpc_port`` are read from its log
+    lines (no free-port race).  Stop it with ``.stop()``."""
+    from fixtures_sidecar import LogProc, netlimit_cmd
+
+    p = LogProc([*netlimit_cmd(), "sidecar", "--config", str(config), "--listen", "127.0.0.1:0",
+                 "--grpc", "127.0.0.1:0", *extra])
+    try:
+        p.grpc_port = int(p.wait_line(r"gRPC listening on 127\.0\.0\.1:(\d+)", timeout=20).group(1))
+        p.port = int(p.wait_line(r"listening on http://127\.0\.0\.1:(\d+)", timeout=20).group(1))
+    except BaseException:
+        p.stop()
+        raise
+    return p
