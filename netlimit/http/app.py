@@ -610,6 +610,10 @@ class FastCheckProtocol(asyncio.Protocol):
                     k = name.lower()
                     if k not in h:   # the first occurrence wins, as CIMultiDict.get
                         h[k] = value.strip(" \t")
+                    elif k in ("content-length", "transfer-encoding", "host"):
+                        # a repeated framing header is ambiguous: never guess where the
+                        # request ends (request smuggling); aiohttp refuses it with a 400
+                        return self._handoff(buf)
             if "transfer-encoding" in h or h.get("content-length", "0") != "0" or "upgrade" in h:
                 return self._handoff(buf)
             buf = buf[end + 4:]

@@ -318,6 +318,12 @@ def test_head_and_bodies_and_malformed_heads(decision):
         s.sendall(b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI : /raw\r\n\r\n")
         (r,) = read_responses(s, 1)
         assert r[0].split(" ")[1] == "400", r   # aiohttp answers parse errors (as HTTP/1.0)
+    with raw_conn(decision) as s:
+        # two Content-Lengths: where does the request end? never guess (smuggling): 400
+        s.sendall(b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI: /raw\r\nContent-Length: 0\r\n"
+                  b"Content-Length: 5\r\n\r\nhello")
+        (r,) = read_responses(s, 1)
+        assert r[0].split(" ")[1] == "400", r
 
 
 # --- JSON API ---------------------------------------------------------------------------
