@@ -1,0 +1,192 @@
+"""Section 3: the sidecar over HTTP, measured with wrk beside nginx.
+
+* Decision endpoint: ``wrk`` against ``GET /v1/check`` of ``netlimit sidecar``
+  (memory store, one leaky bucket per client address) and against an nginx
+  location with ``limit_req`` (leaky bucket per ``$binary_remote_addr``,
+  ``nodelay``) that answers 200: one nginx worker, one sidecar process, the same
+  wrk threads and connections, interleaved runs.  Rates are set so that every
+  request is admitted (both sides do the full decision, neither sends errors).
+* Proxy mode: ``netlimit sidecar --upstream`` in front of an nginx location that
+  returns a static 200; wrk with one connection against the upstream directly
+  and through the sidecar; the added latency is the difference of the p99s.
+  (One connection, so the figure is the time the sidecar adds to a request,
+  not queueing behind other requests.)
+
+Everything listens on 127.0.0.1; nginx runs with a temp prefix; both are
+killed in ``finally``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+from .common import Mode, Section, free_port, median, need, row, stop, wait_port
+
+GOAL_RATIO = 0.5
+GOAL_P99_MS = 2.0
+GOAL_ADDED_P99_MS = 1.0
+RATE = 100_000  # per second per client address: nothing is ever limited
+BURST = 1000
+
+SIDECAR_YAML = f"""\
+version: 1
+http:
+  domain: bench
+  storage: memory
+  actions:
+    - [remote_address]
+  descriptors:
+    - key: remote_address
+      rate_limit: {{unit: second, requests_per_unit: {RATE}}}
+      algorithm: leaky_bucket
+      burst: {BURST}
+"""
+
+
+def _nginx_conf(d: Path, port_limit: int, port_static: int) -> str:
+    return textwrap.dedent(f"""\
+        daemon off;
+        master_process off;
+        worker_processes 1;
+        error_log {d}/error.log warn;
+        pid {d}/nginx.pid;
+        events {{ worker_connections 1024; }}
+        http {{
+            access_log off;
+            client_body_temp_path {d}/body;
+            proxy_temp_path {d}/proxy;
+            fastcgi_temp_path {d}/fastcgi;
+            uwsgi_temp_path {d}/uwsgi;
+            scgi_temp_path {d}/scgi;
+            limit_req_zone $binary_remote_addr zone=bench:10m rate={RATE}r/s;
+            limit_req_status 429;
+            server {{
+                listen 127.0.0.1:{port_limit};
+                location / {{
+                    limit_req zone=bench burst={BURST} nodelay;
+                    return 200;
+                }}
+            }}
+            server {{
+                listen 127.0.0.1:{port_static};
+                location / {{ return 200 "ok\\n"; }}
+            }}
+        }}
+        """)
+
+
+_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _ms(text: str) -> float:
+    m = re.match(r"([\d.]+)(us|ms|s)$", text)
+    if not m:
+        raise ValueError(f"wrk latency {text!r}")
+    return float(m.group(1)) * _UNIT[m.group(2)]
+
+
+def wrk(url: str, conns: int, seconds: float, headers: dict[str, str] | None = None) -> dict[str, float]:
+    cmd = [need("wrk"), "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency", "--timeout", "5s"]
+    for k, v in (headers or {}).items():
+        cmd += ["-H", f"{k}: {v}"]
+    p = subprocess.run(cmd + [url], capture_output=True, text=True, timeout=seconds + 30)
+    if p.returncode != 0:
+        raise RuntimeError(f"wrk failed: {p.stderr.strip() or p.stdout.strip()}")
+    out = p.stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    pct = {int(a): _ms(b) for a, b in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", out, re.M)}
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {"rps": rps, "p50_ms": pct[50], "p99_ms": pct[99], "non2xx": int(non2xx.group(1)) if non2xx else 0,
+            "socket_errors": errors.group(1) if errors else ""}
+
+
+def _sidecar(cfg: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
+    exe = Path(sys.executable).parent / "netlimit"
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "netlimit.cli"]
+    fh = open(log, "w")
+    try:
+        p = subprocess.Popen(argv + ["sidecar", "--config", str(cfg), "--listen", f"127.0.0.1:{port}",
+                                     "--log-level", "warning", *extra], stdout=subprocess.DEVNULL, stderr=fh)
+    finally:
+        fh.close()
+    try:
+        wait_port(port, p)
+    except RuntimeError as exc:
+        stop(p)
+        raise RuntimeError(f"{exc}: {log.read_text()[-2000:]}") from None
+    return p
+
+
+def run(mode: Mode) -> Section:
+    sec = Section("http", "Sidecar over HTTP (wrk): netlimit sidecar vs nginx limit_req")
+    nginx = need("nginx", "nginx-light")
+    need("wrk")
+    conns = 8
+    seconds = mode.pick(1, 4)
+    rounds = mode.pick(1, 3)
+    d = Path(tempfile.mkdtemp(prefix="nlbench-http-"))
+    procs: list[subprocess.Popen] = []
+    try:
+        p_limit, p_static, p_dec, p_proxy = free_port(), free_port(), free_port(), free_port()
+        (d / "nginx.conf").write_text(_nginx_conf(d, p_limit, p_static))
+        cfg = d / "netlimit.yaml"
+        cfg.write_text(SIDECAR_YAML)
+        ng = subprocess.Popen([nginx, "-p", str(d), "-c", str(d / "nginx.conf")], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+        procs.append(ng)
+        wait_port(p_limit, ng)
+        wait_port(p_static, ng)
+        procs.append(_sidecar(cfg, p_dec, d / "sidecar.log"))
+        procs.append(_sidecar(cfg, p_proxy, d / "proxy.log", "--upstream", f"http://127.0.0.1:{p_static}"))
+        hdr = {"X-Original-URI": "/"}
+        dec_url, ng_url = f"http://127.0.0.1:{p_dec}/v1/check", f"http://127.0.0.1:{p_limit}/v1/check"
+        # warm both (connections, first-request paths)
+        wrk(dec_url, conns, 1, hdr)
+        wrk(ng_url, conns, 1, hdr)
+        runs: dict[str, list[dict]] = {"netlimit": [], "nginx": [], "direct": [], "proxy": []}
+        for r in range(rounds):
+            pair = [("netlimit", dec_url), ("nginx", ng_url)]
+            for name, url in (pair if r % 2 == 0 else pair[::-1]):
+                runs[name].append(wrk(url, conns, seconds, hdr))
+        for r in range(rounds):
+            pair = [("direct", f"http://127.0.0.1:{p_static}/"), ("proxy", f"http://127.0.0.1:{p_proxy}/")]
+            for name, url in (pair if r % 2 == 0 else pair[::-1]):
+                runs[name].append(wrk(url, 1, seconds))
+        med = {k: {m: median([x[m] for x in v]) for m in ("rps", "p50_ms", "p99_ms")} for k, v in runs.items()}
+        ratios = [a["rps"] / b["rps"] for a, b in zip(runs["netlimit"], runs["nginx"])]
+        ratio = median(ratios)
+        bad = sum(x["non2xx"] for v in runs.values() for x in v)
+        nl, ngx = med["netlimit"], med["nginx"]
+        sec.rows.append(row(f"decision endpoint, {conns} connections: requests/s", nl["rps"], ngx["rps"],
+                            unit="requests/s", peer_name="nginx limit_req (1 worker)", ratio=ratio,
+                            goal=f">= {GOAL_RATIO:g}x", met=ratio >= GOAL_RATIO,
+                            note=f"non-2xx responses in all runs: {bad}"))
+        sec.rows.append(row(f"decision endpoint, {conns} connections: p99 latency", nl["p99_ms"], ngx["p99_ms"],
+                            unit="ms", better="lower", peer_name="nginx limit_req (1 worker)",
+                            goal=f"<= {GOAL_P99_MS:g} ms", met=nl["p99_ms"] <= GOAL_P99_MS,
+                            note=f"p50 {nl['p50_ms']:.3f} vs {ngx['p50_ms']:.3f} ms"))
+        added = [a["p99_ms"] - b["p99_ms"] for a, b in zip(runs["proxy"], runs["direct"])]
+        added_p99 = median(added)
+        sec.rows.append(row("proxy mode, 1 connection: p99 latency (added = through sidecar - direct)",
+                            med["proxy"]["p99_ms"], med["direct"]["p99_ms"], unit="ms", better="lower",
+                            peer_name="the same nginx upstream, direct", ratio=None,
+                            goal=f"added <= {GOAL_ADDED_P99_MS:g} ms", met=added_p99 <= GOAL_ADDED_P99_MS,
+                            note=f"added p99 {added_p99:.3f} ms, added p50 "
+                                 f"{med['proxy']['p50_ms'] - med['direct']['p50_ms']:.3f} ms; "
+                                 f"{med['proxy']['rps']:,.0f} vs {med['direct']['rps']:,.0f} requests/s",
+                            added_p99_ms=added_p99))
+        sec.details["runs"] = runs
+        sec.details["connections"] = conns
+        sec.details["what"] = __doc__.split("\n\n", 1)[1].strip()
+    finally:
+        for p in reversed(procs):
+            stop(p)
+        shutil.rmtree(d, ignore_errors=True)
+    return sec

@@ -1,0 +1,197 @@
+"""Section 2: decisions/s and latency per decision through Redis, netlimit's
+RedisStore vs ``limits``' async RedisStorage, on one redis-server that this
+section starts on a free loopback port (killed in ``finally``).
+
+Like for like: both use the same client library (redis-py's asyncio client,
+``implementation="redispy"`` for limits) on the same uvloop event loop in this
+process, the same key stream (10,000 keys, limit 1,000/minute, so admissions),
+and 1 or 16 concurrent clients (asyncio tasks, each awaiting its decision
+before the next).  netlimit returns a full Decision, limits a bool.
+
+Round trips: every ``send_packed_command`` of redis-py is counted (a pipeline
+is one); the server's ``INFO commandstats`` is read before and after each
+side's run and reported per decision (commands a Lua script calls are counted
+there too, so ``evalsha`` is the round trip and the rest run inside it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from .common import Mode, Section, free_port, median, need, round_ratio, row, stop, wait_port
+from .inproc import LIMIT, PEERS, key_stream
+
+GOAL = 2.0
+
+
+class _Counter:
+    """Counts redis-py writes to the socket (round trips) while installed."""
+
+    def __init__(self) -> None:
+        from redis.asyncio.connection import AbstractConnection
+
+        self.cls = AbstractConnection
+        self.orig = AbstractConnection.send_packed_command
+        self.n = 0
+        counter = self
+
+        async def send_packed_command(conn, command, check_health=True):
+            counter.n += 1
+            return await counter.orig(conn, command, check_health)
+
+        AbstractConnection.send_packed_command = send_packed_command
+
+    def close(self) -> None:
+        self.cls.send_packed_command = self.orig
+
+
+def _commandstats(port: int) -> dict[str, int]:
+    import redis
+
+    c = redis.Redis(port=port)
+    try:
+        stats = c.info("commandstats")
+    finally:
+        c.close()
+    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
+
+
+def _delta(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    out = {k: b.get(k, 0) - a.get(k, 0) for k in b}
+    return {k: v for k, v in out.items() if v > 0 and k not in ("info",)}
+
+
+async def _drive(decide, stream: list[str], clients: int, budget: float) -> tuple[int, float, list[float], int]:
+    """``clients`` tasks call ``decide(key)`` back to back until ``budget`` s pass."""
+    lat: list[float] = []
+    errors = 0
+    n_stream = len(stream)
+    perf = time.perf_counter
+    t0 = perf()
+    end = t0 + budget
+
+    async def client(i: int) -> None:
+        nonlocal errors
+        pos = (i * 7919) % n_stream
+        while True:
+            k = stream[pos]
+            pos = pos + 1 if pos + 1 < n_stream else 0
+            a = perf()
+            try:
+                await decide(k)
+            except Exception:  # noqa: BLE001 - counted and reported
+                errors += 1
+            b = perf()
+            lat.append(b - a)
+            if b >= end:
+                return
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    return len(lat), perf() - t0, lat, errors
+
+
+def _pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
+
+
+async def _bench(port: int, mode: Mode, sec: Section) -> None:
+    from limits import RateLimitItemPerMinute
+    from limits.aio import strategies as lstrat
+    from limits.aio.storage import RedisStorage as LimitsRedis
+
+    from netlimit.http.algorithms import Limit
+    from netlimit.http.store import RedisStore
+
+    url = f"redis://127.0.0.1:{port}/0"
+    nl_store = RedisStore(url, timeout_ms=2000)
+    await nl_store.load_scripts()
+    lm_storage = LimitsRedis(f"async+redis://127.0.0.1:{port}/0", implementation="redispy")
+    _, stream = key_stream(10_000, mode.pick(20_000, 100_000), seed=2)
+    budget = mode.pick(0.25, 1.5)
+    rounds = mode.pick(2, 4)
+    counter = _Counter()
+    try:
+        for alg in PEERS:
+            lim = Limit(alg, LIMIT, 60.0)
+            item = RateLimitItemPerMinute(LIMIT, namespace=f"LIMITER-{alg}")  # keys apart per strategy
+            strat = getattr(lstrat, PEERS[alg])(lm_storage)
+
+            async def nl(k: str, lim=lim) -> Any:
+                return await nl_store.hit(k, lim)
+
+            async def lm(k: str, strat=strat, item=item) -> Any:
+                return await strat.hit(item, k)
+
+            await nl("warm")
+            await lm("warm")
+            for clients in (1, 16):
+                rates: dict[str, list[float]] = {"netlimit": [], "limits": []}
+                lats: dict[str, list[float]] = {"netlimit": [], "limits": []}
+                trips: dict[str, list[float]] = {"netlimit": [], "limits": []}
+                cmds: dict[str, dict[str, float]] = {}
+                errors = {"netlimit": 0, "limits": 0}
+                for r in range(rounds):
+                    order = (("netlimit", nl), ("limits", lm))
+                    for name, fn in (order if r % 2 == 0 else order[::-1]):
+                        before = _commandstats(port)
+                        counter.n = 0
+                        n, secs, lat, err = await _drive(fn, stream, clients, budget)
+                        sent = counter.n
+                        after = _commandstats(port)
+                        rates[name].append(n / secs)
+                        lats[name].extend(lat)
+                        trips[name].append(sent / n)
+                        errors[name] += err
+                        cmds[name] = {k: round(v / n, 3) for k, v in _delta(before, after).items()}
+                ratio = round_ratio(rates, "netlimit", "limits")
+                p = {name: (_pct(v, 50) * 1e3, _pct(v, 99) * 1e3) for name, v in lats.items()}
+                rt = {name: median(v) for name, v in trips.items()}
+                case = f"{alg}, {clients} client{'s' if clients > 1 else ''}"
+                sec.rows.append(row(
+                    case, median(rates["netlimit"]), median(rates["limits"]), unit="decisions/s",
+                    peer_name=f"limits {PEERS[alg]} (async redis-py)", ratio=ratio,
+                    goal=f">= {GOAL:g}x, 1 round trip", met=ratio >= GOAL and abs(rt["netlimit"] - 1) < 0.01,
+                    note=(f"p50/p99 ms: {p['netlimit'][0]:.2f}/{p['netlimit'][1]:.2f} vs "
+                          f"{p['limits'][0]:.2f}/{p['limits'][1]:.2f}; round trips/decision "
+                          f"{rt['netlimit']:.2f} vs {rt['limits']:.2f}"),
+                    p50_ms=p["netlimit"][0], p99_ms=p["netlimit"][1], peer_p50_ms=p["limits"][0],
+                    peer_p99_ms=p["limits"][1], round_trips=rt["netlimit"], peer_round_trips=rt["limits"],
+                ))
+                sec.details[case] = {"rates": {k: [round(x) for x in v] for k, v in rates.items()},
+                                     "commands_per_decision": cmds, "errors": errors}
+    finally:
+        counter.close()
+        await nl_store.close()
+        try:
+            await lm_storage.storage.aclose()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+
+
+def run(mode: Mode) -> Section:
+    sec = Section("redis", "Redis decisions/s and latency: netlimit RedisStore vs limits async RedisStorage")
+    exe = need("redis-server")
+    import uvloop
+
+    port = free_port()
+    d = tempfile.mkdtemp(prefix="nlbench-redis-")
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", d, "--save", "",
+                             "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(_bench(port, mode, sec))
+    finally:
+        stop(proc)
+        shutil.rmtree(d, ignore_errors=True)
+    sec.details["what"] = __doc__.split("\n\n", 1)[1].strip()
+    return sec

@@ -1,0 +1,35 @@
+"""The benchmark harness runs end to end in --quick mode (its figures are not
+judged here: bench/ is not part of the suite's pass/fail, only that it runs)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SECTIONS = ("inproc", "redis", "http", "memory", "kernel", "accuracy")
+
+pytestmark = [pytest.mark.netns, pytest.mark.redis, pytest.mark.nginx, pytest.mark.timeout(240)]
+
+
+def test_bench_quick(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=230)
+    assert p.returncode == 0, p.stderr[-4000:]
+    doc = json.loads((tmp_path / "latest.json").read_text())
+    assert doc["mode"] == "quick"
+    for name in SECTIONS:
+        sec = doc["sections"][name]
+        assert sec["error"] is None, (name, sec["error"])
+        assert sec["rows"], name
+        for r in sec["rows"]:
+            assert isinstance(r["netlimit"], (int, float)) and math.isfinite(r["netlimit"]), (name, r)
+            if r["peer"] is not None:
+                assert math.isfinite(r["peer"]), (name, r)
+    md = (tmp_path / "latest.md").read_text()
+    assert all(doc["sections"][n]["title"] in md for n in SECTIONS)
