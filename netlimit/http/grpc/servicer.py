@@ -333,7 +333,9 @@ def build_response(result: CheckResult, overrides: Sequence[Override | None] = (
             s.duration_until_reset.FromNanoseconds(int(reset * 1e9))
     headers = rate_headers(result)
     if headers:
-        resp.response_headers_to_add.extend(HeaderValue(key=k, value=v) for k, v in headers.items())
+        hadd = resp.response_headers_to_add.add
+        for k, v in headers.items():
+            hadd(key=k, value=v)
     if result.code == OVER_LIMIT and result.report is not None and result.report.rule is not None:
         # Envoy answers 429 with this body; it replaces its own content-type with ours
         resp.raw_body = problem_body(result, 429).encode()
