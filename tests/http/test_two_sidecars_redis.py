@@ -198,10 +198,15 @@ def test_redis_killed_mid_load_no_5xx_fallback_counted_and_recovery(redis_factor
         assert metric(s, "netlimit_http_store_fallbacks_total", mode="local") > 0
         assert metric(s, "netlimit_http_store_errors_total", reason="connection") + \
             metric(s, "netlimit_http_store_errors_total", reason="timeout") > 0
-        assert metric(s, "netlimit_http_store_up") == 1
         assert metric(s, "netlimit_http_requests_total", endpoint="check", result="ok") == len(load.statuses)
-        # decisions go to Redis again: the restarted (empty) server now holds keys
+        # decisions go to Redis again: the restarted (empty) server now holds keys. On a
+        # loaded machine one late 50 ms timeout can trip the breaker once more, so probe
+        # (bounded) until a decision comes from the store, then check the gauge agrees.
+        deadline = time.monotonic() + 10
+        while _json_source(sc) != "store" and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert _json_source(sc) == "store"
+        assert metric(get_metrics(sc.port), "netlimit_http_store_up") == 1
         assert redis.Redis(port=server.port).dbsize() > 0
         assert sc.get("/healthz").json()["store_available"] is True
     finally:
