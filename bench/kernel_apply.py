@@ -108,6 +108,7 @@ def run(mode: Mode) -> Section:
             t: dict[str, list[float]] = {k: [] for k in ("nl_full", "nl_noop", "nl_change", "peer_full",
                                                            "peer_reload", "peer_change")}
             kernel_rules = 0
+            phases: dict[str, dict[str, float]] = {}  # netlimit's own split: read, diff, iptables, tc
             for r in range(rounds[n]):
                 sides = ("nl", "peer") if r % 2 == 0 else ("peer", "nl")
                 for side in sides:
@@ -116,14 +117,17 @@ def run(mode: Mode) -> Section:
                         t0 = time.perf_counter()
                         res = reconcile.apply(d0, ns_nl)
                         t["nl_full"].append(time.perf_counter() - t0)
+                        phases["full"] = res.timings
                         assert res.changed
                         t0 = time.perf_counter()
                         res = reconcile.apply(d0, ns_nl)
                         t["nl_noop"].append(time.perf_counter() - t0)
+                        phases["noop"] = res.timings
                         assert not res.changed, "a re-apply of the same file changed something"
                         t0 = time.perf_counter()
                         res = reconcile.apply(d1, ns_nl)
                         t["nl_change"].append(time.perf_counter() - t0)
+                        phases["change"] = res.timings
                         assert res.changes.counts()["add"] == 2, res.changes.lines()[:6]
                         kernel_rules = _count_rules(ns_nl)
                     else:
@@ -139,6 +143,8 @@ def run(mode: Mode) -> Section:
             curve["netlimit_full"].append(m["nl_full"])
             curve["peer_full"].append(m["peer_full"])
             sec.details[str(n)] = {"kernel_rules": kernel_rules, "rounds": rounds[n],
+                                   "netlimit_phases_last_round": {k: {p: round(x, 4) for p, x in v.items()}
+                                                                  for k, v in phases.items()},
                                    "seconds": {k: [round(x, 4) for x in v] for k, v in t.items()}}
             peer = "iptables-legacy-restore"
             for what, nk, pk, goal_key in (("full apply", "nl_full", "peer_full", "full"),
