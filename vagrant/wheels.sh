@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Wheels for the offline limiter VM: the checkout's netlimit wheel plus every
+# dependency, for the box's Python (Debian 12: CPython 3.11.2, x86_64, glibc
+# 2.36) — built with this machine's Debian python3, which is that same Python.
+#
+#   vagrant/wheels.sh      # prints the directory (also linked as $CACHE/wheels/current)
+#
+# Dependency wheels are cached by the dependency list (pyproject.toml), so
+# after the first run only the netlimit wheel is rebuilt, offline: the build
+# venv already holds setuptools and wheel (no build isolation download).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(dirname "$HERE")
+# shellcheck source=vagrant/common.sh
+. "$HERE/common.sh"
+CACHE=$NETLIMIT_VAGRANT_CACHE
+PY=${NETLIMIT_BOX_PYTHON:-/usr/bin/python3}
+log() { echo "wheels: $*" >&2; }
+
+"$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || {
+  log "$PY is $("$PY" -V 2>&1); the box runs Python 3.11 (set NETLIMIT_BOX_PYTHON to a 3.11)"; exit 64; }
+mkdir -p "$CACHE/wheels"
+exec 8>"$CACHE/wheels/.lock"
+flock 8
+
+VENV=$CACHE/build-venv
+if [ ! -x "$VENV/bin/pip" ]; then
+  log "build venv $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
+fi
+
+# the dependency list; Debian 12's Python is 3.11.2, below 3.11.3, so redis
+# also needs async-timeout (pip resolves that marker for the Python it runs on)
+DEPS=$("$VENV/bin/python" - "$REPO/pyproject.toml" <<'PY'
+import sys, tomllib
+meta = tomllib.load(open(sys.argv[1], "rb"))
+print("\n".join(meta["project"]["dependencies"]))
+PY
+)
+KEY=$( (echo "$DEPS"; "$PY" -V) | sha256sum | cut -c1-12)
+DEPDIR=$CACHE/wheels/deps-$KEY
+if [ ! -f "$DEPDIR/.complete" ]; then
+  log "dependency wheels -> $DEPDIR (needs PyPI once)"
+  rm -rf "$DEPDIR"; mkdir -p "$DEPDIR"
+  mapfile -t dep_array <<<"$DEPS"
+  "$VENV/bin/pip" wheel -q -w "$DEPDIR" "${dep_array[@]}"
+  touch "$DEPDIR/.complete"
+fi
+
+OUT=$CACHE/wheels/run-$KEY
+rm -rf "$OUT"; mkdir -p "$OUT"
+cp "$DEPDIR"/*.whl "$OUT/"
+BUILD=$(mktemp -d)
+trap 'rm -rf "$BUILD"' EXIT
+# build from a copy of the tracked and modified files: no stale build/ or egg-info leaks in
+mkdir -p "$BUILD/src"
+git -C "$REPO" ls-files -z --cached --others --exclude-standard \
+  | tar -C "$REPO" --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$BUILD/src" -xf -
+"$VENV/bin/pip" wheel -q --no-deps --no-build-isolation -w "$OUT" "$BUILD/src"
+ls "$OUT"/netlimit-*.whl >/dev/null
+ln -sfn "$OUT" "$CACHE/wheels/current"
+log "$(ls "$OUT" | wc -l) wheels in $OUT"
+echo "$OUT"
