@@ -103,9 +103,10 @@ class LockTimeout(Exception):
 
 
 @contextmanager
-def _flock(path: str, timeout: float, busy: str) -> Iterator[None]:
+def _flock(path: str, timeout: float, busy: str, create: bool = True) -> Iterator[None]:
     """Hold an exclusive flock on `path`, waiting up to `timeout` s (then LockTimeout(busy))."""
-    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    flags = (os.O_CREAT | os.O_RDWR) if create else os.O_RDONLY
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -130,7 +131,7 @@ def xtables_lock(timeout: float = 10.0):
 
 
 _process_lock = threading.RLock()
-APPLY_LOCK = "/run/netlimit/apply.lock"
+LOCK_DIR = "/run/netlimit"
 
 
 @contextmanager
@@ -141,10 +142,18 @@ def kernel_lock() -> Iterator[None]:
         yield
 
 
-def writer_lock(timeout: float = 60.0):
-    """One netlimit writer at a time across processes (CLI, daemon): read -> diff ->
-    write must not interleave, or one writer's rollback could undo the other's work.
-    (The xtables lock, taken around each commit, only orders us against iptables.)"""
-    os.makedirs(os.path.dirname(APPLY_LOCK), exist_ok=True)
-    return _flock(APPLY_LOCK, timeout, f"another netlimit apply/flush has held {APPLY_LOCK} for {timeout:.0f} s; "
-                                       "nothing was changed")
+def writer_lock(netns: str | None = None, timeout: float = 60.0):
+    """One netlimit writer at a time per namespace across processes (CLI, daemon):
+    read -> diff -> write must not interleave, or one writer's rollback could undo
+    the other's work. Namespaces hold separate kernel state, so each has its own
+    lock: the namespace's own /run/netns file (flock works on it, and it leaves no
+    file behind); the host's is /run/netlimit/apply.lock. (The xtables lock, taken
+    around each commit, orders us against iptables.)"""
+    if netns:
+        path = check_netns(netns)
+        return _flock(path, timeout, f"another netlimit apply/flush in namespace {netns} has held its lock "
+                                     f"for {timeout:.0f} s; nothing was changed", create=False)
+    os.makedirs(LOCK_DIR, exist_ok=True)
+    path = os.path.join(LOCK_DIR, "apply.lock")
+    return _flock(path, timeout, f"another netlimit apply/flush has held {path} for {timeout:.0f} s; "
+                                 "nothing was changed")

@@ -199,7 +199,7 @@ def apply(desired: Desired, netns: str | None = None, *, dry_run: bool = False) 
 
         backend = get_backend()
         t0 = time.monotonic()
-        with kernel_lock(), (writer_lock() if not dry_run else _nolock()):
+        with kernel_lock(), (writer_lock(netns) if not dry_run else _nolock()):
             state = _read(backend)
             state.netns = netns
             t_read = time.monotonic()
@@ -264,7 +264,7 @@ def flush(netns: str | None = None) -> State:
         from . import iptables as ipt
         from . import tc
 
-        with kernel_lock(), writer_lock():
+        with kernel_lock(), writer_lock(netns):
             backend = get_backend()
             st = _read(backend)
             st.netns = netns
@@ -433,7 +433,7 @@ def restore(state: State, netns: str | None = None) -> None:
     def work() -> None:
         from . import tc
 
-        with kernel_lock(), writer_lock():
+        with kernel_lock(), writer_lock(netns):
             backend = get_backend()
             for fst in state.iptables.values():
                 backend.restore(fst)
