@@ -45,7 +45,7 @@ STAMP=$(date +%Y%m%d-%H%M%S)
 LOGDIR=$CACHE/logs/$STAMP
 mkdir -p "$LOGDIR"
 export NETLIMIT_CONSOLE_DIR=$LOGDIR
-export VAGRANT_CHECKPOINT_DISABLE=1 VAGRANT_DEFAULT_PROVIDER=libvirt VAGRANT_LOG=${VAGRANT_LOG:-warn}
+export VAGRANT_CHECKPOINT_DISABLE=1 VAGRANT_DEFAULT_PROVIDER=libvirt VAGRANT_LOG=${VAGRANT_LOG:-error}
 export VAGRANT_CWD=$HERE
 cd "$HERE"
 
@@ -251,7 +251,7 @@ if [ "$rc" != 0 ]; then
   exit 1
 fi
 log "VMs up and provisioned in ${T[up]} s"
-vag ssh-config >"$LOGDIR/ssh-config"
+vag ssh-config >"$LOGDIR/ssh-config" 2>>"$LOGDIR/up.log"
 
 # --- 4. the scenario ------------------------------------------------------------------------------
 log "scenario (log: $LOGDIR/scenario.log)"

@@ -189,7 +189,10 @@ class Params:
     http_client_requests: int = 5
     bulk_seconds: float = 7.0
     bulk_omit: float = 1.5
+    bulk_streams: int = 4          # parallel TCP streams into the one shaped class
     reload_factor: int = 2         # the edit multiplies the UDP limit by this
+    idle_seconds: float = 3.0      # the watcher stops this long after the last flood packet
+    wait_seconds: float = 60.0     # for netlimitd to (re)load a file (minutes under TCG)
 
 
 # --- configured values, from limiter.yaml ---------------------------------------------------
@@ -348,7 +351,7 @@ class Scenario:
         self.limits = Limits.from_yaml(self.config_text)
         want = hashlib.sha256(self.config_text.encode()).hexdigest()
         self.wait_status(lambda s: s.get("last_apply_result") == "ok" and s.get("config_sha256") == want,
-                         f"netlimitd running {self.deploy.config_path} ({want[:12]})", 90)
+                         f"netlimitd running {self.deploy.config_path} ({want[:12]})", self.p.wait_seconds)
         # the sidecar and the app behind it answer
         deadline = time.monotonic() + 60
         while True:
@@ -392,7 +395,7 @@ class Scenario:
         lim, p = self.limits, self.p
         port = lim.udp_port if proto == "udp" else lim.syn_port
         secs = p.flood_seconds
-        watch_args = ["watch", "--iface", self.iface, "--seconds", str(secs + 40), "--idle", "3",
+        watch_args = ["watch", "--iface", self.iface, "--seconds", str(secs + 60), "--idle", str(p.idle_seconds),
                       f"--{proto if proto == 'udp' else 'tcp'}-port", str(port)]
         if proto == "syn":
             watch_args += ["--listen-tcp", f"{ADDR['limiter']}:{port}"]
@@ -478,16 +481,17 @@ class Scenario:
     def bandwidth_phase(self) -> None:
         lim, p = self.limits, self.p
         srv = self.start_tool("limiter", "bulk-serve", "--bind", ADDR["limiter"], "--port", str(lim.bw_port),
-                              "--seconds", str(p.bulk_seconds), ready=True)
+                              "--seconds", str(p.bulk_seconds), "--streams", str(p.bulk_streams), ready=True)
         try:
             r = self.run_tool("client", "bulk-recv", "--src", ADDR["client"], "--dst", ADDR["limiter"],
                               "--port", str(lim.bw_port), "--seconds", str(p.bulk_seconds), "--omit", str(p.bulk_omit),
-                              timeout=p.bulk_seconds + 60)
+                              "--streams", str(p.bulk_streams), timeout=p.bulk_seconds + 60)
         finally:
             self.result(srv, "bulk-serve", p.bulk_seconds + 60)
         conf = lim.bw_rate * PAYLOAD
         got = r["bits_per_second"]
-        self.add_row("bandwidth", f"client receives from limiter:{lim.bw_port} for {r['measured_seconds']:.1f} s",
+        self.add_row("bandwidth", f"client receives {r['streams']} streams from limiter:{lim.bw_port} "
+                                  f"for {r['measured_seconds']:.1f} s",
                      f"{lim.bw_rate / 1e6:g} mbit x 1448/1514 = {conf / 1e6:.3f} mbit/s goodput",
                      f"{got / 1e6:.3f} mbit/s ({100 * (got / conf - 1):+.2f} %)",
                      abs(got - conf) <= self.tol.bandwidth_frac * conf)
@@ -509,7 +513,7 @@ class Scenario:
         t0 = time.monotonic()
         self.lim.run(self.deploy.reload, timeout=60)
         st = self.wait_status(lambda s: s.get("config_sha256") == want and s.get("last_apply_result") == "ok"
-                              and not s.get("rejected"), "netlimitd running the edited file", 60)
+                              and not s.get("rejected"), "netlimitd running the edited file", self.p.wait_seconds)
         dt = time.monotonic() - t0
         self.add_row("reload", f"edit udp-flood {lim.udp_rate:g}/s -> {new_rate}/s, {self.deploy.reload_label}",
                      f"netlimitd runs the new file ({want[:12]})",
@@ -594,15 +598,18 @@ def format_rows(rows: list[Row]) -> str:
 # --- tolerances ------------------------------------------------------------------------------
 
 # Namespaces: the accuracy the kernel tests proved on this kernel (hashlimit
-# delivered = rate x T + burst within 1 %, HTB goodput within 3 % of
-# rate x 1448/1514), plus 1 packet for the jiffy the span is rounded to.
+# delivered = rate x T + burst within 1 %), plus 1 packet because the count is
+# an integer and T is rounded to the limiter's jiffies; HTB goodput within 3 % of
+# rate x 1448/1514 (four parallel streams, least-squares rate: measured within
+# 0.3 %, a single Python stream reads ~2 % low on a busy host).
 NETNS_TOLERANCE = Tolerance(0.01, 1, 0.03, "netns: packets within 1 % + 1, goodput within 3 %")
-# VMs under QEMU software emulation (TCG): the guest kernel's jiffies advance in
-# bursts when the emulated vCPU is descheduled, and arrival times are taken by
-# the same guest, so T carries a few ms of error per end; 2 % + 2 packets
-# covers it (measured: see vagrant/README.md). Goodput the same 3 % as native:
-# HTB's rate is enforced by the guest's own clock.
-VM_TOLERANCE = Tolerance(0.02, 2, 0.05, "VMs (QEMU TCG): packets within 2 % + 2, goodput within 5 %")
+# VMs under QEMU software emulation (TCG): the same 1 %, plus 2 packets instead
+# of 1: T is taken from the guest's own arrival timestamps, whose clock ticks
+# in bursts when the emulated vCPU waits for the host's CPU (one jiffy at each
+# end of the flood). A vCPU stall longer than burst/rate (0.5 s here) would
+# waste tokens and read low; the runs measured -0.6 % .. +0.1 % (see
+# vagrant/README.md). Goodput: the same 3 %; HTB runs on the guest's clock.
+VM_TOLERANCE = Tolerance(0.01, 2, 0.03, "VMs (QEMU TCG): packets within 1 % + 2, goodput within 3 %")
 
 
 # --- the namespace lab ---------------------------------------------------------------------------
@@ -721,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.where == "vagrant":
         if a.seconds:
             params.flood_seconds = a.seconds
+        # software emulation: a stalled vCPU must not end a measurement early, and
+        # netlimitd needs tens of seconds of emulated CPU to apply a file
+        params.idle_seconds, params.wait_seconds = 8.0, 300.0
         ctl = Path(tempfile.mkdtemp(prefix="nlscen-ssh-"))
         hosts = {name: SshHost(name, a.ssh_config, ctl) for name in ("limiter", "client", "flood")}
         deploy = Deployment(netlimit=["/opt/netlimit/bin/netlimit"], status_args=[],

@@ -7,8 +7,8 @@ runs it there as root with the host's own python3:
     python3 tools.py syn-flood   --src A --dst B --port P --pps N --seconds T
     python3 tools.py connects    --src A --dst B --port P --rate R --seconds T
     python3 tools.py watch       --iface IF --seconds T [--udp-port P] [--tcp-port P] [--listen-tcp ADDR:P]
-    python3 tools.py bulk-serve  --bind A --port P --seconds T
-    python3 tools.py bulk-recv   --src A --dst B --port P --seconds T --omit S
+    python3 tools.py bulk-serve  --bind A --port P --seconds T --streams N
+    python3 tools.py bulk-recv   --src A --dst B --port P --seconds T --omit S --streams N
     python3 tools.py http        --src A --url URL --n N [--gap S]
     python3 tools.py counters    (iptables-legacy -S INPUT with packet counts, as JSON)
 
@@ -216,63 +216,92 @@ def watch(a) -> None:
 
 
 def bulk_serve(a) -> None:
-    """Accept one connection and send to it as fast as TCP allows for --seconds."""
+    """Accept --streams connections and send on each as fast as TCP allows for --seconds.
+
+    Several streams keep the shaped queue busy while any one sender waits for
+    the CPU (a busy host or an emulated vCPU): the goodput then measures the
+    shaper, not the sender's scheduling.
+    """
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     ls.bind((a.bind, a.port))
-    ls.listen(1)
+    ls.listen(16)
     ls.settimeout(min(a.seconds + 30, HARD_LIMIT_S))
     print("READY", flush=True)
-    c, peer = ls.accept()
-    c.settimeout(5)
-    chunk = b"\x4e" * 65536
-    sent = 0
+    conns = [ls.accept() for _ in range(max(1, min(a.streams, 16)))]
     t0 = time.monotonic()
-    try:
-        while time.monotonic() - t0 < min(a.seconds, HARD_LIMIT_S):
-            sent += c.send(chunk)
-    except OSError:
-        pass
-    c.close()
-    _out({"sent_bytes": sent, "duration": time.monotonic() - t0, "peer": peer[0]})
+    sent = [0] * len(conns)
+    chunk = b"\x4e" * 65536
+
+    def pump(i: int, c: socket.socket) -> None:
+        c.settimeout(5)
+        try:
+            while time.monotonic() - t0 < min(a.seconds, HARD_LIMIT_S):
+                sent[i] += c.send(chunk)
+        except OSError:
+            pass
+        c.close()
+
+    threads = [threading.Thread(target=pump, args=(i, c)) for i, (c, _) in enumerate(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _out({"sent_bytes": sum(sent), "streams": len(conns), "duration": time.monotonic() - t0})
 
 
 def bulk_recv(a) -> None:
-    """Receive from bulk-serve; goodput over the part after --omit (TCP start-up excluded)."""
-    c = None
+    """Receive --streams connections from bulk-serve; goodput of them all from --omit to --seconds."""
+    socks = []
     deadline = time.monotonic() + 20
-    while c is None:
+    while len(socks) < max(1, min(a.streams, 16)):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.bind((a.src, 0))
         s.settimeout(5)
         try:
             s.connect((a.dst, a.port))
-            c = s
+            s.setblocking(False)
+            socks.append(s)
         except OSError:
             s.close()
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-    c.settimeout(5)
     t0 = time.monotonic()
     total = 0
-    marks = []                     # (time, cumulative bytes)
-    try:
-        while True:
-            data = c.recv(262144)
+    marks = [(0.0, 0)]             # (time, cumulative bytes of all streams)
+    open_socks = set(socks)
+    while open_socks and time.monotonic() - t0 < a.seconds + 15:
+        r, _, _ = select.select(list(open_socks), [], [], 1.0)
+        for s in r:
+            try:
+                data = s.recv(16384)          # small reads: fine-grained marks
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                data = b""
             if not data:
-                break
+                open_socks.discard(s)
+                s.close()
+                continue
             total += len(data)
             marks.append((time.monotonic() - t0, total))
-            if marks[-1][0] > a.seconds + 10:
-                break
-    except OSError:
-        pass
-    c.close()
-    base = next(((t, b) for t, b in marks if t >= a.omit), None)
-    end = marks[-1] if marks else (0.0, 0)
-    bps = (end[1] - base[1]) * 8 / (end[0] - base[0]) if base and end[0] > base[0] else 0.0
-    _out({"bytes": total, "duration": end[0], "measured_seconds": end[0] - (base[0] if base else 0),
+    for s in open_socks:
+        s.close()
+
+    # the window where every sender is still writing (after start-up, before they
+    # stop); the rate is the least-squares slope of bytes over time in it, so
+    # neither edge's read granularity decides the result
+    win = [(t, b) for t, b in marks if a.omit <= t <= a.seconds - 0.25]
+    bps = 0.0
+    if len(win) >= 3:
+        n = len(win)
+        mt = sum(t for t, _ in win) / n
+        mb = sum(b for _, b in win) / n
+        var = sum((t - mt) ** 2 for t, _ in win)
+        bps = 8 * sum((t - mt) * (b - mb) for t, b in win) / var if var > 0 else 0.0
+    lo, hi = (win[0], win[-1]) if win else ((0.0, 0), (0.0, 0))
+    _out({"bytes": total, "streams": len(socks), "duration": marks[-1][0], "measured_seconds": hi[0] - lo[0],
           "bits_per_second": bps})
 
 
@@ -332,7 +361,7 @@ def main(argv=None) -> int:
         sp = sub.add_parser(name)
         for o in opts:
             kind = {"--port": int, "--pps": float, "--seconds": float, "--rate": float, "--omit": float,
-                    "--n": int, "--gap": float, "--timeout": float, "--idle": float}.get(o, str)
+                    "--n": int, "--gap": float, "--timeout": float, "--idle": float, "--streams": int}.get(o, str)
             sp.add_argument(o, type=kind, required=o not in ("--gap", "--timeout", "--idle"))
         sp.set_defaults(fn=fn)
         return sp
@@ -344,8 +373,8 @@ def main(argv=None) -> int:
     w.add_argument("--udp-port", type=int, action="append", default=[])
     w.add_argument("--tcp-port", type=int, action="append", default=[])
     w.add_argument("--listen-tcp", default=None)
-    add("bulk-serve", bulk_serve, "--bind", "--port", "--seconds")
-    add("bulk-recv", bulk_recv, "--src", "--dst", "--port", "--seconds", "--omit")
+    add("bulk-serve", bulk_serve, "--bind", "--port", "--seconds", "--streams")
+    add("bulk-recv", bulk_recv, "--src", "--dst", "--port", "--seconds", "--omit", "--streams")
     add("http", http, "--src", "--url", "--n", "--gap")
     add("counters", counters)
     a = p.parse_args(argv)
