@@ -271,12 +271,14 @@ _LUA_CACHE: dict[str, str] = {}
 
 
 def load_lua(algorithm: str) -> str:
-    """Source of the Lua script for ``algorithm`` (package data ``lua/<algorithm>.lua``)."""
+    """Source of the Lua script for ``algorithm``: ``lua/_prelude.lua`` (argument and
+    time handling every script shares) followed by ``lua/<algorithm>.lua``."""
     src = _LUA_CACHE.get(algorithm)
     if src is None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {algorithm!r}")
-        src = resources.files(__package__).joinpath("lua", f"{algorithm}.lua").read_text("utf-8")
+        lua = resources.files(__package__).joinpath("lua")
+        src = lua.joinpath("_prelude.lua").read_text("utf-8") + lua.joinpath(f"{algorithm}.lua").read_text("utf-8")
         _LUA_CACHE[algorithm] = src
     return src
 
