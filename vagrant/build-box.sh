@@ -193,6 +193,7 @@ if [ $FORCE = 1 ] || [ ! -s "$BOXFILE" ]; then
   tar -C "$OUT" -cf "$BOXFILE.partial" metadata.json Vagrantfile box.img vmlinuz initrd.img
   mv "$BOXFILE.partial" "$BOXFILE"
   rm -rf "$OUT"
+  rm -rf --one-file-system "$ROOTFS"      # the pristine stage stays; the configured copy is in the box
   log "box $BOXFILE ($(du -h "$BOXFILE" | cut -f1)) built in $(( $(date +%s) - t0 )) s"
 fi
 
@@ -205,7 +206,7 @@ cat >"$CATALOG" <<JSON
                               "checksum_type": "sha256", "checksum": "$(sha256sum "$BOXFILE" | cut -d' ' -f1)"}]}]}
 JSON
 log "vagrant box add $NETLIMIT_BOX_NAME $VERSION (VAGRANT_HOME=$VAGRANT_HOME)"
-vagrant box add --force --provider libvirt "$CATALOG" >&2
+vagrant box add --force --provider libvirt "$CATALOG" 2>&1 | tr '\r' '\n' | { grep -v 'Progress:' || true; } >&2
 # older versions of this box are dead weight
 vagrant box list --machine-readable 2>/dev/null | awk -F, -v n="$NETLIMIT_BOX_NAME" '
   $3=="box-name" {name=$4} $3=="box-version" && name==n {print $4}' | while read -r v; do

@@ -18,6 +18,7 @@
 # stock kernel hangs).
 #
 # Other knobs: NETLIMIT_VAGRANT_KEEP=1 leaves the VMs up (no destroy);
+# NETLIMIT_SCENARIO_RUNS=N runs the scenario N times on the same VMs;
 # NETLIMIT_VAGRANT_CACHE (/var/cache/netlimit-vagrant) holds box, wheels,
 # Vagrant's box store, the libvirt pool, and logs/ of every run.
 set -euo pipefail
@@ -262,8 +263,10 @@ if ! python3 -c 'import yaml' 2>/dev/null; then      # the scenario reads limite
 fi
 s=$(date +%s)
 rc=0
-run_child "${IN_NS[@]}" "$SC_PY" "$HERE/scenario.py" vagrant --ssh-config "$LOGDIR/ssh-config" \
-  > >(tee "$LOGDIR/scenario.log") 2>&1 || rc=$?
+for i in $(seq 1 "${NETLIMIT_SCENARIO_RUNS:-1}"); do   # more than 1: measure the spread
+  run_child "${IN_NS[@]}" "$SC_PY" "$HERE/scenario.py" vagrant --ssh-config "$LOGDIR/ssh-config" \
+    > >(tee -a "$LOGDIR/scenario.log") 2>&1 || rc=$?
+done
 T[scenario]=$(( $(date +%s) - s ))
 [ "$rc" = 0 ] || { log "scenario failed (exit $rc)"; rc=1; }
 exit "$rc"

@@ -158,6 +158,7 @@ class Deployment:
     reload: list[str]              # the command that reloads netlimitd
     reload_label: str              # how the table names it
     python: str = "python3"        # the limiter's/clients' python for tools.py
+    units: tuple[str, ...] = ()    # systemd units that must be active on the limiter (VMs)
 
 
 @dataclass
@@ -362,6 +363,16 @@ class Scenario:
             if time.monotonic() > deadline:
                 raise ScenarioError(f"the sidecar on limiter:{HTTP_PORT} does not answer: {r}")
             time.sleep(1)
+        if self.deploy.units:
+            res = self.lim.run(["systemctl", "is-active", *self.deploy.units], check=False)
+            states = res.stdout.split()
+            exe = self.lim.run(["systemctl", "show", "-p", "ExecStart", "--value", "netlimitd.service"],
+                               check=False).stdout
+            m = re.search(r"path=(\S+)", exe)
+            self.add_row("install", "systemd units on limiter", f"{', '.join(self.deploy.units)} active",
+                         ", ".join(f"{u} {st}" for u, st in zip(self.deploy.units, states))
+                         + (f"; netlimitd = {m.group(1)}" if m else ""),
+                         states == ["active"] * len(self.deploy.units))
         # counting rules after netlimit's jump: what they count got through
         lim = self.limits
         rules = []
@@ -735,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
         hosts = {name: SshHost(name, a.ssh_config, ctl) for name in ("limiter", "client", "flood")}
         deploy = Deployment(netlimit=["/opt/netlimit/bin/netlimit"], status_args=[],
                             config_path="/etc/netlimit/netlimit.yaml", reload=["systemctl", "reload", "netlimitd"],
-                            reload_label="systemctl reload netlimitd")
+                            reload_label="systemctl reload netlimitd",
+                            units=("netlimitd.service", "netlimit-sidecar.service", "netlimit-upstream.service"))
         try:
             ok = Scenario(hosts, deploy, VM_TOLERANCE, params).run()
         finally:
