@@ -99,6 +99,9 @@ cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   set +e
+  # a signal arrives while run_child waits, i.e. inside a redirection to a log:
+  # speak to the original stdout/stderr again
+  exec 1>&3 2>&4
   stop_child
   if [ "$UP_STARTED" = 1 ]; then
     if [ "${NETLIMIT_VAGRANT_KEEP:-0}" = 1 ]; then
@@ -144,6 +147,7 @@ cleanup() {
   log "logs: $LOGDIR"
   exit $rc
 }
+exec 3>&1 4>&2
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
