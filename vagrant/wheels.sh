@@ -55,8 +55,13 @@ BUILD=$(mktemp -d)
 trap 'rm -rf "$BUILD"' EXIT
 # build from a copy of the tracked and modified files: no stale build/ or egg-info leaks in
 mkdir -p "$BUILD/src"
-git -C "$REPO" ls-files -z --cached --others --exclude-standard \
-  | tar -C "$REPO" --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$BUILD/src" -xf -
+if command -v git >/dev/null && git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
+  git -C "$REPO" ls-files -z --cached --others --exclude-standard \
+    | tar -C "$REPO" --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$BUILD/src" -xf -
+else   # not a git checkout: everything but build products and VM state
+  tar -C "$REPO" --exclude=.git --exclude=build --exclude=dist --exclude='*.egg-info' --exclude=.venv \
+    --exclude=.vagrant -cf - . | tar -C "$BUILD/src" -xf -
+fi
 "$VENV/bin/pip" wheel -q --no-deps --no-build-isolation -w "$OUT" "$BUILD/src"
 ls "$OUT"/netlimit-*.whl >/dev/null
 ln -sfn "$OUT" "$CACHE/wheels/current"
