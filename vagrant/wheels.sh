@@ -65,5 +65,8 @@ fi
 "$VENV/bin/pip" wheel -q --no-deps --no-build-isolation -w "$OUT" "$BUILD/src"
 ls "$OUT"/netlimit-*.whl >/dev/null
 ln -sfn "$OUT" "$CACHE/wheels/current"
+# wheels of an older dependency list are dead weight
+find "$CACHE/wheels" -mindepth 1 -maxdepth 1 -type d \( -name 'deps-*' -o -name 'run-*' \) \
+  ! -name "deps-$KEY" ! -name "run-$KEY" -exec rm -rf {} +
 log "$(ls "$OUT" | wc -l) wheels in $OUT"
 echo "$OUT"
