@@ -36,15 +36,6 @@ install -m 0644 /usr/local/lib/netlimit-scenario/limiter.yaml /etc/netlimit/netl
 /opt/netlimit/bin/netlimit validate /etc/netlimit/netlimit.yaml
 echo "NETLIMIT_SIDECAR_ARGS=--listen 0.0.0.0:8080 --upstream http://127.0.0.1:8081" >/etc/default/netlimit-sidecar
 
-# WORKAROUND for a netlimit bug (vagrant/README.md, "netlimit issues found"): on
-# a kernel with loadable modules (every stock distribution kernel) netlimitd's
-# sandbox (no CAP_SYS_MODULE, ProtectKernelModules=yes) cannot load the legacy
-# x_tables cores; the kernel autoloads tables, matches, qdiscs and IFB itself,
-# but not ip_tables/ip6_tables, so netlimitd fails with "ip6tables (legacy) is
-# not usable here ... (do you need to insmod?)". Load them at every boot.
-printf '%s\n' ip_tables ip6_tables >/etc/modules-load.d/netlimit-scenario.conf
-modprobe -a ip_tables ip6_tables
-
 # Software emulation only: Python needs ~40 s of emulated CPU to start netlimitd,
 # more than systemd's default 90 s start timeout when the host is busy.
 if [ "$(systemd-detect-virt 2>/dev/null || true)" = qemu ]; then
