@@ -12,6 +12,10 @@ APT_PACKAGES=(
   redis-server nginx wrk             # the HTTP layer's real peers
   systemd systemd-container debootstrap util-linux   # units tested under a real systemd (nspawn)
   python3-venv
+  # three real VMs (tests/vagrant, vagrant/run.sh): Vagrant with libvirt, QEMU
+  # (software emulation where KVM is unusable), libvirt's own dnsmasq for DHCP
+  vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
+  dnsmasq-base ebtables qemu-system-x86 qemu-utils
 )
 
 if [ "$(id -u)" != 0 ]; then
@@ -29,7 +33,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   # booting): wait for it up to 10 minutes instead of failing.
   apt_opts=(-o DPkg::Lock::Timeout=600 -o Acquire::Retries=3 -q)
   apt-get "${apt_opts[@]}" update
-  DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"
+  # Without systemd as PID 1 (containers, CI), a package's init script would start
+  # its daemon in the machine's own network namespace — libvirtd with its NAT'ed
+  # "default" network, dnsmasq, nginx, redis. Nothing here needs them running
+  # (tests and vagrant/run.sh start their own, in namespaces or on loopback), so
+  # forbid service starts for this install unless a policy is already in place.
+  policy_added=0
+  if [ ! -d /run/systemd/system ] && [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\n# netlimit setup.sh: no service starts during this install\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 0755 /usr/sbin/policy-rc.d
+    policy_added=1
+  fi
+  rc=0
+  DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}" || rc=$?
+  [ "$policy_added" = 1 ] && rm -f /usr/sbin/policy-rc.d
+  [ "$rc" = 0 ] || { echo "setup.sh: apt-get install failed (exit $rc)" >&2; exit "$rc"; }
 fi
 
 PY=${PYTHON:-python3}

@@ -240,6 +240,31 @@ fi
 T[libvirt]=$(( $(date +%s) - s ))
 
 # --- 3. the VMs ---------------------------------------------------------------------------------
+# A run killed with -9 (or a machine that lost power) leaves its domains, disks
+# and networks defined in /etc/libvirt and Vagrant's ids in .vagrant/: a fresh
+# `vagrant up` would then trip over "domain already exists". Sweep them first.
+sweep_leftovers() {
+  local d n found=0
+  for d in $(vsh list --all --name 2>/dev/null | grep '^netlimit-' || true); do
+    vsh destroy "$d" >/dev/null 2>&1; vsh undefine "$d" --remove-all-storage >/dev/null 2>&1
+    log "removed domain $d left by an earlier run"; found=1
+  done
+  for n in netlimit-private vagrant-libvirt; do
+    if vsh net-info "$n" >/dev/null 2>&1; then
+      vsh net-destroy "$n" >/dev/null 2>&1; vsh net-undefine "$n" >/dev/null 2>&1
+      log "removed network $n left by an earlier run"; found=1
+    fi
+  done
+  for d in limiter client flood; do
+    if vsh vol-info --pool "${NETLIMIT_LIBVIRT_POOL:-default}" "netlimit-$d.img" >/dev/null 2>&1; then
+      vsh vol-delete --pool "${NETLIMIT_LIBVIRT_POOL:-default}" "netlimit-$d.img" >/dev/null 2>&1 && found=1
+    fi
+  done
+  if [ -d "$HERE/.vagrant/machines" ]; then rm -rf "$HERE/.vagrant/machines"; fi
+  [ "$found" = 0 ] || log "earlier run's leftovers removed"
+}
+sweep_leftovers
+
 log "vagrant up limiter client flood (log: $LOGDIR/up.log)"
 UP_STARTED=1
 s=$(date +%s)
