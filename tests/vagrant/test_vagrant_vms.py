@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import os
 import re
+import selectors
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -55,17 +54,39 @@ def _our_leftovers() -> list[str]:
     return left
 
 
-def _pump(stream, sink: list[str]) -> None:
-    """Keep run.sh's output, and show its progress lines live (it takes minutes)."""
-    for line in stream:
-        sink.append(line)
-        if line.startswith("run.sh:") or line.startswith("[scenario]"):
-            print(f"[vagrant] {line.rstrip()}", file=sys.__stderr__, flush=True)
+def _follow(proc: subprocess.Popen, out: list[str], deadline: float, capsys) -> bool:
+    """Keep run.sh's output and show its progress lines live on the terminal (it
+    takes minutes; pytest would otherwise hold everything back). False on timeout."""
+    fd = proc.stdout.fileno()
+    sel = selectors.DefaultSelector()
+    sel.register(fd, selectors.EVENT_READ)
+    pending = b""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if not sel.select(min(left, 5.0)):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                if pending:
+                    out.append(pending.decode(errors="replace"))
+                return True
+            *lines, pending = (pending + chunk).split(b"\n")
+            for raw in lines:
+                line = raw.decode(errors="replace") + "\n"
+                out.append(line)
+                if line.startswith(("run.sh:", "[scenario]")):
+                    with capsys.disabled():
+                        print(f"\n[vagrant] {line.rstrip()}", end="", flush=True)
+    finally:
+        sel.close()
 
 
 @pytest.mark.vagrant
 @pytest.mark.timeout(BUDGET_S + 600)
-def test_three_vms_scenario_all_within_tolerance():
+def test_three_vms_scenario_all_within_tolerance(capsys):
     if os.geteuid() != 0:
         pytest.fail("vagrant/run.sh needs root (box build, libvirt, a network namespace)", pytrace=False)
     missing = [t for t in ("vagrant", "virsh", "libvirtd", "qemu-system-x86_64", "qemu-img", "debootstrap")
@@ -77,26 +98,22 @@ def test_three_vms_scenario_all_within_tolerance():
     out: list[str] = []
     t0 = time.monotonic()
     proc = subprocess.Popen(["bash", str(RUN_SH)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, cwd=ROOT)
-    pump = threading.Thread(target=_pump, args=(proc.stdout, out), daemon=True)
-    pump.start()
+                            start_new_session=True, cwd=ROOT)
     try:
-        rc = proc.wait(timeout=BUDGET_S)
-    except subprocess.TimeoutExpired:
-        # run.sh traps TERM: it destroys the VMs and its libvirt, then exits
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=600)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        pump.join(10)
-        pytest.fail(f"vagrant/run.sh took over {BUDGET_S} s; last output:\n{''.join(out[-60:])}")
+        finished = _follow(proc, out, t0 + BUDGET_S, capsys)
+        if not finished:
+            # run.sh traps TERM: it destroys the VMs and its libvirt, then exits
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=600)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"vagrant/run.sh took over {BUDGET_S} s; last output:\n{''.join(out[-60:])}")
+        rc = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    pump.join(30)
     took = time.monotonic() - t0
     text = "".join(out)
     tail = "".join(out[-80:])
