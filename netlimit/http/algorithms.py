@@ -31,7 +31,16 @@ State records (kept tiny: the memory store holds one per key)
   subtract exactly, so "20 requests at t=0" never turns into 19 through float
   rounding, and ``remaining`` is exact.
 * fixed_window: one int, ``window_index << 32 | count``.
-* sliding_window_counter: one int, ``window_index << 64 | previous << 32 | current``.
+* sliding_window_counter: one int, ``window_index << 2b | previous << b | current``
+  where ``b = limit.bit_length()`` (both counts are <= limit, see
+  :func:`swc_pack`).  The field width follows the limit so that the int stays
+  below 2**60 -- two 30-bit digits, a 32-byte object -- for the usual limits
+  (window index at period 60 s: 25 bits, so limits up to 2**17 - 1 per minute;
+  at period 1 s: 31 bits, limits up to 2**14 - 1 per second); a larger limit
+  or a finer period just makes a wider (36-40 byte) int, never a wrong one.
+  The window index is kept whole, not modulo anything: the memory store keeps
+  a state until it is evicted, however long its key sleeps, so a wrapped index
+  would read a state 2**k windows old as current.
 * sliding_window_log: an ``array('d')`` of admitted timestamps, ascending, one
   entry per unit of cost.  This one is updated *in place* (copying it per call
   would cost O(limit)); expired entries are pruned on every call, which never
@@ -57,6 +66,8 @@ __all__ = [
     "fixed_window",
     "sliding_window_log",
     "sliding_window_counter",
+    "swc_pack",
+    "swc_unpack",
     "DECIDERS",
     "ADMITTERS",
     "DENIED",
@@ -117,7 +128,7 @@ class Limit(_LimitFields):
     only the six real fields.
     """
 
-    __slots__ = ("_ns", "_sig", "_fn", "_admit", "_fw", "_cap", "_rate")
+    __slots__ = ("_ns", "_sig", "_fn", "_admit", "_fw", "_cap", "_rate", "_cb")
     _ns: str  # process-local namespace id, e.g. "3:" (memory store)
     _sig: str  # stable text of every field (Redis key names)
     _fn: Callable[..., tuple["Decision", Any]]
@@ -125,6 +136,7 @@ class Limit(_LimitFields):
     _fw: bool  # fixed window with limit > 0 (MemoryStore.hit_sync inlines it)
     _cap: int
     _rate: float
+    _cb: int  # sliding window counter: bits per count field (limit.bit_length())
 
     def __reduce__(self):
         return (Limit, (self.algorithm, self.limit, self.period, self.burst, self.delay, self.name))
@@ -172,8 +184,16 @@ class Limit(_LimitFields):
                 cap += 1
         object.__setattr__(self, "_cap", cap)
         object.__setattr__(self, "_rate", self.limit / period)
-        object.__setattr__(self, "_fn", DECIDERS[self.algorithm] if self.limit else _deny_all_decider)
-        object.__setattr__(self, "_admit", ADMITTERS[self.algorithm] if self.limit else _deny_all_admit)
+        object.__setattr__(self, "_cb", self.limit.bit_length())
+        if not self.limit:
+            fn, adm = _deny_all_decider, _deny_all_admit
+        elif self.algorithm == "sliding_window_counter":
+            # per-limit closures: the constants are cell loads, not attribute lookups
+            fn, adm = _swc_decider(self.limit, period, self._cb), _swc_admitter(self.limit, period, self._cb)
+        else:
+            fn, adm = DECIDERS[self.algorithm], ADMITTERS[self.algorithm]
+        object.__setattr__(self, "_fn", fn)
+        object.__setattr__(self, "_admit", adm)
         object.__setattr__(self, "_fw", self.algorithm == "fixed_window" and self.limit > 0)
 
     @property
@@ -339,6 +359,173 @@ def fixed_window(limit: Limit, state: int | None, now: float, cost: int = 1):
     return d, (w << 32) | new
 
 
+def swc_pack(limit: Limit, window: int, previous: int, current: int) -> int:
+    """The sliding window counter state of ``limit`` for (window index, previous
+    window's count, current window's count): ``window << 2b | previous << b | current``
+    with ``b = limit.limit.bit_length()``.  Counts must lie in ``[0, limit]`` (the
+    algorithm never stores more: an admitted window never holds more than the
+    limit), which is what lets ``b`` bits hold them; the window index is any int
+    (negative ones too: shifts and masks of Python ints are two's complement)."""
+    lim = limit.limit
+    if not (0 <= previous <= lim and 0 <= current <= lim):
+        raise ValueError(f"sliding window counts must be in [0, {lim}], got previous={previous} current={current}")
+    b = limit._cb
+    return (window << (b + b)) | (previous << b) | current
+
+
+def swc_unpack(limit: Limit, state: int) -> tuple[int, int, int]:
+    """``(window index, previous count, current count)`` of a state made by :func:`swc_pack`."""
+    b = limit._cb
+    mask = (1 << b) - 1
+    return state >> (b + b), (state >> b) & mask, state & mask
+
+
+# The sliding window counter's functions are made per Limit (``Limit._fn`` and
+# ``Limit._admit``): limit, period and the field layout are closure constants.
+#
+# Which window the state is in, relative to ``w = floor(now / period)``, is
+# decided without the floor: for an int ``sw`` and a float ``q = now / period``
+# (the same division as the Lua script's), ``sw >= floor(q)`` <=> ``q < sw + 1``
+# and ``sw == floor(q) - 1`` <=> ``sw + 1 <= q < sw + 2``; Python compares ints
+# with floats exactly.  Only a state older than that (or none) needs the floor.
+#
+# With no previous count the estimate ``prev * (1 - elapsed/period) + n`` is
+# ``±0.0 + n``, exactly ``n`` (elapsed/period is finite), so those paths compare
+# ints; otherwise the float operations are the Lua script's, in the same order.
+
+def _swc_decider(lim: int, period: float, bits: int):
+    shift = bits + bits
+    mask = (1 << bits) - 1
+
+    def sliding_window_counter_decide(limit: Limit, state: int | None, now: float, cost: int = 1):
+        q = now / period
+        prev = 0
+        curr = 0
+        if state is None:
+            w = _floor(q)
+        else:
+            sw = state >> shift
+            if q < sw + 1:  # same window (or the clock stepped back: keep the later one)
+                w = sw
+                prev = (state >> bits) & mask
+                curr = state & mask
+            elif q < sw + 2:  # the state's window is the previous one
+                w = sw + 1
+                prev = state & mask
+            else:
+                w = _floor(q)
+        ws = w * period
+        elapsed = now - ws
+        if elapsed < 0:
+            elapsed = 0.0
+        x = prev * (1 - elapsed / period)  # the previous window's weighted share
+        # hold = the most units the current window may hold now: the largest integer
+        # with x + hold <= lim, found with the same float comparison that admits, so
+        # that ``remaining`` is exactly the number of unit requests that still fit.
+        hold = _floor(lim - x)
+        if x + (hold + 1) <= lim:
+            hold += 1
+        elif x + hold > lim:
+            hold -= 1
+        n = curr + cost
+        if cost > lim or n > hold:  # i.e. x + curr + cost > lim
+            if cost > lim:
+                retry = _INF
+            else:
+                room = lim - cost - curr
+                if room >= 0 and prev > 0:
+                    t = ws + period * (1 - room / prev)
+                else:
+                    room = lim - cost
+                    if curr <= room:
+                        t = ws + period
+                    else:
+                        t = ws + period + period * (1 - room / curr)
+                retry = t - now
+                if retry < 0:
+                    retry = 0.0
+            if curr > 0:
+                reset = (w + 2) * period - now
+            elif prev > 0:
+                reset = (w + 1) * period - now
+            else:
+                reset = 0.0
+            d = _new(Decision)
+            d.allowed = False
+            d.limit = lim
+            d.remaining = hold - curr if hold > curr else 0
+            d.retry_after = retry
+            d.reset = reset
+            d.delay = 0.0
+            return d, state
+        if cost == 0:
+            if curr > 0:
+                reset = (w + 2) * period - now
+            elif prev > 0:
+                reset = (w + 1) * period - now
+            else:
+                reset = 0.0
+            return Decision(True, lim, hold - n, 0.0, reset), state
+        d = _new(Decision)
+        d.allowed = True
+        d.limit = lim
+        d.remaining = hold - n
+        d.retry_after = 0.0
+        d.reset = (w + 2) * period - now
+        d.delay = 0.0
+        return d, (w << shift) | (prev << bits) | n
+
+    return sliding_window_counter_decide
+
+
+def _swc_admitter(lim: int, period: float, bits: int):
+    shift = bits + bits
+    mask = (1 << bits) - 1
+
+    def sliding_window_counter_admit(limit: Limit, state: int | None, now: float, cost: int = 1):
+        # ``x + n > lim`` is ``n > hold`` in the decider: hold is the largest
+        # integer h with x + h <= lim, and x + h grows with h
+        q = now / period
+        if state is not None:
+            sw = state >> shift
+            if q < sw + 1:  # same window (or the clock stepped back)
+                n = (state & mask) + cost
+                prev = (state >> bits) & mask
+                if prev:
+                    elapsed = now - sw * period
+                    if elapsed < 0:
+                        elapsed = 0.0
+                    if cost > lim or prev * (1 - elapsed / period) + n > lim:
+                        return DENIED
+                elif n > lim:
+                    return DENIED
+                # n <= lim <= mask: adding cost to the current field never carries
+                return state + cost
+            if q < sw + 2:  # the state's window is the previous one
+                w = sw + 1
+                prev = state & mask
+                if prev:
+                    elapsed = now - w * period
+                    if elapsed < 0:
+                        elapsed = 0.0
+                    if cost > lim or prev * (1 - elapsed / period) + cost > lim:
+                        return DENIED
+                elif cost > lim:
+                    return DENIED
+                if cost == 0:
+                    return state
+                return (w << shift) | (prev << bits) | cost
+        # no state, or one older than the previous window: both counts are 0
+        w = _floor(q)
+        if cost > lim:
+            return DENIED
+        if cost == 0:
+            return state
+        return (w << shift) | cost
+
+    return sliding_window_counter_admit
+
+
 def sliding_window_counter(limit: Limit, state: int | None, now: float, cost: int = 1):
     """Sliding window counter (Cloudflare's approximation).
 
@@ -349,82 +536,13 @@ def sliding_window_counter(limit: Limit, state: int | None, now: float, cost: in
     would be admitted now (``floor(limit - estimate)``, exactly);
     ``reset`` = time until the estimate decays to zero; ``retry_after`` solves the
     linear decay for the moment the request fits.
+
+    State: one int, see :func:`swc_pack`.  (The code is ``Limit._fn``, made per
+    Limit by ``_swc_decider``.)
     """
-    lim = limit.limit
-    if lim == 0:
+    if limit.limit == 0:
         return _deny_all(cost), state
-    period = limit.period
-    w = _floor(now / period)
-    prev = 0
-    curr = 0
-    if state is not None:
-        sw = state >> 64
-        if sw >= w:
-            w = sw
-            prev = (state >> 32) & _MASK
-            curr = state & _MASK
-        elif sw == w - 1:
-            prev = state & _MASK
-    ws = w * period
-    elapsed = now - ws
-    if elapsed < 0:
-        elapsed = 0.0
-    x = prev * (1 - elapsed / period)  # the previous window's weighted share
-    # hold = the most units the current window may hold now: the largest integer
-    # with x + hold <= lim, found with the same float comparison that admits, so
-    # that ``remaining`` is exactly the number of unit requests that still fit.
-    hold = _floor(lim - x)
-    if x + (hold + 1) <= lim:
-        hold += 1
-    elif x + hold > lim:
-        hold -= 1
-    n = curr + cost
-    if cost > lim or n > hold:  # i.e. x + curr + cost > lim
-        if cost > lim:
-            retry = _INF
-        else:
-            room = lim - cost - curr
-            if room >= 0 and prev > 0:
-                t = ws + period * (1 - room / prev)
-            else:
-                room = lim - cost
-                if curr <= room:
-                    t = ws + period
-                else:
-                    t = ws + period + period * (1 - room / curr)
-            retry = t - now
-            if retry < 0:
-                retry = 0.0
-        if curr > 0:
-            reset = (w + 2) * period - now
-        elif prev > 0:
-            reset = (w + 1) * period - now
-        else:
-            reset = 0.0
-        d = _new(Decision)
-        d.allowed = False
-        d.limit = lim
-        d.remaining = hold - curr if hold > curr else 0
-        d.retry_after = retry
-        d.reset = reset
-        d.delay = 0.0
-        return d, state
-    if cost == 0:
-        if curr > 0:
-            reset = (w + 2) * period - now
-        elif prev > 0:
-            reset = (w + 1) * period - now
-        else:
-            reset = 0.0
-        return Decision(True, lim, hold - n, 0.0, reset), state
-    d = _new(Decision)
-    d.allowed = True
-    d.limit = lim
-    d.remaining = hold - n
-    d.retry_after = 0.0
-    d.reset = (w + 2) * period - now
-    d.delay = 0.0
-    return d, (w << 64) | (prev << 32) | n
+    return limit._fn(limit, state, now, cost)
 
 
 def sliding_window_log(limit: Limit, state: array | None, now: float, cost: int = 1):
@@ -547,30 +665,7 @@ def _fixed_window_admit(limit: Limit, state: int | None, now: float, cost: int =
 
 
 def _sliding_window_counter_admit(limit: Limit, state: int | None, now: float, cost: int = 1):
-    lim = limit.limit
-    period = limit.period
-    w = _floor(now / period)
-    prev = 0
-    curr = 0
-    if state is not None:
-        sw = state >> 64
-        if sw >= w:
-            w = sw
-            prev = (state >> 32) & _MASK
-            curr = state & _MASK
-        elif sw == w - 1:
-            prev = state & _MASK
-    elapsed = now - w * period
-    if elapsed < 0:
-        elapsed = 0.0
-    n = curr + cost
-    # ``n > hold`` in sliding_window_counter: hold is the largest integer h with
-    # x + h <= lim, and x + h grows with h, so this is the same comparison
-    if cost > lim or prev * (1 - elapsed / period) + n > lim:
-        return DENIED
-    if cost == 0:
-        return state
-    return (w << 64) | (prev << 32) | n
+    return limit._admit(limit, state, now, cost)  # made per Limit by _swc_admitter
 
 
 def _sliding_window_log_admit(limit: Limit, state: array | None, now: float, cost: int = 1):
@@ -638,6 +733,6 @@ def is_idle(limit: Limit, state: Any, now: float) -> bool:
     if alg == "fixed_window":
         return (state >> 32) < w
     if alg == "sliding_window_counter":
-        sw = state >> 64
-        return sw < w - 1 or (sw == w - 1 and state & _MASK == 0)
+        sw, _, curr = swc_unpack(limit, state)
+        return sw < w - 1 or (sw == w - 1 and curr == 0)
     return not state or state[-1] <= now - limit.period

@@ -21,6 +21,7 @@ from netlimit.http.algorithms import (
     leaky_bucket,
     sliding_window_counter,
     sliding_window_log,
+    swc_pack,
     token_bucket,
 )
 
@@ -270,7 +271,7 @@ def test_sliding_window_counter_weights_the_previous_window():
 def test_sliding_window_counter_cloudflare_example():
     # 50/min; 42 in the previous minute, 18 in this one, 15 s in: 42 * 0.75 + 18 = 49.5
     sw = Limit("sliding_window_counter", 50, 60)
-    s = (1 << 64) | (42 << 32) | 18  # window 1 = [60, 120): previous 42, current 18
+    s = swc_pack(sw, 1, 42, 18)  # window 1 = [60, 120): previous 42, current 18
     d, s2 = sliding_window_counter(sw, s, 75.0, 1)
     assert not d.allowed and d.remaining == 0 and s2 is s
     assert d.retry_after == pytest.approx(60 + 60 * (1 - 31 / 42) - 75)
