@@ -2,16 +2,21 @@
 RedisStore vs ``limits``' async RedisStorage, on one redis-server that this
 section starts on a free loopback port (killed in ``finally``).
 
-Like for like: both use the same client library (redis-py's asyncio client,
-``implementation="redispy"`` for limits) on the same uvloop event loop in this
-process, the same key stream (10,000 keys, limit 1,000/minute, so admissions),
-and 1 or 16 concurrent clients (asyncio tasks, each awaiting its decision
-before the next).  netlimit returns a full Decision, limits a bool.
+Both sides run on the same uvloop event loop in this process, with the same
+key stream (10,000 keys, limit 1,000/minute, so admissions) and 1 or 16
+concurrent clients (asyncio tasks, each awaiting its decision before the
+next).  netlimit returns a full Decision, limits a bool.  Clients: netlimit's
+RedisStore built from a ``redis://`` URL uses its own lean asyncio client
+(``netlimit/http/resp.py``: one connection, hiredis parsing, concurrent
+commands auto-pipelined); limits uses redis-py's asyncio client
+(``implementation="redispy"``, a connection pool).
 
-Round trips: every ``send_packed_command`` of redis-py is counted (a pipeline
-is one); the server's ``INFO commandstats`` is read before and after each
-side's run and reported per decision (commands a Lua script calls are counted
-there too, so ``evalsha`` is the round trip and the rest run inside it).
+Round trips: for netlimit the commands its client sends (each has exactly one
+reply; auto-pipelining lets several share a socket write, reported as
+writes/decision), for limits every ``send_packed_command`` of redis-py (a
+pipeline is one).  The server's ``INFO commandstats`` is read before and after
+each side's run and reported per decision (commands a Lua script calls are
+counted there too, so ``evalsha`` is the round trip and the rest run inside it).
 """
 
 from __future__ import annotations
@@ -48,6 +53,14 @@ class _Counter:
 
     def close(self) -> None:
         self.cls.send_packed_command = self.orig
+
+
+def _lean_counts(store: Any) -> tuple[int | None, int | None]:
+    """Commands sent and socket writes so far by the store's lean client (None: redis-py)."""
+    c = store.client
+    if hasattr(c, "commands_sent"):
+        return c.commands_sent, c.writes
+    return None, None
 
 
 def _commandstats(port: int) -> dict[str, int]:
@@ -138,13 +151,19 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
                 trips: dict[str, list[float]] = {"netlimit": [], "limits": []}
                 cmds: dict[str, dict[str, float]] = {}
                 errors = {"netlimit": 0, "limits": 0}
+                writes: list[float] = []
                 for r in range(rounds):
                     order = (("netlimit", nl), ("limits", lm))
                     for name, fn in (order if r % 2 == 0 else order[::-1]):
                         before = _commandstats(port)
                         counter.n = 0
+                        c0, w0 = _lean_counts(nl_store)
                         n, secs, lat, err = await _drive(fn, stream, clients, budget)
+                        c1, w1 = _lean_counts(nl_store)
                         sent = counter.n
+                        if name == "netlimit" and c1 is not None:
+                            sent = c1 - c0
+                            writes.append((w1 - w0) / n)
                         after = _commandstats(port)
                         rates[name].append(n / secs)
                         lats[name].extend(lat)
@@ -158,15 +177,21 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
                 sec.rows.append(row(
                     case, median(rates["netlimit"]), median(rates["limits"]), unit="decisions/s",
                     peer_name=f"limits {PEERS[alg]} (async redis-py)", ratio=ratio,
-                    goal=f">= {GOAL:g}x, 1 round trip", met=ratio >= GOAL and abs(rt["netlimit"] - 1) < 0.01,
+                    goal=f">= {GOAL:g}x, 1 round trip",
+                    met=ratio >= GOAL and abs(rt["netlimit"] - 1) < 0.01
+                    and abs(cmds["netlimit"].get("evalsha", 0) - 1) < 0.01,
                     note=(f"p50/p99 ms: {p['netlimit'][0]:.2f}/{p['netlimit'][1]:.2f} vs "
                           f"{p['limits'][0]:.2f}/{p['limits'][1]:.2f}; round trips/decision "
-                          f"{rt['netlimit']:.2f} vs {rt['limits']:.2f}"),
+                          f"{rt['netlimit']:.2f} vs {rt['limits']:.2f}"
+                          + (f" (netlimit: {cmds['netlimit'].get('evalsha', 0):.2f} EVALSHA, "
+                             f"{median(writes):.2f} socket writes per decision)" if writes else "")),
                     p50_ms=p["netlimit"][0], p99_ms=p["netlimit"][1], peer_p50_ms=p["limits"][0],
                     peer_p99_ms=p["limits"][1], round_trips=rt["netlimit"], peer_round_trips=rt["limits"],
                 ))
                 sec.details[case] = {"rates": {k: [round(x) for x in v] for k, v in rates.items()},
-                                     "commands_per_decision": cmds, "errors": errors}
+                                     "commands_per_decision": cmds, "errors": errors,
+                                     "netlimit_socket_writes_per_decision": round(median(writes), 3)
+                                     if writes else None}
     finally:
         counter.close()
         await nl_store.close()

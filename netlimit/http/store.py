@@ -15,12 +15,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from time import monotonic as _monotonic
 from array import array
 from importlib import resources
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError as _RedisNoScriptError
+from redis.exceptions import RedisError
 
+from .resp import NoScriptError, RespClient, RespError, RespTimeoutError, parse_url
 from .algorithms import _INF, _LIMIT_BY_NS, _MASK, ALGORITHMS, DENIED, Decision, Limit, _deny_all, _floor, _new, is_idle
 
 __all__ = ["Store", "StoreError", "MemoryStore", "RedisStore", "hash_key", "load_lua"]
@@ -263,11 +266,13 @@ class MemoryStore:
 # --------------------------------------------------------------------------- redis
 
 # What counts as "the store is sick" (fail open) rather than a bug in the caller:
-# redis-py errors (timeouts, connection, server/script errors), socket errors and
-# the overall asyncio.timeout.
-_STORE_FAILURES = (RedisError, OSError, TimeoutError)
+# client errors (timeouts, connection, server/script errors, bad replies), socket
+# errors and the overall asyncio.timeout.
+_STORE_FAILURES = (RedisError, RespError, OSError, TimeoutError)
 
 _LUA_CACHE: dict[str, str] = {}
+_SHA_CACHE: dict[str, bytes] = {}
+_COSTS = tuple(b"%d" % i for i in range(64))
 
 
 def load_lua(algorithm: str) -> str:
@@ -283,15 +288,28 @@ def load_lua(algorithm: str) -> str:
     return src
 
 
+def _sha(algorithm: str) -> bytes:
+    """SHA1 of the script, as EVALSHA wants it (what SCRIPT LOAD answers)."""
+    sha = _SHA_CACHE.get(algorithm)
+    if sha is None:
+        sha = _SHA_CACHE[algorithm] = hashlib.sha1(load_lua(algorithm).encode("utf-8")).hexdigest().encode()
+    return sha
+
+
 class RedisStore:
     """Shared state in Redis: one Lua script per algorithm, one EVALSHA round trip
     per decision, time from the Redis server (``TIME``) so that sidecars with
     skewed clocks agree.
 
-    ``url_or_client`` is a ``redis://`` URL (the store then owns its client) or a
+    ``url_or_client`` is a URL (the store then owns its client) or a
     ``redis.asyncio.Redis`` / ``RedisCluster`` instance (left open by
-    :meth:`close`).  Every call is bounded by ``timeout_ms`` in total; timeouts,
-    refused connections and server errors raise :class:`StoreError`.
+    :meth:`close`).  ``redis://[user:password@]host:port/db`` and
+    ``unix://[user:password@]/path?db=N`` URLs use netlimit's own lean client
+    (:mod:`netlimit.http.resp`: one pipelined connection, several times less
+    Python per decision than redis-py); ``rediss://`` (TLS) and URLs with other
+    options use redis-py.  Every call is bounded by ``timeout_ms`` in total;
+    timeouts, refused connections, server errors and bad replies raise
+    :class:`StoreError`.
 
     Keys: ``<key_prefix>:{<rule signature>:<key>}`` (plus ``...:seq`` for the
     sliding log).  The braces are a Redis Cluster hash tag, so all keys of one
@@ -306,32 +324,44 @@ class RedisStore:
         self._timeout = timeout_ms / 1000.0
         self._prefix = key_prefix
         self._max_key_length = max_key_length
+        self._lean = False
         if isinstance(url_or_client, str):
-            import redis.asyncio as aioredis
-            from redis.asyncio.retry import Retry
-            from redis.backoff import NoBackoff
+            address = parse_url(url_or_client)
+            if address is not None:
+                # deadlines per command (connect included) inside the client: no
+                # asyncio.timeout (a timer and a context manager) per call
+                self._client: Any = RespClient(address, timeout=self._timeout)
+                self._lean = True
+            else:
+                import redis.asyncio as aioredis
+                from redis.asyncio.retry import Retry
+                from redis.backoff import NoBackoff
 
-            self._client = aioredis.Redis.from_url(
-                url_or_client,
-                # The per-call asyncio.timeout in _call bounds everything (connect,
-                # send, reply); a socket_timeout as well would only add a second
-                # timer per call inside redis-py.
-                socket_timeout=None,
-                socket_connect_timeout=self._timeout,
-                # one immediate retry repairs a stale pooled connection (Redis
-                # restarted); the asyncio.timeout still bounds the total
-                retry=Retry(NoBackoff(), 1),
-                health_check_interval=0,
-            )
+                self._client = aioredis.Redis.from_url(
+                    url_or_client,
+                    # The per-call asyncio.timeout in _call bounds everything (connect,
+                    # send, reply); a socket_timeout as well would only add a second
+                    # timer per call inside redis-py.
+                    socket_timeout=None,
+                    socket_connect_timeout=self._timeout,
+                    # one immediate retry repairs a stale pooled connection (Redis
+                    # restarted); the asyncio.timeout still bounds the total
+                    retry=Retry(NoBackoff(), 1),
+                    health_check_interval=0,
+                )
             self._owns_client = True
         else:
             self._client = url_or_client
             self._owns_client = False
         self._shas: dict[str, str] = {}
         self._args: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}  # by Limit._ns
+        # lean client: by Limit._ns, (key head "<prefix>:{<sig>:", sliding log?, sha, number of keys, argv 1-4)
+        self._lean_args: dict[str, tuple[str, bool, bytes, bytes, bytes, bytes, bytes, bytes]] = {}
 
     @property
     def client(self) -> Any:
+        """The client in use: a :class:`~netlimit.http.resp.RespClient` for
+        ``redis://`` / ``unix://`` URLs, else the redis-py client."""
         return self._client
 
     def redis_keys(self, key: str, limit: Limit) -> list[str]:
@@ -346,25 +376,85 @@ class RedisStore:
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every algorithm's script now (otherwise each one is loaded
         on its first use; after a SCRIPT FLUSH or a restart, on NOSCRIPT)."""
+        budget = max(self._timeout, 1.0)
         try:
-            async with asyncio.timeout(max(self._timeout, 1.0)):
+            async with asyncio.timeout(budget):
                 for alg in ALGORITHMS:
-                    self._shas[alg] = await self._client.script_load(load_lua(alg))
+                    if self._lean:
+                        self._shas[alg] = await self._client.script_load(load_lua(alg), timeout=budget)
+                    else:
+                        self._shas[alg] = await self._client.script_load(load_lua(alg))
         except _STORE_FAILURES as e:
             raise StoreError(f"redis: cannot load scripts: {e!r}") from e
 
     async def hit(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
         """Decide and consume.  ``now`` overrides the server clock (tests only)."""
+        if self._lean:
+            return await self._lean_call(key, limit, cost, now, b"0")
         return await self._call(key, limit, cost, now, b"0")
 
     async def peek(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
+        if self._lean:
+            return await self._lean_call(key, limit, cost, now, b"1")
         return await self._call(key, limit, cost, now, b"1")
 
     async def close(self) -> None:
         if self._owns_client:
             await self._client.aclose()
 
+    async def _lean_call(self, key: str, limit: Limit, cost: int, now: float | None, dry: bytes) -> Decision:
+        """The decision through the lean client: one EVALSHA, its deadline kept by
+        the client.  Arguments that repeat are ``bytes`` (cached encoded by the
+        client), the key a ``str``."""
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost}")
+        if limit.limit == 0:
+            return _deny_all(cost)
+        la = self._lean_args.get(limit._ns)
+        if la is None:
+            swl = limit.algorithm == "sliding_window_log"
+            la = (f"{self._prefix}:{{{limit._sig}:", swl, _sha(limit.algorithm), b"2" if swl else b"1",
+                  b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity,
+                  b"1" if limit.delay else b"0")
+            self._lean_args[limit._ns] = la
+        head, swl, sha, nkeys, a1, a2, a3, a4 = la
+        rkey = (head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}"
+        cost_b = _COSTS[cost] if cost < 64 else b"%d" % cost
+        now_b: Any = b"" if now is None else repr(float(now))  # str: not cached by the client
+        if swl:
+            cmd: tuple[Any, ...] = ("EVALSHA", sha, nkeys, rkey, rkey + ":seq", a1, a2, a3, a4, cost_b, now_b, dry)
+        else:
+            cmd = ("EVALSHA", sha, nkeys, rkey, a1, a2, a3, a4, cost_b, now_b, dry)
+        t0 = _monotonic()
+        try:
+            try:
+                res = await self._client.execute_command(*cmd)
+            except NoScriptError:  # SCRIPT FLUSH or a restarted / failed-over server
+                res = await self._reload_and_retry(limit.algorithm, cmd, self._timeout - (_monotonic() - t0))
+        except _STORE_FAILURES as e:
+            raise StoreError(f"redis {limit.algorithm} for {key!r}: {e!r}") from e
+        try:
+            return Decision(res[0] == 1, int(res[1]), int(res[2]), float(res[3]), float(res[4]), float(res[5]))
+        except (TypeError, ValueError, IndexError, KeyError) as e:
+            raise StoreError(f"redis {limit.algorithm} for {key!r}: unexpected reply {res!r:.200}") from e
+
+    async def _reload_and_retry(self, alg: str, cmd: tuple[Any, ...], budget: float) -> Any:
+        """SCRIPT LOAD and the EVALSHA again, sent back to back (one more round
+        trip), within what is left of the call's timeout."""
+        if budget <= 0:
+            raise RespTimeoutError(f"NOSCRIPT for {alg} and no time left to reload it")
+        client = self._client
+        loaded, res = await asyncio.gather(client.execute_command(b"SCRIPT", b"LOAD", load_lua(alg), timeout=budget),
+                                           client.execute_command(*cmd, timeout=budget), return_exceptions=True)
+        if isinstance(loaded, BaseException):
+            raise loaded
+        self._shas[alg] = loaded.decode()
+        if isinstance(res, BaseException):
+            raise res
+        return res
+
     async def _call(self, key: str, limit: Limit, cost: int, now: float | None, dry: bytes) -> Decision:
+        """The decision through redis-py (a client passed in, or a URL the lean client does not handle)."""
         if cost < 0:
             raise ValueError(f"cost must be >= 0, got {cost}")
         if limit.limit == 0:
@@ -385,7 +475,7 @@ class RedisStore:
                     sha = self._shas[alg] = await self._client.script_load(load_lua(alg))
                 try:
                     res = await self._client.evalsha(sha, len(keys), *keys, *argv)
-                except NoScriptError:  # SCRIPT FLUSH or a restarted / failed-over server
+                except _RedisNoScriptError:  # SCRIPT FLUSH or a restarted / failed-over server
                     self._shas[alg] = sha = await self._client.script_load(load_lua(alg))
                     res = await self._client.evalsha(sha, len(keys), *keys, *argv)
         except _STORE_FAILURES as e:
