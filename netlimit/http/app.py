@@ -112,7 +112,8 @@ class Sidecar:
     """Config, limiter and front doors of one sidecar process."""
 
     def __init__(self, config_path: str, *, upstream: str | None = None, redis_url: str | None = None,
-                 reload_interval: float = 1.0, retry_interval: float = 1.0, log_interval: float = 10.0):
+                 reload_interval: float = 1.0, retry_interval: float = 1.0, log_interval: float = 10.0,
+                 upstream_timeout: float = 300.0):
         self.config_path = str(config_path)
         loaded = load_file(self.config_path)  # ConfigError goes to the caller
         rules = from_loaded(loaded)
@@ -132,6 +133,8 @@ class Sidecar:
                                retry_interval=retry_interval, log_interval=log_interval)
         self.metrics = Metrics(self.limiter, self.front)
         self.upstream = URL(upstream.rstrip("/")) if upstream else None
+        self.upstream_timeout = upstream_timeout
+        self.pool: Any = None   # proxy.UpstreamPool (the proxy fast path), made in start()
         self.reload_interval = reload_interval
         self.last_reload_error: str | None = None
         self.session: ClientSession | None = None
@@ -221,8 +224,10 @@ class Sidecar:
             self.session = ClientSession(
                 connector=TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=60),
                 cookie_jar=DummyCookieJar(), auto_decompress=False, skip_auto_headers=_SKIP_AUTO,
-                timeout=ClientTimeout(total=None, connect=5, sock_read=300), trust_env=False,
+                timeout=ClientTimeout(total=None, connect=5, sock_read=self.upstream_timeout), trust_env=False,
             )
+            from .proxy import UpstreamPool
+            self.pool = UpstreamPool(self.upstream, connect_timeout=5.0, read_timeout=self.upstream_timeout)
         self._watch_task = asyncio.create_task(self.watch())
 
     async def stop(self) -> None:
@@ -232,6 +237,8 @@ class Sidecar:
                 await self._watch_task
             except asyncio.CancelledError:
                 pass
+        if self.pool is not None:
+            self.pool.close()
         if self.session is not None:
             await self.session.close()
         await self.limiter.close()
@@ -844,14 +851,21 @@ def parse_listen(text: str) -> tuple[str, int]:
 async def serve(sidecar: Sidecar, host: str, port: int, *, fast_path: bool = True) -> None:
     """Run until SIGTERM / SIGINT; SIGHUP reloads the rules.
 
-    Without --upstream, connections start on :class:`FastCheckProtocol` (aiohttp
-    takes over a connection at its first request the fast path does not serve);
-    in proxy mode, or with ``fast_path=False``, aiohttp serves everything."""
+    Connections start on a fast path -- :class:`FastCheckProtocol` for the
+    decision endpoints, :class:`.proxy.FastProxyProtocol` in proxy mode -- and
+    aiohttp takes over a connection at its first request the fast path does not
+    serve; with ``fast_path=False`` aiohttp serves everything."""
     await sidecar.start()  # the upstream session exists before the first request
     aio = web.Server(sidecar.make_handler(), access_log=None)
     loop = asyncio.get_running_loop()
-    fast = fast_path and sidecar.upstream is None
-    if fast:
+    fast = fast_path
+    if fast and sidecar.upstream is not None:
+        from .proxy import FastProxyProtocol
+        pool = sidecar.pool
+
+        def factory() -> asyncio.Protocol:
+            return FastProxyProtocol(sidecar, aio, pool)
+    elif fast:
         def factory() -> asyncio.Protocol:
             return FastCheckProtocol(sidecar, aio)
     else:

@@ -42,12 +42,17 @@ def register(app: typer.Typer) -> None:
             None, "--upstream", "-u", show_default=False,
             help="Reverse-proxy mode: forward allowed requests to this base URL "
                  "(own endpoints then live under /_netlimit/)."),
+        upstream_timeout: float = typer.Option(
+            300.0, "--upstream-timeout", min=0.001,
+            help="Proxy mode: seconds the upstream may stay silent (before its response head: 504; "
+                 "in the middle of a body: the client connection is aborted)."),
         redis: Optional[str] = typer.Option(None, "--redis", show_default=False,
                                             help="Redis URL; overrides http.storage."),
         log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
         fast_path: bool = typer.Option(
             True, "--fast-path/--no-fast-path",
-            help="Answer bodiless /v1/check and /v1/authz requests with a lean HTTP/1.1 parser "
+            help="Answer bodiless /v1/check and /v1/authz requests, and in proxy mode forward plain "
+                 "HTTP/1.1 requests over pooled upstream connections, with lean asyncio protocols "
                  "(aiohttp serves everything else); --no-fast-path leaves all to aiohttp."),
         grpc: Optional[str] = typer.Option(
             None, "--grpc", show_default=False,
@@ -86,7 +91,7 @@ def register(app: typer.Typer) -> None:
             err(f"--redis {redis!r}: expected a URL like redis://127.0.0.1:6379/0")
             raise typer.Exit(EXIT_USAGE)
         try:
-            sc = Sidecar(str(config), upstream=upstream, redis_url=redis)
+            sc = Sidecar(str(config), upstream=upstream, redis_url=redis, upstream_timeout=upstream_timeout)
         except ConfigError as exc:
             for p in exc.problems:
                 err(str(p))
