@@ -21,7 +21,7 @@
 # NETLIMIT_SCENARIO_RUNS=N runs the scenario N times on the same VMs;
 # NETLIMIT_VAGRANT_CACHE (/var/cache/netlimit-vagrant) holds box, wheels,
 # Vagrant's box store, the libvirt pool, and logs/ of every run.
-set -euo pipefail
+set -Eeuo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=vagrant/common.sh
 . "$HERE/common.sh"
@@ -148,6 +148,8 @@ cleanup() {
   exit $rc
 }
 exec 3>&1 4>&2
+# set -e stops at the first failing command: say which, or a CI log shows only "exit 1"
+trap 'log "failed (exit $?) at line $LINENO: $BASH_COMMAND"' ERR
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -246,18 +248,21 @@ T[libvirt]=$(( $(date +%s) - s ))
 sweep_leftovers() {
   local d n found=0
   for d in $(vsh list --all --name 2>/dev/null | grep '^netlimit-' || true); do
-    vsh destroy "$d" >/dev/null 2>&1; vsh undefine "$d" --remove-all-storage >/dev/null 2>&1
+    vsh destroy "$d" >/dev/null 2>&1 || true      # "not running" is fine
+    vsh undefine "$d" --remove-all-storage >/dev/null 2>&1 || log "could not undefine domain $d"
     log "removed domain $d left by an earlier run"; found=1
   done
   for n in netlimit-private vagrant-libvirt; do
     if vsh net-info "$n" >/dev/null 2>&1; then
-      vsh net-destroy "$n" >/dev/null 2>&1; vsh net-undefine "$n" >/dev/null 2>&1
+      vsh net-destroy "$n" >/dev/null 2>&1 || true
+      vsh net-undefine "$n" >/dev/null 2>&1 || log "could not undefine network $n"
       log "removed network $n left by an earlier run"; found=1
     fi
   done
   for d in limiter client flood; do
     if vsh vol-info --pool "${NETLIMIT_LIBVIRT_POOL:-default}" "netlimit-$d.img" >/dev/null 2>&1; then
-      vsh vol-delete --pool "${NETLIMIT_LIBVIRT_POOL:-default}" "netlimit-$d.img" >/dev/null 2>&1 && found=1
+      vsh vol-delete --pool "${NETLIMIT_LIBVIRT_POOL:-default}" "netlimit-$d.img" >/dev/null 2>&1 || true
+      found=1
     fi
   done
   if [ -d "$HERE/.vagrant/machines" ]; then rm -rf "$HERE/.vagrant/machines"; fi
