@@ -49,7 +49,7 @@ from yarl import URL
 
 from ..config.validate import ConfigError, load_file
 from .actions import ActionPlan, path_of_uri
-from .headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_headers, simple_problem
+from .headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_header_lines, rate_headers, simple_problem
 from .limiter import CODE_NAMES, OVER_LIMIT, SRC_NONE, CheckResult, Limiter
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import FrontStats, Metrics
@@ -505,15 +505,24 @@ IDLE_TIMEOUT = 75.0      # keep-alive connections idle longer are closed (aiohtt
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _STATUS_LINES = {c: f"HTTP/1.1 {c} {_REASONS[c]}\r\n" for c in (200, 400, 403, 429, 500)}
 
-_date_cache = [0, b""]
+_date_cache: list = [0, b"", ""]
 
 
 def _http_date() -> bytes:
     now = int(time.time())
     if now != _date_cache[0]:
         _date_cache[0] = now
-        _date_cache[1] = formatdate(now, usegmt=True).encode()
+        _date_cache[2] = formatdate(now, usegmt=True)
+        _date_cache[1] = _date_cache[2].encode()
     return _date_cache[1]
+
+
+def _http_date_str() -> str:
+    """The Date header value, formatted at most once per second."""
+    now = int(time.time())
+    if now != _date_cache[0]:
+        _http_date()
+    return _date_cache[2]
 
 
 class FastCheckProtocol(asyncio.Protocol):
@@ -654,7 +663,22 @@ class FastCheckProtocol(asyncio.Protocol):
             endpoint = "authz"
         lim = sc.limiter
         if lim.is_sync:
-            reply = sc.decision_reply(endpoint, lim.check_nowait(lim.rules.domain, descs), deny)
+            result = lim.check_nowait(lim.rules.domain, descs)
+            if result.code != OVER_LIMIT and result.delay <= 0:
+                # the common answer, formatted straight from the decision (same bytes as _send)
+                sc.front.request(endpoint, "ok")
+                t = self.transport
+                if t is None or t.is_closing():
+                    return
+                conn = "" if keep and not self.http10 else \
+                    "Connection: keep-alive\r\n" if keep else "Connection: close\r\n"
+                t.write(f"HTTP/1.1 200 OK\r\n{rate_header_lines(result)}Content-Length: 0\r\n{conn}"
+                        f"Server: netlimit\r\nDate: {_http_date_str()}\r\n\r\n".encode("latin-1"))
+                if not keep:
+                    self.buf = b""
+                    t.close()
+                return
+            reply = sc.decision_reply(endpoint, result, deny)
             if reply.delay <= 0:
                 return self._send(reply, keep, head_only)
             self.busy = True
