@@ -15,6 +15,12 @@ from typing import Optional
 import typer
 
 NETNS_HELP = "Run against this network namespace (/run/netns/NAME); it must exist."
+BACKEND_HELP = ("How iptables rules are read and written: restore (iptables-legacy-save/-restore, the default "
+                "when installed) or python-iptables. Default: $NETLIMIT_BACKEND, else auto.")
+
+
+def _backend_option():
+    return typer.Option(None, "--backend", metavar="restore|python-iptables", help=BACKEND_HELP)
 
 
 def _cli():
@@ -53,7 +59,7 @@ def backend_note(netns: Optional[str] = None) -> str | None:
         return None
     ns = f"ip netns exec {netns} " if netns else ""
     return (f"note: this host's `iptables` is the nf_tables variant ({version}). netlimit installs its rules "
-            "through python-iptables into the legacy x_tables, which the kernel evaluates as well: "
+            "into the legacy x_tables (iptables-legacy), which the kernel evaluates as well: "
             f"`{ns}iptables -S` and `nft list ruleset` will NOT show them (iptables -S only warns "
             f"'iptables-legacy tables present'); see them with `{ns}iptables-legacy -S`, "
             f"`{ns}ip6tables-legacy -S`, or `netlimit list`, which reads the kernel.")
@@ -72,6 +78,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
         json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
         live: bool = typer.Option(False, "--live", help="Diff against the kernel (root); changes nothing."),
         netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP + " Implies --live."),
+        backend: Optional[str] = _backend_option(),
     ) -> None:
         """Print what `apply` would install: iptables-save rules and tc commands, grouped by rule.
 
@@ -93,7 +100,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
         from .reconcile import ApplyError, apply as do_apply
 
         try:
-            res = do_apply(desired, netns, dry_run=True)
+            res = do_apply(desired, netns, dry_run=True, backend=backend)
         except ApplyError as exc:
             base.err(f"error: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
@@ -122,6 +129,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
             None, "--confirm", metavar="SECONDS", min=1,
             help="Like iptables-apply: after applying, wait for Enter; without it (timeout or no terminal) "
                  "the previous rules are restored. For changes to the port you are connected through."),
+        backend: Optional[str] = _backend_option(),
     ) -> None:
         """Make the kernel equal to FILE: print the diff, then write it atomically (root).
 
@@ -139,7 +147,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
         if note and not quiet and not json_out:
             base.err(note)
         try:
-            res = do_apply(desired, netns)
+            res = do_apply(desired, netns, backend=backend)
         except ApplyError as exc:
             base.err(f"error: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
@@ -174,15 +182,20 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
         file: Optional[Path] = typer.Option(None, "--file", "-f",
                                             help="Name tc objects after this file's rules "
                                                  "(default: what the last apply remembered)."),
+        backend: Optional[str] = _backend_option(),
     ) -> None:
         """Show every object netlimit owns, by rule, with packets/bytes matched and dropped (root)."""
         base = _cli()
         desired = _compile(base.load_or_exit(file)) if file else None
         _need_root("list")
         _check_netns(netns)
-        from .reconcile import list_owned
+        from .reconcile import ApplyError, list_owned
 
-        rows = list_owned(netns, desired)
+        try:
+            rows = list_owned(netns, desired, backend=backend)
+        except ApplyError as exc:
+            base.err(f"error: {exc}")
+            raise typer.Exit(base.EXIT_FAILED) from None
         if json_out:
             typer.echo(json.dumps({"netns": netns, "objects": rows}, indent=2))
             return
@@ -198,6 +211,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
     def flush(
         netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
+        backend: Optional[str] = _backend_option(),
     ) -> None:
         """Remove everything netlimit owns (both families, tc trees, ingress redirects, IFBs) and nothing else."""
         base = _cli()
@@ -206,7 +220,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
         from .reconcile import flush as do_flush
 
         try:
-            st = do_flush(netns)
+            st = do_flush(netns, backend=backend)
         except Exception as exc:
             base.err(f"error: flush failed: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None

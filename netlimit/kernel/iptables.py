@@ -72,7 +72,8 @@ def to_iptc(r: IptRule):
         if r.in_iface:
             rule.in_interface = r.in_iface
         if r.protocol:
-            rule.protocol = r.protocol
+            # python-iptables' Rule6 knows ICMPv6 as "icmpv6" or 58, not /etc/protocols' "ipv6-icmp"
+            rule.protocol = "58" if r.family == 6 and r.protocol == "ipv6-icmp" else r.protocol
         for m in r.all_matches:
             match = rule.create_match(m.module)
             for k, v in m.options:
@@ -142,6 +143,8 @@ def from_iptc(rule, family: int, chain: str) -> IptRule:
     src = _cidr(rule.src) if rule.src not in _ANY else None
     dst = _cidr(rule.dst) if rule.dst not in _ANY else None
     proto = rule.protocol if rule.protocol and rule.protocol not in ("ip", "all", "0") else None
+    if family == 6 and proto == "icmpv6":
+        proto = "ipv6-icmp"   # as compile and iptables-save spell it
     name = comment[len(COMMENT_PREFIX):] if comment.startswith(COMMENT_PREFIX) and \
         not comment.startswith(COMMENT_PREFIX + " ") else ""
     return IptRule(family=family, table=TABLE, chain=chain, rule=name, comment=comment, src=src, dst=dst,
@@ -173,6 +176,7 @@ class LiveRule:
     index: int               # position in its chain
     packets: int = 0
     bytes: int = 0
+    text: str = ""           # the spec as iptables-save printed it (restore backend; "" here)
 
 
 @dataclass

@@ -17,6 +17,7 @@ and the kernel's answer.
 
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,8 +38,10 @@ class ApplyError(Exception):
 
 
 class FilterBackend(Protocol):
-    """What reconcile needs from a packet-filter backend (python-iptables today;
-    an iptables-restore or nftables backend would implement the same five calls)."""
+    """What reconcile needs from a packet-filter backend: RestoreBackend
+    (restore_backend.py, iptables-legacy-save/-restore; the default) and
+    PythonIptablesBackend (libiptc through python-iptables). An nftables backend
+    would implement the same five calls. A state comes back to the backend that read it."""
 
     name: str
 
@@ -51,6 +54,7 @@ class FilterBackend(Protocol):
 
 class PythonIptablesBackend:
     name = "python-iptables (legacy x_tables)"
+    key = "python-iptables"
 
     def read(self, family: int):
         from . import iptables as ipt
@@ -79,7 +83,33 @@ class PythonIptablesBackend:
         return ipt.available(family)
 
 
-def get_backend() -> FilterBackend:
+BACKENDS = ("restore", "python-iptables")
+BACKEND_ENV = "NETLIMIT_BACKEND"
+
+
+def backend_name(name: str | None = None) -> str:
+    """'restore' or 'python-iptables': `name`, else $NETLIMIT_BACKEND, else 'restore' when
+    iptables-legacy-save/-restore (and ip6tables-) are installed, else python-iptables."""
+    choice = (name or os.environ.get(BACKEND_ENV) or "auto").strip().lower()
+    if choice in ("auto", ""):
+        from .restore_backend import binaries_missing
+
+        return "python-iptables" if binaries_missing() else "restore"
+    if choice in ("iptables-restore", "iptables-legacy-restore"):
+        choice = "restore"
+    if choice in ("python-iptables", "iptc", "pyiptc"):
+        choice = "python-iptables"
+    if choice not in BACKENDS:
+        raise ApplyError(f"unknown iptables backend {choice!r} (from {'--backend' if name else BACKEND_ENV}): "
+                         f"choose one of {', '.join(BACKENDS)} or auto", None, rolled_back=False)
+    return choice
+
+
+def get_backend(name: str | None = None) -> FilterBackend:
+    if backend_name(name) == "restore":
+        from .restore_backend import RestoreBackend
+
+        return RestoreBackend()
     return PythonIptablesBackend()
 
 
@@ -97,6 +127,7 @@ class State:
     iptables: dict[int, Any] = field(default_factory=dict)    # family -> FamilyState
     tc: Any = None                                            # TcState
     unavailable: dict[int, str] = field(default_factory=dict)
+    backend: str | None = None                                # the backend that read it
 
     @property
     def empty(self) -> bool:
@@ -132,14 +163,17 @@ class Changes:
 def _read(backend: FilterBackend, families=(4, 6)) -> State:
     from . import tc
 
-    st = State(netns=None)
+    st = State(netns=None, backend=getattr(backend, "key", None))
+    prefetch = getattr(backend, "prefetch", None)
+    if prefetch is not None:   # start reading every family at once (restore: one -save process each)
+        prefetch(families)
+    st.tc = tc.read_state()
     for fam in families:
         why = backend.available(fam)
         if why is not None:
             st.unavailable[fam] = why
             continue
         st.iptables[fam] = backend.read(fam)
-    st.tc = tc.read_state()
     return st
 
 
@@ -159,10 +193,10 @@ def _diff(backend: FilterBackend, desired: Desired, state: State) -> Changes:
     return ch
 
 
-def read_owned(netns: str | None = None) -> State:
+def read_owned(netns: str | None = None, *, backend: str | None = None) -> State:
     def work() -> State:
         with kernel_lock():
-            st = _read(get_backend())
+            st = _read(get_backend(backend))
         st.netns = netns
         return st
 
@@ -170,12 +204,12 @@ def read_owned(netns: str | None = None) -> State:
 
 
 def diff(desired: Desired, state: State) -> Changes:
-    """Compare; no writes. Desired rules are spelt through python-iptables (libxtables)
-    so both sides use the kernel's spelling; that runs in the state's namespace."""
+    """Compare; no writes. Both sides are compared in the kernel's spelling (the
+    backend that read `state` spells the desired rules); runs in the state's namespace."""
 
     def work() -> Changes:
         with kernel_lock():
-            return _diff(get_backend(), desired, state)
+            return _diff(get_backend(state.backend), desired, state)
 
     return run_in_netns(state.netns, work)
 
@@ -191,13 +225,16 @@ class ApplyResult:
         return not self.changes.empty
 
 
-def apply(desired: Desired, netns: str | None = None, *, dry_run: bool = False) -> ApplyResult:
-    """Make the kernel (in `netns`) equal to `desired`. Idempotent; rolls back on failure."""
+def apply(desired: Desired, netns: str | None = None, *, dry_run: bool = False,
+          backend: str | None = None) -> ApplyResult:
+    """Make the kernel (in `netns`) equal to `desired`. Idempotent; rolls back on failure.
+    `backend`: 'restore' | 'python-iptables' (default: see backend_name)."""
+    chosen = get_backend(backend)
 
     def work() -> ApplyResult:
         from . import tc
 
-        backend = get_backend()
+        backend = chosen
         t0 = time.monotonic()
         with kernel_lock(), (writer_lock(netns) if not dry_run else _nolock()):
             state = _read(backend)
@@ -256,21 +293,20 @@ def apply(desired: Desired, netns: str | None = None, *, dry_run: bool = False) 
     return result
 
 
-def flush(netns: str | None = None) -> State:
+def flush(netns: str | None = None, *, backend: str | None = None) -> State:
     """Remove everything netlimit owns (both families, tc trees, ingress redirects, IFBs).
     Returns the state that was removed."""
+    chosen = get_backend(backend)
 
     def work() -> State:
-        from . import iptables as ipt
         from . import tc
 
         with kernel_lock(), writer_lock(netns):
-            backend = get_backend()
-            st = _read(backend)
+            st = _read(chosen)
             st.netns = netns
             for fam, fst in st.iptables.items():
                 if not fst.empty:
-                    ipt.flush_family(fam)
+                    chosen.write(chosen.plan(fam, [], [], fst))   # the diff against nothing
             tc.flush(st.tc)
             return st
 
@@ -408,13 +444,15 @@ def load_names(netns: str | None) -> dict[str, str]:
         return {}
 
 
-def list_owned(netns: str | None = None, desired: Desired | None = None) -> list[dict[str, Any]]:
+def list_owned(netns: str | None = None, desired: Desired | None = None, *,
+               backend: str | None = None) -> list[dict[str, Any]]:
     """Every owned object with its counters, named by rule (tc names come from
     `desired` if given, else from what the last apply remembered)."""
+    chosen = get_backend(backend)
 
     def work() -> list[dict[str, Any]]:
         with kernel_lock():
-            st = _read(get_backend())
+            st = _read(chosen)
             rows = _rows(st)
         return rows
 
@@ -434,7 +472,7 @@ def restore(state: State, netns: str | None = None) -> None:
         from . import tc
 
         with kernel_lock(), writer_lock(netns):
-            backend = get_backend()
+            backend = get_backend(state.backend)
             for fst in state.iptables.values():
                 backend.restore(fst)
             if state.tc is not None:

@@ -8,6 +8,8 @@ by eye and pasted into `iptables-legacy-restore --noflush`.
 from __future__ import annotations
 
 import json
+import re
+from functools import lru_cache
 from typing import Any
 
 from ..config.units import format_bandwidth
@@ -16,6 +18,7 @@ from .objects import (
 
     IptChain,
     IptRule,
+    Match,
     TcClass,
     TcFilter,
     TcLink,
@@ -27,9 +30,12 @@ from .objects import (
 FAMILY_TOOL = {4: "iptables", 6: "ip6tables"}
 
 
+_PLAIN = re.compile(r"[\w\-./:,+=@%~]+")   # \w: str.isalnum() characters and "_"
+
+
 def _q(value: str) -> str:
     """Quote like iptables-save does: only when needed, with double quotes."""
-    if value and all(c.isalnum() or c in "-_./:,+=@%~" for c in value):
+    if value and _PLAIN.fullmatch(value):
         return value
     return _dq(value)
 
@@ -52,6 +58,11 @@ def _dq(value: str) -> str:
 
 
 
+@lru_cache(maxsize=1 << 14)
+def _match_text(m: Match) -> str:
+    return " ".join(["-m", m.module] + _opts(m.options))
+
+
 def rule_spec(r: IptRule) -> str:
     """The rule without '-A CHAIN': '-s 10.0.0.0/8 -p tcp -m comment ... -j DROP'."""
     parts: list[str] = []
@@ -63,8 +74,8 @@ def rule_spec(r: IptRule) -> str:
         parts += ["-i", r.in_iface]
     if r.protocol:
         parts += ["-p", r.protocol]
-    for m in r.all_matches:
-        parts += ["-m", m.module] + _opts(m.options)
+    parts.append("-m comment --comment " + _dq(r.comment))   # all_matches[0], spelt directly
+    parts.extend(_match_text(m) for m in r.matches)
     if r.target:
         parts += ["-j", r.target] + _opts(r.target_options)
     return " ".join(parts)

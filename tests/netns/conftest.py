@@ -79,6 +79,17 @@ def _setup(t: Topo) -> None:
     t.cx("ping", "-c", "1", "-W", "2", t.srv4, check=False)
 
 
+BACKENDS = ("restore", "python-iptables")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    """Run the test once per iptables backend: the in-process reconcile calls and the
+    CLI subprocesses both follow $NETLIMIT_BACKEND (tests without it use the default)."""
+    monkeypatch.setenv("NETLIMIT_BACKEND", request.param)
+    return request.param
+
+
 @pytest.fixture
 def topo():
     if os.geteuid() != 0:

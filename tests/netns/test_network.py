@@ -100,7 +100,7 @@ def test_hashlimit_ipv6(topo):
     assert _within(got[0], exp, 0.01), f"delivered {got[0]}, expected {exp:.1f} (±1 %)"
 
 
-def test_hashlimit_rate_change_takes_effect(topo):
+def test_hashlimit_rate_change_takes_effect(topo, backend):
     """The kernel keeps a hashlimit table's first settings while any rule uses its
     name: apply must drop the old rule before adding the new one."""
     topo.apply(HASHLIMIT.format(extra=""))

@@ -1,4 +1,7 @@
-"""apply / re-apply / rollback / flush / list / ownership, against the real kernel."""
+"""apply / re-apply / rollback / flush / list / ownership, against the real kernel.
+
+Tests taking the `backend` fixture run once per iptables backend (restore, python-iptables);
+the others use the default (restore where iptables-legacy-restore is installed)."""
 
 from __future__ import annotations
 
@@ -92,7 +95,7 @@ def _owned_summary(st) -> dict:
     return {"iptables": ipt, "tc": tc}
 
 
-def test_apply_then_reapply_writes_nothing(topo):
+def test_apply_then_reapply_writes_nothing(topo, backend):
     r1 = topo.apply(full(topo))
     assert r1.changed
     # traffic so that counters are non-zero, then re-apply: counters and tc handles must not move
@@ -107,7 +110,7 @@ def test_apply_then_reapply_writes_nothing(topo):
     print("apply timings", r1.timings, "re-apply", r2.timings)
 
 
-def test_partial_state_is_repaired(topo):
+def test_partial_state_is_repaired(topo, backend):
     topo.apply(full(topo))
     want = _owned_summary(topo.state())
     # a "crash": one rule gone, one tc class gone, the ingress redirect gone
@@ -121,7 +124,7 @@ def test_partial_state_is_repaired(topo):
     assert not topo.apply(full(topo)).changed
 
 
-def test_rollback_when_a_later_step_fails(topo):
+def test_rollback_when_a_later_step_fails(topo, backend):
     topo.apply(full(topo))
     before = _owned_summary(topo.state())
     before_text = _strip_dates(topo.sx("iptables-legacy-save").stdout + topo.sx("ip6tables-legacy-save").stdout)
@@ -143,7 +146,7 @@ def test_rollback_when_a_later_step_fails(topo):
     assert not topo.apply(full(topo)).changed
 
 
-def test_kernel_refusal_names_the_rule_and_rolls_back(topo):
+def test_kernel_refusal_names_the_rule_and_rolls_back(topo, backend):
     topo.apply(full(topo))
     before = _owned_summary(topo.state())
     # a foreign root qdisc on the interface the file wants to shape: netlimit must not replace it
@@ -183,7 +186,7 @@ def _foreign(topo) -> str:
     return "\n".join(ipt) + "\n" + tcq
 
 
-def test_foreign_rules_and_qdiscs_survive_apply_reapply_flush(topo):
+def test_foreign_rules_and_qdiscs_survive_apply_reapply_flush(topo, backend):
     foreign = _add_foreign(topo)
     topo.apply(full(topo))
     assert _foreign(topo) == foreign
@@ -195,7 +198,7 @@ def test_foreign_rules_and_qdiscs_survive_apply_reapply_flush(topo):
     assert topo.state().empty
 
 
-def test_flush_leaves_zero_owned_objects(topo):
+def test_flush_leaves_zero_owned_objects(topo, backend):
     topo.apply(full(topo))
     assert not topo.state().empty
     reconcile.flush(topo.srv)
@@ -208,7 +211,7 @@ def test_flush_leaves_zero_owned_objects(topo):
     reconcile.flush(topo.srv)   # flushing nothing is fine
 
 
-def test_list_shows_objects_and_counters(topo):
+def test_list_shows_objects_and_counters(topo, backend):
     topo.apply(full(topo))
     traffic.udp_flood(topo.cli, topo.cli4, topo.srv4, 5000, 1000, 1.0)
     rows = reconcile.list_owned(topo.srv)
@@ -268,7 +271,7 @@ def test_cli_apply_failure_exit_code(topo, tmp_path):
     assert topo.state().empty
 
 
-def test_read_diff_api_for_the_daemon(topo):
+def test_read_diff_api_for_the_daemon(topo, backend):
     d = topo.desired(full(topo))
     st = reconcile.read_owned(topo.srv)
     assert st.empty and not reconcile.diff(d, st).empty
