@@ -23,6 +23,10 @@ upstream (or answered 429); the sidecar's own endpoints move under
 they never shadow the application's paths.  Bodies are streamed both ways, the
 upstream connections pooled, hop-by-hop headers dropped (RFC 9110 §7.6.1),
 ``X-Forwarded-For`` and ``Via`` appended; everything else passes unchanged.
+Plain HTTP/1.1 requests take the asyncio fast path of proxy.py (no aiohttp
+objects, one pooled keep-alive upstream connection per request in flight);
+aiohttp (``Sidecar.proxy``) serves the rest: HTTP/1.0, chunked or
+``Expect: 100-continue`` uploads, upgrades, the admin endpoints.
 
 Errors are problem+json (RFC 9457).  The sidecar never answers 5xx because of
 its store: see ``on_store_failure`` in limiter.py.  (502/504 in proxy mode mean

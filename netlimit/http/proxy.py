@@ -643,13 +643,16 @@ class FastProxyProtocol(asyncio.Protocol):
         self.rh = rh
         if result.code == OVER_LIMIT:
             self.sc.front.request("proxy", "over_limit")
+            self.pending = []
+            self.pending_size = 0
             if self.body_left:
                 self.discarding = True
                 self.keep = False   # do not wait for the rest of a body nobody wants
             self._reply(Reply(429, rh, problem_body(result, 429)))
             return self._done()
-        self.pending = [fwd, body] if body else [fwd]
-        self.pending_size = len(fwd) + len(body)
+        # body bytes that came while an asynchronous decision was pending follow `body`
+        self.pending[:0] = [fwd, body] if body else [fwd]
+        self.pending_size += len(fwd) + len(body)
         self.replayable = self.body_left == 0 and self.method in IDEMPOTENT
         if result.delay > 0:
             asyncio.get_running_loop().call_later(min(result.delay, MAX_DELAY), self._go)

@@ -434,3 +434,28 @@ def test_upstream_down_is_502_on_the_fast_path(tmp_path):
                 assert header(hs, "Content-Type") == "application/problem+json; charset=utf-8"
     finally:
         sc.stop()
+
+
+def test_with_a_redis_store_the_decision_is_asynchronous(tmp_path, redis_server, upstream):
+    """Body bytes that arrive while the (Redis) decision is pending are forwarded
+    after the head, in order; the 429 comes from the shared store."""
+    cfg = write_config(tmp_path / "r.yaml", CONFIG)
+    sc = Sidecar(cfg, "--upstream", upstream.url, "--redis", redis_server.url)
+    try:
+        with socket.create_connection(("127.0.0.1", sc.port), timeout=10) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.sendall(b"PUT /redis-body HTTP/1.1\r\nHost: t\r\nContent-Length: 12\r\n\r\nfirst")
+            time.sleep(0.05)
+            s.sendall(b"-second")
+            f = s.makefile("rb")
+            st, hs, body, _ = read_response(f)
+            assert (st, body.split(b" #")[0]) == (200, b"PUT /redis-body")
+            assert header(hs, "X-RateLimit-Limit") == "100000"
+            s.sendall(b"GET /two HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert read_response(f)[2].startswith(b"GET /two #")
+        assert upstream.requests[-2][3] == b"first-second"
+        who = {"X-Forwarded-For": "198.51.100.1"}
+        assert request(sc.port, "GET", "/r1", who).status == 200
+        assert request(sc.port, "GET", "/r2", who).status == 429
+    finally:
+        sc.stop()
