@@ -481,10 +481,47 @@ def _swc_decider(lim: int, period: float, bits: int):
 def _swc_admitter(lim: int, period: float, bits: int):
     shift = bits + bits
     mask = (1 << bits) - 1
+    # horizon = (state, cost, t): that state stays denied for that cost at every
+    # now <= t.  The estimate ``prev * (1 - elapsed/period) + n`` never grows with
+    # ``now`` (each float operation in it is monotone, elapsed is clamped at 0), and
+    # ``now / period < sw + 1`` holds for every now <= t once it holds at t, so one
+    # denial verified at t covers every earlier instant: a client hammering a
+    # limited key is turned away with three comparisons until t.  A decision is a
+    # function of the state's value, cost and now only, so keys sharing a value
+    # may share the horizon.  One tuple, read and replaced whole (threads).
+    horizon = (None, -1, -_INF)  # cost -1: matches nothing
+    marked = None  # the last state denied (a hint only: when to look for its horizon)
+
+    def remember(state: int, sw: int, prev: int, n: int, cost: int, now: float) -> None:
+        # t: where the estimate reaches the limit (the real solution of
+        # prev * (1 - e/period) + n = lim), at most the window's end, less a margin
+        # for rounding; kept only if the admission comparison itself denies at t.
+        nonlocal horizon
+        ws = sw * period
+        end = ws + period
+        t = ws + period * (1 - (lim - n) / prev) if prev and n <= lim else end
+        if t > end:
+            t = end
+        t -= period * 1e-9 + abs(t) * 2e-15
+        if t <= now or not t / period < sw + 1:
+            return
+        if prev:
+            e = t - ws
+            if e < 0:
+                e = 0.0
+            if not prev * (1 - e / period) + n > lim:
+                return
+        elif not n > lim:
+            return
+        horizon = (state, cost, t)
 
     def sliding_window_counter_admit(limit: Limit, state: int | None, now: float, cost: int = 1):
         # ``x + n > lim`` is ``n > hold`` in the decider: hold is the largest
         # integer h with x + h <= lim, and x + h grows with h
+        nonlocal marked
+        h = horizon
+        if state is h[0] and now <= h[2] and cost == h[1]:
+            return DENIED
         q = now / period
         if state is not None:
             sw = state >> shift
@@ -495,9 +532,23 @@ def _swc_admitter(lim: int, period: float, bits: int):
                     elapsed = now - sw * period
                     if elapsed < 0:
                         elapsed = 0.0
-                    if cost > lim or prev * (1 - elapsed / period) + n > lim:
+                    if cost > lim:
+                        return DENIED
+                    if prev * (1 - elapsed / period) + n > lim:
+                        # the horizon is worth finding when the same state is
+                        # denied twice in a row (one key hammered), not for a
+                        # denial among many keys: the first one only marks it
+                        if state is marked:
+                            remember(state, sw, prev, n, cost, now)
+                        else:
+                            marked = state
                         return DENIED
                 elif n > lim:
+                    if state is marked:
+                        if cost <= lim:
+                            remember(state, sw, 0, n, cost, now)
+                    else:
+                        marked = state
                     return DENIED
                 # n <= lim <= mask: adding cost to the current field never carries
                 return state + cost

@@ -245,3 +245,72 @@ def test_a_state_many_windows_old_reads_as_empty():
     # one window later, the full previous window still counts
     assert admit(limit, s, 101.0, 1) is DENIED
     assert admit(limit, s, 101.5, 5) is not DENIED and admit(limit, s, 101.5, 6) is DENIED
+
+
+# --------------------------------------------------------------------------- the denial horizon
+
+def _horizon(limit: Limit):
+    """The admitter's remembered (state, cost, t), read from its closure."""
+    fn = limit._admit
+    return fn.__closure__[fn.__code__.co_freevars.index("horizon")].cell_contents
+
+
+def _flip(limit: Limit, ref, cost: int, lo: float, hi: float) -> float:
+    """The first float in (lo, hi] at which the reference admits (denied at lo)."""
+    while math.nextafter(lo, INF) < hi:
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            mid = math.nextafter(lo, INF)
+        if ref_swc(limit, ref, mid, cost)[0].allowed:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@pytest.mark.parametrize("lim,period,prev,curr", [
+    (1000, 60.0, 1000, 0),    # the benchmark's rule, a full previous window decaying
+    (1000, 60.0, 1000, 400),
+    (1000, 60.0, 0, 1000),    # no previous window, the current one full: denied to its end
+    (7, 0.1, 7, 3),
+    (2**32 - 1, 1.0, 2**32 - 1, 2**32 - 10),  # too big for 60 bits
+    (3, 1e-3, 2, 1),
+])
+def test_a_hammered_state_is_denied_from_memory_exactly_until_it_fits(lim, period, prev, curr):
+    limit = Limit("sliding_window_counter", lim, period)
+    w = 29_396_340 if period == 60.0 else math.floor(1_763_780_400 / period)
+    state = swc_pack(limit, w, prev, curr)
+    ref = (w, prev, curr)
+    ws = w * period
+    start = ws + period * 1e-4
+    assert admit(limit, state, start, 1) is DENIED and admit(limit, state, start, 1) is DENIED
+    s, cost, t = _horizon(limit)
+    assert s is state and cost == 1 and start < t  # remembered on the second denial in a row
+    # the moment it fits, one ulp at a time around it (or the window's end)
+    end = _flip(limit, ref, 1, start, ws + 2 * period)
+    assert t < end
+    probes = [start, t, math.nextafter(t, INF), (t + end) / 2, end, math.nextafter(end, INF)]
+    probes += [math.nextafter(end, -INF)] + [end - k * 2**-30 * period for k in range(1, 40)]
+    for now in probes + [start - period, ws - 5 * period]:  # and a clock stepped back
+        admit(limit, state, start, 1)  # re-prime: the horizon is this state's
+        want = ref_swc(limit, ref, now, 1)[0].allowed
+        assert (admit(limit, state, now, 1) is not DENIED) == want, (now, t, end)
+        assert (admit(limit, state, now, 1) is not DENIED) == want, (now, t, end)  # from memory, if remembered
+    # another cost is not answered from this memory
+    admit(limit, state, start, 1)
+    for cost in (0, 2, lim, lim + 1):
+        want = ref_swc(limit, ref, start, cost)[0].allowed
+        assert (admit(limit, state, start, cost) is not DENIED) == want, cost
+
+
+def test_the_horizon_is_per_limit_and_per_state():
+    a = Limit("sliding_window_counter", 10, 1.0)
+    b = Limit("sliding_window_counter", 10, 1.0, name="other")
+    sa = swc_pack(a, 100, 10, 0)
+    for _ in range(3):
+        assert admit(a, sa, 100.05, 1) is DENIED
+    assert _horizon(a)[0] is sa and _horizon(b)[0] is None
+    # an equal value in another object: the same decisions (they depend on the value only)
+    sb = swc_pack(a, 100, 10, 0) + 0 * sa
+    for now in (100.05, 100.0999, 100.1, 100.10001, 100.5):
+        assert (admit(a, sb, now, 1) is DENIED) == (not ref_swc(a, (100, 10, 0), now, 1)[0].allowed)
