@@ -394,6 +394,20 @@ def restore_family(state: FamilyState, lock_timeout: float = 10.0) -> None:
     with xtables_lock(lock_timeout):
         t = _table(fam)
         cur = read_family(fam)
+        # as in apply: a hashlimit table keeps its first settings while a rule uses its
+        # name, so rules whose settings differ from the state's go in a first commit
+        keep = {lr.kspec for lst in state.rules.values() for lr in lst}
+        names = set().union(*(_hashlimit_names(k) for k in keep)) if keep else set()
+        stale = {c: {lr.kspec for lr in lst if lr.kspec not in keep and _hashlimit_names(lr.kspec) & names}
+                 for c, lst in cur.rules.items()}
+        if any(stale.values()):
+            for c, specs in stale.items():
+                ch = iptc.Chain(t, c)
+                for r in list(ch.rules):
+                    if kspec(r) in specs:
+                        ch.delete_rule(r)
+            _commit(t, fam, "removing hashlimit rules whose settings changed (rollback)")
+            cur = read_family(fam)
         t = _table(fam)
         for bchain, lst in cur.jumps.items():
             ch = iptc.Chain(t, bchain)

@@ -91,7 +91,7 @@ class SavedRule(LiveRule):
         self.family = family
         self.chain = chain
         self.text = text
-        self.kspec = canon(text, family)
+        self.kspec = text   # -save's spelling is canonical: canon(text) == text (tested for every kind)
         self.index = index
         self.packets = packets
         self.bytes = nbytes
@@ -185,20 +185,29 @@ def save(family: int) -> str:
 
 @dataclass(slots=True)
 class Want:
-    """One rule as it should be: its canonical spec (compared), the text to write,
-    the rule it belongs to (for messages) and what plan output shows (`line`)."""
+    """One rule as it should be: the text to write, the rule it belongs to (for
+    messages), its canonical spec `kspec` (compared; computed when first needed: a
+    full apply into an empty chain compares nothing) and what plan output shows."""
 
     chain: str
-    kspec: str
     text: str
     name: str
-    source: IptRule | None = None               # `line` is rendered from it when needed
+    family: int = 4
+    source: IptRule | None = None               # for `line` (its position: -I at the top)
     counters: tuple[int, int] | None = None    # written with --counters (rollback)
+    known: str | None = None                   # the canonical spec, when already known
+
+    @property
+    def kspec(self) -> str:
+        if self.known is None:
+            self.known = canon(self.text, self.family)
+        return self.known
 
     @property
     def line(self) -> str:
-        if self.source is not None:
-            return rule_line(self.source)
+        """As render.rule_line spells it."""
+        if self.source is not None and self.source.position == 0:
+            return f"-I {self.chain} 1 {self.text}"
         return f"-A {self.chain} {self.text}"
 
 
@@ -232,13 +241,15 @@ def _label(r: IptRule) -> str:
     return r.rule or r.comment
 
 
-def want_of(r: IptRule) -> Want:
+def want_of(r: IptRule, live_texts: set[str] | frozenset[str] = frozenset()) -> Want:
+    """A desired rule with its canonical spec; a text -save printed as is is canonical
+    already, so most rules of a no-op apply need no canon() at all."""
     text = rule_spec(r)
-    return Want(r.chain, canon(text, r.family), text, _label(r), r)
+    return Want(r.chain, text, _label(r), r.family, r, None, text if text in live_texts else None)
 
 
 def want_of_live(lr: LiveRule) -> Want:
-    return Want(lr.rule.chain, lr.kspec, lr.text, _label(lr.rule), lr.rule, (lr.packets, lr.bytes))
+    return Want(lr.rule.chain, lr.text, _label(lr.rule), lr.rule.family, None, (lr.packets, lr.bytes), lr.kspec)
 
 
 _HL_SEG = re.compile(r"-m hashlimit (.*?)(?= -m | -j | -g |$)")
@@ -289,20 +300,30 @@ def plan_family(family: int, chains: list[str], want: dict[str, list[Want]],
             plan.changes.append(("+", c, "", f":{c} - [0:0]"))
         live = state.rules.get(c, [])
         wl = want.get(c, [])
+        if not live:   # an empty or new chain: everything is appended, nothing to compare
+            if wl:
+                plan.chain_ops[c] = ([], list(enumerate(wl)))
+                plan.live_len[c] = 0
+                plan.changes.extend(("+", c, w.name, w.line) for w in wl)
+            continue
         lk = [lr.kspec for lr in live]
         wk = [w.kspec for w in wl]
         if lk == wk:
             continue
         dels: list[int] = []
         ins: list[tuple[int, Want]] = []
-        if not live:
-            ins = list(enumerate(wl))
-        else:
-            sm = difflib.SequenceMatcher(None, lk, wk, autojunk=False)
-            for tag, i1, i2, j1, j2 in sm.get_opcodes():
-                if tag != "equal":
-                    dels.extend(range(i1, i2))
-                    ins.extend((j, wl[j]) for j in range(j1, j2))
+        # common head and tail first: difflib then only sees the part that changed
+        head = 0
+        while head < len(lk) and head < len(wk) and lk[head] == wk[head]:
+            head += 1
+        tail = 0
+        while tail < len(lk) - head and tail < len(wk) - head and lk[-1 - tail] == wk[-1 - tail]:
+            tail += 1
+        sm = difflib.SequenceMatcher(None, lk[head:len(lk) - tail], wk[head:len(wk) - tail], autojunk=False)
+        for tag, i1, i2, j1, j2 in sm.get_opcodes():
+            if tag != "equal":
+                dels.extend(range(head + i1, head + i2))
+                ins.extend((head + j, wl[head + j]) for j in range(j1, j2))
         plan.chain_ops[c] = (dels, ins)
         plan.live_len[c] = len(live)
         plan.live_rules[c] = live
@@ -541,8 +562,10 @@ class RestoreBackend:
         nameset = set(names)
         want: dict[str, list[Want]] = {c: [] for c in names}
         jumps: list[tuple[int, Want]] = []
+        live_texts = {lr.text for lst in state.rules.values() for lr in lst}
+        live_texts.update(lr.text for lst in state.jumps.values() for lr in lst)
         for r in rules:
-            w = want_of(r)
+            w = want_of(r, live_texts)
             if r.chain in nameset:
                 want[r.chain].append(w)
             else:
