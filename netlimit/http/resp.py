@@ -357,6 +357,10 @@ class RespClient:
 
     async def aclose(self) -> None:
         """Drop the connection (outstanding commands fail); a later command reconnects."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # the connection belonged to another (closed) loop
+            self._bind(loop)
+            return
         err = RespConnectionError("redis client closed")
         if self._connecting is not None:
             self._connecting.cancel()
@@ -518,7 +522,7 @@ class RespClient:
             pending = conn.pending
             i = conn.n_expired
             n = len(pending)
-            if i < n and pending[0][1] + self.dead_after <= now:
+            if n and pending[0][1] + self.dead_after <= now:
                 conn.abort(RespTimeoutError(
                     f"redis at {self.address} has not answered for {now - pending[0][1] + self.timeout:.1f} s; "
                     "dropping the connection"))
