@@ -4,9 +4,16 @@ Both sides load the same rule set into their own fresh network namespace
 (``nlbench-<pid>-...``, deleted in ``finally``; nothing runs in the machine's
 own namespace):
 
-* netlimit: ``reconcile.apply(compile_config(...), netns)`` -- read the owned
-  state, diff, one commit per family; a full apply into an empty namespace,
-  the same file again (no-op), and the file with one rule's limit changed.
+* netlimit: ``reconcile.apply(compile_config(...), netns)`` with the default
+  iptables backend (``restore``: iptables-legacy-save + one
+  iptables-legacy-restore per family; see netlimit/kernel/restore_backend.py)
+  -- read the owned state, diff, write the difference; a full apply into an
+  empty namespace, the same file again (no-op), and the file with one rule's
+  limit changed. netlimit's spelling caches (savefmt.canon, render's match
+  text) are emptied before every timed apply, so each figure is what a fresh
+  ``netlimit apply`` process pays, not a warmed-up daemon.
+* netlimit with ``--backend python-iptables`` (the fallback): extra rows, one
+  round, up to 1,000 rules (5,000 would add minutes).
 * peer: ``iptables-legacy-restore --noflush`` and ``ip6tables-legacy-restore
   --noflush`` fed ``render.iptables_save_text`` of the same compiled rules
   (what ``netlimit plan`` prints).  Reloading a file that declares the chain
@@ -81,11 +88,42 @@ def _count_rules(ns: str) -> int:
     return n
 
 
+def _cold() -> None:
+    """Forget netlimit's spelling caches: time a fresh process's apply."""
+    from netlimit.kernel import render, savefmt
+
+    savefmt.canon.cache_clear()
+    savefmt._net_c.cache_clear()
+    render._match_text.cache_clear()
+
+
+def _netlimit_three(reconcile, ns: str, d0, d1, backend: str | None) -> tuple[list[float], dict[str, Any]]:
+    """Full apply into an empty namespace, the same again, one rule changed: seconds and phases."""
+    reconcile.flush(ns, backend=backend)
+    secs: list[float] = []
+    phases: dict[str, Any] = {}
+    for what, d in (("full", d0), ("noop", d0), ("change", d1)):
+        _cold()
+        t0 = time.perf_counter()
+        res = reconcile.apply(d, ns, backend=backend)
+        secs.append(time.perf_counter() - t0)
+        phases[what] = res.timings
+        if what == "full":
+            assert res.changed
+        elif what == "noop":
+            assert not res.changed, "a re-apply of the same file changed something"
+        else:
+            assert res.changes.counts()["add"] == 2, res.changes.lines()[:6]
+    return secs, phases
+
+
 def run(mode: Mode) -> Section:
     from netlimit.kernel import reconcile
     from netlimit.kernel.render import iptables_save_text
 
-    sec = Section("kernel", "Kernel apply: netlimit apply vs iptables-legacy-restore --noflush (seconds)")
+    backend = reconcile.backend_name()
+    sec = Section("kernel", f"Kernel apply: netlimit apply (backend {backend}) vs iptables-legacy-restore "
+                            "--noflush (seconds)")
     if os.geteuid() != 0:
         raise RuntimeError("the kernel section needs root (it creates network namespaces)")
     for tool in ("ip", "iptables-legacy-restore", "ip6tables-legacy-restore", "iptables-legacy-save"):
@@ -106,30 +144,23 @@ def run(mode: Mode) -> Section:
             c4, c6 = (_no_jumps(iptables_save_text(d1, f, headers=False)) for f in (4, 6))
             r4, r6 = _no_jumps(v4), _no_jumps(v6)
             t: dict[str, list[float]] = {k: [] for k in ("nl_full", "nl_noop", "nl_change", "peer_full",
-                                                           "peer_reload", "peer_change")}
+                                                           "peer_reload", "peer_change", "pyipt_full",
+                                                           "pyipt_noop", "pyipt_change")}
             kernel_rules = 0
             phases: dict[str, dict[str, float]] = {}  # netlimit's own split: read, diff, iptables, tc
             for r in range(rounds[n]):
                 sides = ("nl", "peer") if r % 2 == 0 else ("peer", "nl")
                 for side in sides:
                     if side == "nl":
-                        reconcile.flush(ns_nl)
-                        t0 = time.perf_counter()
-                        res = reconcile.apply(d0, ns_nl)
-                        t["nl_full"].append(time.perf_counter() - t0)
-                        phases["full"] = res.timings
-                        assert res.changed
-                        t0 = time.perf_counter()
-                        res = reconcile.apply(d0, ns_nl)
-                        t["nl_noop"].append(time.perf_counter() - t0)
-                        phases["noop"] = res.timings
-                        assert not res.changed, "a re-apply of the same file changed something"
-                        t0 = time.perf_counter()
-                        res = reconcile.apply(d1, ns_nl)
-                        t["nl_change"].append(time.perf_counter() - t0)
-                        phases["change"] = res.timings
-                        assert res.changes.counts()["add"] == 2, res.changes.lines()[:6]
+                        secs, phases = _netlimit_three(reconcile, ns_nl, d0, d1, backend)
+                        for k, x in zip(("nl_full", "nl_noop", "nl_change"), secs):
+                            t[k].append(x)
                         kernel_rules = _count_rules(ns_nl)
+                        if r == 0 and backend != "python-iptables" and n <= 1000:
+                            secs, _ = _netlimit_three(reconcile, ns_nl, d0, d1, "python-iptables")
+                            for k, x in zip(("pyipt_full", "pyipt_noop", "pyipt_change"), secs):
+                                t[k].append(x)
+                            reconcile.flush(ns_nl, backend="python-iptables")
                     else:
                         _clean_peer(ns_peer)
                         t["peer_full"].append(_restore(ns_peer, v4, v6))
@@ -142,7 +173,7 @@ def run(mode: Mode) -> Section:
             m = {k: median(v) for k, v in t.items()}
             curve["netlimit_full"].append(m["nl_full"])
             curve["peer_full"].append(m["peer_full"])
-            sec.details[str(n)] = {"kernel_rules": kernel_rules, "rounds": rounds[n],
+            sec.details[str(n)] = {"kernel_rules": kernel_rules, "rounds": rounds[n], "backend": backend,
                                    "netlimit_phases_last_round": {k: {p: round(x, 4) for p, x in v.items()}
                                                                   for k, v in phases.items()},
                                    "seconds": {k: [round(x, 4) for x in v] for k, v in t.items()}}
@@ -155,6 +186,15 @@ def run(mode: Mode) -> Section:
                                     better="lower", peer_name=peer + (" (whole file again)" if goal_key != "full"
                                                                       else ""),
                                     goal=f"<= {g} s" if g else "", met=(m[nk] <= g) if g else None))
+            if t["pyipt_full"]:
+                for what, nk, pk in (("full apply", "pyipt_full", "peer_full"),
+                                     ("no-op re-apply", "pyipt_noop", "peer_reload"),
+                                     ("one rule changed", "pyipt_change", "peer_change")):
+                    sec.rows.append(row(f"{what}, {n} rules, --backend python-iptables (1 round)", m[nk], m[pk],
+                                        unit="s", better="lower",
+                                        peer_name=peer + (" (whole file again)" if nk != "pyipt_full" else ""),
+                                        note="the fallback backend, for comparison"))
+        sec.details["backend"] = backend
         sec.details["curve"] = curve
     finally:
         for ns in (ns_nl, ns_peer):
