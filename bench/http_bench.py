@@ -30,10 +30,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 from .common import Mode, Section, free_port, median, need, row, stop, wait_port
@@ -78,6 +80,7 @@ def _nginx_conf(d: Path, port_limit: int, port_static: int) -> str:
             limit_req_status 429;
             server {{
                 listen 127.0.0.1:{port_limit};
+                keepalive_requests 100000000;
                 location / {{
                     limit_req zone=bench burst={BURST} nodelay;
                     return 200;
@@ -85,6 +88,7 @@ def _nginx_conf(d: Path, port_limit: int, port_static: int) -> str:
             }}
             server {{
                 listen 127.0.0.1:{port_static};
+                keepalive_requests 100000000;   # never close a benchmark connection (default: 1000)
                 location / {{ return 200 "ok\\n"; }}
             }}
         }}
@@ -115,6 +119,71 @@ def wrk(url: str, conns: int, seconds: float, headers: dict[str, str] | None = N
     errors = re.search(r"Socket errors: (.*)", out)
     return {"rps": rps, "p50_ms": pct[50], "p99_ms": pct[99], "non2xx": int(non2xx.group(1)) if non2xx else 0,
             "socket_errors": errors.group(1) if errors else ""}
+
+
+def _get(sock: socket.socket, req: bytes) -> None:
+    """One request on a keep-alive connection; read the response (Content-Length framed)."""
+    sock.sendall(req)
+    buf = b""
+    while True:
+        got = sock.recv(65536)
+        if not got:
+            raise ConnectionError("closed by the server")
+        buf += got
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            break
+    m = re.search(rb"\r\ncontent-length:\s*(\d+)", buf[:end].lower())
+    want = end + 4 + (int(m.group(1)) if m else 0)
+    while len(buf) < want:
+        got = sock.recv(65536)
+        if not got:
+            raise ConnectionError("closed by the server")
+        buf += got
+
+
+def paired_latency(port_a: int, port_b: int, pairs: int) -> tuple[list[float], list[float]]:
+    """Milliseconds per request on two keep-alive connections, alternating a, b, a,
+    b, ... from one client: both sides meet the same moments of machine load, so
+    their difference is the time the second one adds (the client's own cost is in
+    both)."""
+    def conn(port: int) -> socket.socket:
+        c = socket.create_connection(("127.0.0.1", port), timeout=10)
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return c
+
+    ca, cb = conn(port_a), conn(port_b)
+    ra, rb = [], []
+    req_a = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port_a}\r\n\r\n".encode()
+    req_b = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port_b}\r\n\r\n".encode()
+    clock = time.perf_counter_ns
+    try:
+        i = 0
+        while i < pairs + 200:
+            try:
+                t0 = clock()
+                _get(ca, req_a)
+                t1 = clock()
+                _get(cb, req_b)
+                t2 = clock()
+            except ConnectionError:   # a server ended the keep-alive connection: this pair is void
+                ca.close()
+                cb.close()
+                ca, cb = conn(port_a), conn(port_b)
+                continue
+            i += 1
+            if i > 200:   # warm-up
+                ra.append((t1 - t0) / 1e6)
+                rb.append((t2 - t1) / 1e6)
+    finally:
+        ca.close()
+        cb.close()
+    return ra, rb
+
+
+def _pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(p / 100 * len(s)))]
 
 
 def _sidecar(cfg: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
@@ -201,6 +270,16 @@ def run(mode: Mode) -> Section:
                                  f"{med['proxy']['rps']:,.0f} vs {med['direct']['rps']:,.0f} requests/s",
                             added_p99_ms=added_p99, added_p50_ms=added_p50))
         sec.details["load_average"] = {"before": load_before, "after": load_after}
+        # the same question with paired samples: direct and proxied requests alternate
+        pd, pp = paired_latency(p_static, p_proxy, mode.pick(2000, 20000))
+        d50, d99, x50, x99 = _pct(pd, 50), _pct(pd, 99), _pct(pp, 50), _pct(pp, 99)
+        sec.rows.append(row("proxy mode, paired samples (one client alternating direct and proxied requests): "
+                            "p99 latency", x99, d99, unit="ms", better="lower",
+                            peer_name="the same nginx upstream, direct", ratio=None,
+                            goal="diagnostic", met=None,
+                            note=f"added p99 {x99 - d99:.3f} ms, added p50 {x50 - d50:.3f} ms "
+                                 f"({len(pd):,} pairs; client in Python, its time is in both)",
+                            added_p99_ms=x99 - d99, added_p50_ms=x50 - d50))
         sec.details["runs"] = runs
         sec.details["connections"] = conns
         sec.details["what"] = __doc__.split("\n\n", 1)[1].strip()
