@@ -7,8 +7,8 @@ per command.  This client keeps only what the store needs:
 
 * one TCP or unix-socket connection per client, an :class:`asyncio.Protocol`
   whose replies are parsed by ``hiredis.Reader`` and matched FIFO to futures;
-* commands are encoded straight to bytes (bulk strings of repeated ``bytes``
-  arguments are cached), and commands issued by concurrent callers in one loop
+* commands are encoded straight to bytes (the parts that repeat can be
+  encoded once, :class:`Args`), and commands issued by concurrent callers in one loop
   iteration go out in one write (auto-pipelining).  Every command is still one
   request and one reply: pipelining shares syscalls, it adds no command;
 * every command has a deadline (``timeout``); one timer per connection, armed
@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 
-__all__ = ["RespClient", "RespError", "ReplyError", "NoScriptError", "RespConnectionError",
+__all__ = ["RespClient", "Args", "pack", "RespError", "ReplyError", "NoScriptError", "RespConnectionError",
            "RespTimeoutError", "RespProtocolError", "Address", "parse_url"]
 
 
@@ -119,39 +119,64 @@ def parse_url(url: str) -> Address | None:
 
 # --------------------------------------------------------------------------- encoding
 
-_BULK: dict[bytes, bytes] = {}   # cached bulk-string encodings of repeated bytes arguments
-_BULK_MAX = 4096
+def _bulk(a: Any) -> bytes:
+    t = type(a)
+    if t is str:
+        a = a.encode("utf-8", "surrogatepass")
+    elif t is int:
+        a = b"%d" % a
+    elif t is float:
+        a = repr(a).encode()
+    elif isinstance(a, (bytes, bytearray, memoryview)):
+        a = bytes(a)
+    else:
+        raise TypeError(f"cannot send {type(a).__name__} to redis: {a!r}")
+    return b"$%d\r\n%b\r\n" % (len(a), a)
+
+
+class Args:
+    """Several arguments encoded once, passed to :meth:`RespClient.execute_command`
+    as one item (they count as ``len(args)`` arguments): the parts of a command
+    that repeat call after call, e.g. a script's SHA and its fixed ARGV."""
+
+    __slots__ = ("data", "n")
+
+    def __init__(self, *args: Any) -> None:
+        self.data = b"".join(map(_bulk, args))
+        self.n = len(args)
+
+    def __repr__(self) -> str:
+        return f"Args({self.data!r})"
+
+
+_NAMES: dict[Any, bytes] = {}   # encoded command names (a small set)
 
 
 def pack(args: tuple[Any, ...]) -> bytes:
-    """RESP array of bulk strings.  ``bytes`` arguments are cached encoded (pass
-    the varying ones, e.g. keys, as ``str``); ``str`` is UTF-8 (surrogates kept);
-    ``int`` and ``float`` are written as Redis reads them."""
-    out = [b"*%d\r\n" % len(args)]
+    """RESP array of bulk strings: ``str`` as UTF-8 (surrogates kept), ``bytes``
+    as is, ``int`` and ``float`` as Redis reads them, :class:`Args` spliced in."""
+    name = args[0]
+    e = _NAMES.get(name)
+    if e is None:
+        e = _bulk(name)
+        if len(_NAMES) < 256:
+            _NAMES[name] = e
+    out = [b"", e]
     app = out.append
-    cache = _BULK
-    for a in args:
+    n = len(args)
+    for a in args[1:]:
         t = type(a)
-        if t is bytes:
-            e = cache.get(a)
-            if e is None:
-                e = b"$%d\r\n%b\r\n" % (len(a), a)
-                if len(cache) >= _BULK_MAX:
-                    cache.clear()
-                cache[a] = e
-            app(e)
-            continue
-        if t is str:
+        if t is Args:
+            app(a.data)
+            n += a.n - 1
+        elif t is str:
             a = a.encode("utf-8", "surrogatepass")
-        elif t is int:
-            a = b"%d" % a
-        elif t is float:
-            a = repr(a).encode()
-        elif isinstance(a, (bytes, bytearray, memoryview)):
-            a = bytes(a)
+            app(b"$%d\r\n%b\r\n" % (len(a), a))
+        elif t is bytes:
+            app(b"$%d\r\n%b\r\n" % (len(a), a))
         else:
-            raise TypeError(f"cannot send {type(a).__name__} to redis: {a!r}")
-        app(b"$%d\r\n%b\r\n" % (len(a), a))
+            app(_bulk(a))
+    out[0] = b"*%d\r\n" % n
     return b"".join(out)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from redis.exceptions import NoScriptError as _RedisNoScriptError
 from redis.exceptions import RedisError
 
-from .resp import NoScriptError, RespClient, RespError, RespTimeoutError, parse_url
+from .resp import Args, NoScriptError, RespClient, RespError, RespTimeoutError, parse_url
 from .algorithms import _INF, _LIMIT_BY_NS, _MASK, ALGORITHMS, DENIED, Decision, Limit, _deny_all, _floor, _new, is_idle
 
 __all__ = ["Store", "StoreError", "MemoryStore", "RedisStore", "hash_key", "load_lua"]
@@ -272,7 +272,6 @@ _STORE_FAILURES = (RedisError, RespError, OSError, TimeoutError)
 
 _LUA_CACHE: dict[str, str] = {}
 _SHA_CACHE: dict[str, bytes] = {}
-_COSTS = tuple(b"%d" % i for i in range(64))
 
 
 def load_lua(algorithm: str) -> str:
@@ -355,8 +354,9 @@ class RedisStore:
             self._owns_client = False
         self._shas: dict[str, str] = {}
         self._args: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}  # by Limit._ns
-        # lean client: by Limit._ns, (key head "<prefix>:{<sig>:", sliding log?, sha, number of keys, argv 1-4)
-        self._lean_args: dict[str, tuple[str, bool, bytes, bytes, bytes, bytes, bytes, bytes]] = {}
+        # lean client, by Limit._ns: (key head "<prefix>:{<sig>:", sliding log?, Args(sha, number of
+        # keys), ARGV 1-4, {(cost, dry): Args(ARGV 1-7)})
+        self._lean_args: dict[str, tuple[str, bool, Args, tuple[bytes, ...], dict[tuple[int, bytes], Args]]] = {}
 
     @property
     def client(self) -> Any:
@@ -387,25 +387,16 @@ class RedisStore:
         except _STORE_FAILURES as e:
             raise StoreError(f"redis: cannot load scripts: {e!r}") from e
 
-    async def hit(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
-        """Decide and consume.  ``now`` overrides the server clock (tests only)."""
-        if self._lean:
-            return await self._lean_call(key, limit, cost, now, b"0")
-        return await self._call(key, limit, cost, now, b"0")
+    async def hit(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None,
+                  _dry: bytes = b"0") -> Decision:
+        """Decide and consume.  ``now`` overrides the server clock (tests only).
 
-    async def peek(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
-        if self._lean:
-            return await self._lean_call(key, limit, cost, now, b"1")
-        return await self._call(key, limit, cost, now, b"1")
-
-    async def close(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
-
-    async def _lean_call(self, key: str, limit: Limit, cost: int, now: float | None, dry: bytes) -> Decision:
-        """The decision through the lean client: one EVALSHA, its deadline kept by
-        the client.  Arguments that repeat are ``bytes`` (cached encoded by the
-        client), the key a ``str``."""
+        Through the lean client: one EVALSHA, its deadline kept by the client
+        (no asyncio.timeout); the arguments that repeat are encoded once
+        (:class:`~netlimit.http.resp.Args`).  Written out here, not in a helper,
+        to save a coroutine per decision."""
+        if not self._lean:
+            return await self._call(key, limit, cost, now, _dry)
         if cost < 0:
             raise ValueError(f"cost must be >= 0, got {cost}")
         if limit.limit == 0:
@@ -413,18 +404,25 @@ class RedisStore:
         la = self._lean_args.get(limit._ns)
         if la is None:
             swl = limit.algorithm == "sliding_window_log"
-            la = (f"{self._prefix}:{{{limit._sig}:", swl, _sha(limit.algorithm), b"2" if swl else b"1",
-                  b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity,
-                  b"1" if limit.delay else b"0")
+            la = (f"{self._prefix}:{{{limit._sig}:", swl, Args(_sha(limit.algorithm), 2 if swl else 1),
+                  (b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity,
+                   b"1" if limit.delay else b"0"), {})
             self._lean_args[limit._ns] = la
-        head, swl, sha, nkeys, a1, a2, a3, a4 = la
+        head, swl, sha_nkeys, fixed, tails = la
         rkey = (head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}"
-        cost_b = _COSTS[cost] if cost < 64 else b"%d" % cost
-        now_b: Any = b"" if now is None else repr(float(now))  # str: not cached by the client
-        if swl:
-            cmd: tuple[Any, ...] = ("EVALSHA", sha, nkeys, rkey, rkey + ":seq", a1, a2, a3, a4, cost_b, now_b, dry)
+        # ARGV encoded once per (cost, dry run) when the server's clock is used
+        if now is None:
+            tail = tails.get((cost, _dry))
+            if tail is None:
+                tail = Args(*fixed, b"%d" % cost, b"", _dry)
+                if len(tails) < 64:
+                    tails[(cost, _dry)] = tail
         else:
-            cmd = ("EVALSHA", sha, nkeys, rkey, a1, a2, a3, a4, cost_b, now_b, dry)
+            tail = Args(*fixed, b"%d" % cost, repr(float(now)), _dry)
+        if swl:
+            cmd: tuple[Any, ...] = ("EVALSHA", sha_nkeys, rkey, rkey + ":seq", tail)
+        else:
+            cmd = ("EVALSHA", sha_nkeys, rkey, tail)
         t0 = _monotonic()
         try:
             try:
@@ -437,6 +435,13 @@ class RedisStore:
             return Decision(res[0] == 1, int(res[1]), int(res[2]), float(res[3]), float(res[4]), float(res[5]))
         except (TypeError, ValueError, IndexError, KeyError) as e:
             raise StoreError(f"redis {limit.algorithm} for {key!r}: unexpected reply {res!r:.200}") from e
+
+    async def peek(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
+        return await self.hit(key, limit, cost, now=now, _dry=b"1")
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
 
     async def _reload_and_retry(self, alg: str, cmd: tuple[Any, ...], budget: float) -> Any:
         """SCRIPT LOAD and the EVALSHA again, sent back to back (one more round
