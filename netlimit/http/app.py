@@ -922,11 +922,12 @@ async def serve(sidecar: Sidecar, host: str, port: int, *, fast_path: bool = Tru
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(s)
         listener.close()
-        for conn in list(sidecar.fast_conns):   # finish what is in flight (bounded), then close
-            for _ in range(50):
-                if not conn.busy:
-                    break
-                await asyncio.sleep(0.1)
+        # finish what is in flight, 5 s in all (not per connection: proxied streams can be long)
+        for _ in range(50):
+            if not any(conn.busy for conn in sidecar.fast_conns):
+                break
+            await asyncio.sleep(0.1)
+        for conn in list(sidecar.fast_conns):
             if conn.transport is not None:
                 conn.transport.close()
         await aio.shutdown(5.0)
