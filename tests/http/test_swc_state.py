@@ -314,3 +314,21 @@ def test_the_horizon_is_per_limit_and_per_state():
     sb = swc_pack(a, 100, 10, 0) + 0 * sa
     for now in (100.05, 100.0999, 100.1, 100.10001, 100.5):
         assert (admit(a, sb, now, 1) is DENIED) == (not ref_swc(a, (100, 10, 0), now, 1)[0].allowed)
+
+
+# --------------------------------------------------------------------------- fixed window
+
+@PROPS
+@given(data=st.data())
+def test_fixed_window_admitter_agrees_with_its_decider_on_window_edges(data):
+    """The fixed window's verdict-only path against its decider, one ulp either
+    side of window edges, clock steps back, long sleeps (its state is packed too)."""
+    limit = Limit("fixed_window", data.draw(_LIMITS), data.draw(_PERIODS))
+    s_dec = s_adm = None
+    for now, cost in data.draw(streams(limit)):
+        d, s_dec = decide(limit, s_dec, now, cost)
+        got = admit(limit, s_adm, now, cost)
+        assert (got is not DENIED) == d.allowed, (now, cost)
+        if got is not DENIED:
+            s_adm = got
+        assert s_adm == s_dec
