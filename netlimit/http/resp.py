@@ -257,7 +257,10 @@ class _Conn(asyncio.Protocol):
             data = buf[0] if len(buf) == 1 else b"".join(buf)
             buf.clear()
             self.client.writes += 1
-            self.transport.write(data)  # type: ignore[union-attr]
+            try:
+                self.transport.write(data)  # type: ignore[union-attr]
+            except Exception as e:  # noqa: BLE001 - uvloop raises on a transport closed under us
+                self.abort(RespConnectionError(f"cannot write to redis at {self.client.address}: {e!r}"))
 
     def fail_all(self, err: BaseException) -> None:
         pending = self.pending
@@ -276,7 +279,10 @@ class _Conn(asyncio.Protocol):
         self.error = err
         self.fail_all(err)
         if self.transport is not None:
-            self.transport.abort()  # connection_lost follows (and finds nothing pending)
+            try:
+                self.transport.abort()  # connection_lost follows (and finds nothing pending)
+            except Exception:  # noqa: BLE001 - already closed (uvloop), or its loop is gone
+                pass
         self.client._lost(self, err)
 
 
@@ -360,7 +366,11 @@ class RespClient:
             if idle and not conn.flushing:
                 # nothing outstanding: write now (lowest latency for a lone caller)
                 self.writes += 1
-                conn.transport.write(data)  # type: ignore[union-attr]
+                try:
+                    conn.transport.write(data)  # type: ignore[union-attr]
+                except Exception as e:  # noqa: BLE001 - uvloop raises on a transport closed under us
+                    conn.abort(RespConnectionError(f"cannot write to redis at {self.address}: {e!r}"))
+                    return fut
             else:
                 # others are in flight: coalesce with what this loop iteration sends
                 conn.wbuf.append(data)

@@ -3,7 +3,8 @@ against real redis-server processes: pipelined concurrent commands get their
 own replies, deadlines keep the connection in step, NOSCRIPT after SCRIPT FLUSH
 recovers under concurrency, a killed server fails every in-flight command
 quickly and the client reconnects after a restart (backing off in between),
-AUTH (password and ACL user), SELECT, unix sockets, error replies.
+AUTH (password and ACL user), SELECT, unix sockets, error replies.  Each test
+runs on asyncio's default loop and on uvloop (the sidecar's).
 
 The only non-Redis peer is a few lines of asyncio server that answer what a
 real Redis never would (not RESP at all, or a reply of the wrong shape): the
@@ -54,8 +55,25 @@ def _require_redis_server() -> None:
                     "(or set NETLIMIT_REDIS_SERVER)", pytrace=False)
 
 
+_loop_factory = None
+
+
+@pytest.fixture(autouse=True, params=["asyncio", "uvloop"])
+def event_loop_kind(request):
+    """Every test on the default loop and on uvloop (what the sidecar runs on)."""
+    global _loop_factory
+    if request.param == "uvloop":
+        import uvloop
+        _loop_factory = uvloop.new_event_loop
+    else:
+        _loop_factory = None
+    yield request.param
+    _loop_factory = None
+
+
 def arun(coro):
-    return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=_loop_factory) as runner:
+        return runner.run(coro)
 
 
 def prefix() -> str:
