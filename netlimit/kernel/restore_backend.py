@@ -12,9 +12,11 @@ forked from that thread starts in the same namespace (no `ip netns exec`).
 Read: `iptables-legacy-save -t filter -c`, parsed only where netlimit owns
 something: its chains (NETLIMIT, NETLIMIT-*) whole, and in INPUT / FORWARD /
 OUTPUT the rules tagged `netlimit:` or jumping to an owned chain. Every rule
-is kept with the text -save printed (to write it back exactly) and its
-canonical spec (savefmt.canon), which is what the diff compares; the desired
-side is render.rule_spec() put through the same canon.
+is kept with the text -save printed, which is both what is written back (on
+rollback) and its canonical spec: savefmt.canon predicts -save's spelling, so
+a desired rule (render.rule_spec) is compared as canon(text) -- or as is, when
+-save printed that very text. The IptRule of a live rule (for `list` and the
+plan's lines) is parsed only when asked for.
 
 Write: one restore input per family, applied atomically by the kernel (one
 table replace). Only the differences are written: in owned chains the rules
