@@ -97,7 +97,7 @@ vsh() { "${IN_NS[@]}" virsh -c qemu:///system "$@"; }
 
 cleanup() {
   local rc=$?
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM ERR
   set +e
   # a signal arrives while run_child waits, i.e. inside a redirection to a log:
   # speak to the original stdout/stderr again
