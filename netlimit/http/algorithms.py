@@ -30,7 +30,9 @@ State records (kept tiny: the memory store holds one per key)
   exact: a full bucket holds exactly ``capacity`` tokens and integer costs
   subtract exactly, so "20 requests at t=0" never turns into 19 through float
   rounding, and ``remaining`` is exact.
-* fixed_window: one int, ``window_index << 32 | count``.
+* fixed_window: one int, ``window_index << b | count`` with ``b =
+  limit.bit_length()`` (a stored count never exceeds the limit): below 2**60,
+  a 32-byte int, for limits up to 2**29 - 1 at period 1 s (window index 31 bits).
 * sliding_window_counter: one int, ``window_index << 2b | previous << b | current``
   where ``b = limit.bit_length()`` (both counts are <= limit, see
   :func:`swc_pack`).  The field width follows the limit so that the int stays
@@ -77,7 +79,6 @@ __all__ = [
 ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
 
 _MAX_COUNT = 0xFFFFFFFF  # counters are packed into 32-bit fields
-_MASK = 0xFFFFFFFF
 _INF = math.inf
 _J = 1j  # fill + _J * last == complex(fill, last), exactly, and faster to build
 _floor = math.floor
@@ -128,7 +129,7 @@ class Limit(_LimitFields):
     only the six real fields.
     """
 
-    __slots__ = ("_ns", "_sig", "_fn", "_admit", "_fw", "_cap", "_rate", "_cb")
+    __slots__ = ("_ns", "_sig", "_fn", "_admit", "_fw", "_cap", "_rate", "_cb", "_cm")
     _ns: str  # process-local namespace id, e.g. "3:" (memory store)
     _sig: str  # stable text of every field (Redis key names)
     _fn: Callable[..., tuple["Decision", Any]]
@@ -136,7 +137,8 @@ class Limit(_LimitFields):
     _fw: bool  # fixed window with limit > 0 (MemoryStore.hit_sync inlines it)
     _cap: int
     _rate: float
-    _cb: int  # sliding window counter: bits per count field (limit.bit_length())
+    _cb: int  # window algorithms: bits per count field (limit.bit_length())
+    _cm: int  # the mask of one count field, (1 << _cb) - 1
 
     def __reduce__(self):
         return (Limit, (self.algorithm, self.limit, self.period, self.burst, self.delay, self.name))
@@ -185,6 +187,7 @@ class Limit(_LimitFields):
         object.__setattr__(self, "_cap", cap)
         object.__setattr__(self, "_rate", self.limit / period)
         object.__setattr__(self, "_cb", self.limit.bit_length())
+        object.__setattr__(self, "_cm", (1 << self._cb) - 1)
         if not self.limit:
             fn, adm = _deny_all_decider, _deny_all_admit
         elif self.algorithm == "sliding_window_counter":
@@ -331,11 +334,12 @@ def fixed_window(limit: Limit, state: int | None, now: float, cost: int = 1):
     period = limit.period
     w = _floor(now / period)
     count = 0
+    b = limit._cb
     if state is not None:
-        sw = state >> 32
+        sw = state >> b
         if sw >= w:  # same window (or the clock stepped back: keep the later one)
             w = sw
-            count = state & _MASK
+            count = state & limit._cm
     reset = (w + 1) * period - now
     new = count + cost
     if new > lim:  # denied (the common case for a key being limited: built like the allowed one, below)
@@ -356,7 +360,7 @@ def fixed_window(limit: Limit, state: int | None, now: float, cost: int = 1):
     d.retry_after = 0.0
     d.reset = reset
     d.delay = 0.0
-    return d, (w << 32) | new
+    return d, (w << b) | new
 
 
 def swc_pack(limit: Limit, window: int, previous: int, current: int) -> int:
@@ -703,16 +707,16 @@ def _fixed_window_admit(limit: Limit, state: int | None, now: float, cost: int =
     w = _floor(now / limit.period)
     count = 0
     if state is not None:
-        sw = state >> 32
+        sw = state >> limit._cb
         if sw >= w:
             w = sw
-            count = state & _MASK
+            count = state & limit._cm
     new = count + cost
     if new > limit.limit:
         return DENIED
     if cost == 0:
         return state
-    return (w << 32) | new
+    return (w << limit._cb) | new
 
 
 def _sliding_window_counter_admit(limit: Limit, state: int | None, now: float, cost: int = 1):
@@ -782,7 +786,7 @@ def is_idle(limit: Limit, state: Any, now: float) -> bool:
         return free >= limit._cap
     w = _floor(now / limit.period)
     if alg == "fixed_window":
-        return (state >> 32) < w
+        return (state >> limit._cb) < w
     if alg == "sliding_window_counter":
         sw, _, curr = swc_unpack(limit, state)
         return sw < w - 1 or (sw == w - 1 and curr == 0)

@@ -24,7 +24,7 @@ from redis.exceptions import NoScriptError as _RedisNoScriptError
 from redis.exceptions import RedisError
 
 from .resp import Args, NoScriptError, RespClient, RespError, RespTimeoutError, parse_url
-from .algorithms import _INF, _LIMIT_BY_NS, _MASK, ALGORITHMS, DENIED, Decision, Limit, _deny_all, _floor, _new, is_idle
+from .algorithms import _INF, _LIMIT_BY_NS, ALGORITHMS, DENIED, Decision, Limit, _deny_all, _floor, _new, is_idle
 
 __all__ = ["Store", "StoreError", "MemoryStore", "RedisStore", "hash_key", "load_lua"]
 
@@ -131,10 +131,11 @@ class MemoryStore:
                     lim = limit.limit
                     period = limit.period
                     w = _floor(now / period)
-                    sw = state >> 32
+                    b = limit._cb
+                    sw = state >> b
                     if sw >= w:
                         w = sw
-                        count = state & _MASK
+                        count = state & limit._cm
                     else:
                         count = 0
                     new = count + cost
@@ -149,7 +150,7 @@ class MemoryStore:
                         d.retry_after = _INF if cost > lim else reset
                         return d
                     if cost:
-                        table[key] = (w << 32) | new
+                        table[key] = (w << b) | new
                     d.allowed = True
                     d.remaining = lim - new
                     d.retry_after = 0.0
