@@ -529,7 +529,98 @@ def _http_date_str() -> str:
     return _date_cache[2]
 
 
-class FastCheckProtocol(asyncio.Protocol):
+def read_head(buf: bytes):
+    """The request head at the start of ``buf``, for the fast paths: ``(end, head)``
+    with the blank line at ``buf[end:end + 4]``; None while it is incomplete; False
+    when aiohttp must decide (too long, or a bare CR or LF anywhere in it)."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if len(buf) > MAX_HEAD or b"\n\n" in buf or b"\n\r\n" in buf:
+            return False
+        return None
+    if end > MAX_HEAD:
+        return False
+    head = buf[:end].decode("latin-1")
+    n = head.count("\r\n")
+    if head.count("\n") != n or head.count("\r") != n:
+        return False
+    return end, head
+
+
+_FRAMING = ("content-length", "transfer-encoding", "host")
+
+
+def parse_fields(lines, hs: list | None = None) -> dict[str, str] | None:
+    """Header lines to ``{lowercase name: first value}`` (and every field to ``hs``
+    as ``(name, value, lowercase name)`` when given); None when aiohttp must decide:
+    anything but ``name: value`` (no colon, obsolete folding, space before the
+    colon), or a repeated framing header, which is ambiguous about where the
+    request ends (request smuggling; aiohttp refuses it with a 400)."""
+    h: dict[str, str] = {}
+    for line in lines:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name[-1] in " \t" or line[0] in " \t":
+            return None
+        k = name.lower()
+        value = value.strip(" \t")
+        if k not in h:   # the first occurrence wins, as CIMultiDict.get
+            h[k] = value
+        elif k in _FRAMING:
+            return None
+        if hs is not None:
+            hs.append((name, value, k))
+    return h
+
+
+def set_nodelay(transport) -> None:
+    """Small requests and replies go out at once, not after Nagle's delay."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+
+class FastHTTPProtocol(asyncio.Protocol):
+    """What the two fast paths (decision endpoints here, the proxy in proxy.py)
+    share: registration for shutdown and idle sweeps, TCP_NODELAY, and the
+    one-way hand-off of a connection to aiohttp.  Subclasses set ``sc``,
+    ``aio``, ``transport``, ``buf``, ``busy``, ``paused``, ``peer``, ``last``."""
+
+    __slots__ = ()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if peer else ""
+        set_nodelay(transport)
+        self.sc.fast_conns.add(self)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def _handoff(self, buf: bytes) -> None:
+        """Give the connection to aiohttp (with the unparsed bytes) for good."""
+        t = self.transport
+        self.sc.fast_conns.discard(self)
+        self.buf = b""
+        self.busy = True  # nothing more for this protocol
+        if self.paused:
+            self.paused = 0
+            t.resume_reading()
+        proto = self.aio()
+        proto.connection_made(t)
+        t.set_protocol(proto)
+        if buf:
+            proto.data_received(buf)
+
+    def close_if_idle(self, now: float) -> None:
+        if not self.busy and now - self.last > IDLE_TIMEOUT and self.transport is not None:
+            self.transport.close()
+
+
+class FastCheckProtocol(FastHTTPProtocol):
     """HTTP/1.1 fast path for the decision endpoints (the benchmarked path).
 
     aiohttp builds request and response objects, a task and a router match per
@@ -558,18 +649,6 @@ class FastCheckProtocol(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = peer[0] if peer else ""
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
-        self.sc.fast_conns.add(self)
-
     def connection_lost(self, exc) -> None:
         self.sc.fast_conns.discard(self)
         self.buf = b""
@@ -583,25 +662,17 @@ class FastCheckProtocol(asyncio.Protocol):
             self.paused = True
             self.transport.pause_reading()
 
-    def eof_received(self) -> bool:
-        return False
-
     # -- requests ------------------------------------------------------------------------
 
     def _process(self) -> None:
         buf = self.buf
         while buf and not self.busy:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD or b"\n\n" in buf or b"\n\r\n" in buf:
-                    return self._handoff(buf)   # too long, or bare-LF line ends: aiohttp decides
-                break
-            if end > MAX_HEAD:
+            r = read_head(buf)
+            if not r:
+                if r is None:
+                    break
                 return self._handoff(buf)
-            head = buf[:end].decode("latin-1")
-            n = head.count("\r\n")
-            if head.count("\n") != n or head.count("\r") != n:
-                return self._handoff(buf)       # a bare CR or LF inside the head
+            end, head = r
             eol = head.find("\r\n")
             parts = (head if eol < 0 else head[:eol]).split(" ")
             if len(parts) != 3:
@@ -619,21 +690,9 @@ class FastCheckProtocol(asyncio.Protocol):
                 kind = 1
             else:
                 return self._handoff(buf)
-            h: dict[str, str] = {}
-            if eol >= 0:
-                for line in head[eol + 2:].split("\r\n"):
-                    name, sep, value = line.partition(":")
-                    # anything but `name: value` (no colon, obsolete folding, space before the
-                    # colon) goes to aiohttp, which answers it properly
-                    if not sep or not name or name[-1] in " \t" or line[0] in " \t":
-                        return self._handoff(buf)
-                    k = name.lower()
-                    if k not in h:   # the first occurrence wins, as CIMultiDict.get
-                        h[k] = value.strip(" \t")
-                    elif k in ("content-length", "transfer-encoding", "host"):
-                        # a repeated framing header is ambiguous: never guess where the
-                        # request ends (request smuggling); aiohttp refuses it with a 400
-                        return self._handoff(buf)
+            h = parse_fields(head[eol + 2:].split("\r\n")) if eol >= 0 else {}
+            if h is None:
+                return self._handoff(buf)
             if "transfer-encoding" in h or h.get("content-length", "0") != "0" or "upgrade" in h:
                 return self._handoff(buf)
             buf = buf[end + 4:]
@@ -736,25 +795,6 @@ class FastCheckProtocol(asyncio.Protocol):
         if not keep:
             self.buf = b""
             t.close()
-
-    def _handoff(self, buf: bytes) -> None:
-        """Give the connection to aiohttp (with the unparsed bytes) for good."""
-        t = self.transport
-        self.sc.fast_conns.discard(self)
-        self.buf = b""
-        self.busy = True  # nothing more for this protocol
-        if self.paused:
-            self.paused = False
-            t.resume_reading()
-        proto = self.aio()
-        proto.connection_made(t)
-        t.set_protocol(proto)
-        if buf:
-            proto.data_received(buf)
-
-    def close_if_idle(self, now: float) -> None:
-        if not self.busy and now - self.last > IDLE_TIMEOUT and self.transport is not None:
-            self.transport.close()
 
 
 # --- JSON API -----------------------------------------------------------------------------

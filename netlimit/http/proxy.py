@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import ssl as _ssl
 import time
 
 from yarl import URL
 
 from .actions import path_of_uri
-from .app import ADMIN_PREFIX, HOP_BY_HOP, MAX_DELAY, MAX_HEAD, Reply, _http_date
+from .app import (ADMIN_PREFIX, HOP_BY_HOP, MAX_DELAY, MAX_HEAD, FastHTTPProtocol, Reply, _http_date,
+                  parse_fields, read_head, set_nodelay)
 from .headers import PROBLEM_TYPE, problem_body, rate_headers
 from .limiter import OVER_LIMIT
 
@@ -169,12 +169,7 @@ class UpstreamConn(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+        set_nodelay(transport)
 
     def connection_lost(self, exc) -> None:
         self.transport = None
@@ -423,7 +418,7 @@ def _lower_keys(rh: dict[str, str]) -> frozenset[str]:
     return s
 
 
-class FastProxyProtocol(asyncio.Protocol):
+class FastProxyProtocol(FastHTTPProtocol):
     """The client side of the proxy fast path (one request in flight per
     connection; pipelined requests wait in the buffer)."""
 
@@ -458,18 +453,6 @@ class FastProxyProtocol(asyncio.Protocol):
         self.lingering = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = peer[0] if peer else ""
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
-        self.sc.fast_conns.add(self)
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -507,9 +490,6 @@ class FastProxyProtocol(asyncio.Protocol):
             if not self.paused and self.transport is not None and not self.closed:
                 self.transport.resume_reading()
 
-    def eof_received(self) -> bool:
-        return False
-
     def data_received(self, data: bytes) -> None:
         self.last = time.monotonic()
         if self.lingering:
@@ -546,17 +526,12 @@ class FastProxyProtocol(asyncio.Protocol):
     def _process(self) -> None:
         buf = self.buf
         while buf and not self.busy:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD or b"\n\n" in buf or b"\n\r\n" in buf:
-                    return self._handoff(buf)
-                break
-            if end > MAX_HEAD:
+            r = read_head(buf)
+            if not r:
+                if r is None:
+                    break
                 return self._handoff(buf)
-            head = buf[:end].decode("latin-1")
-            n = head.count("\r\n")
-            if head.count("\n") != n or head.count("\r") != n:
-                return self._handoff(buf)
+            end, head = r
             lines = head.split("\r\n")
             parts = lines[0].split(" ")
             if len(parts) != 3 or parts[2] != "HTTP/1.1":
@@ -566,19 +541,10 @@ class FastProxyProtocol(asyncio.Protocol):
                 return self._handoff(buf)      # absolute-form, asterisk-form
             if target.startswith(ADMIN_PREFIX) and (len(target) == 10 or target[10] in "/?"):
                 return self._handoff(buf)
-            h: dict[str, str] = {}
             hs: list[tuple[str, str, str]] = []
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep or not name or name[-1] in " \t" or line[0] in " \t":
-                    return self._handoff(buf)
-                k = name.lower()
-                value = value.strip(" \t")
-                if k not in h:
-                    h[k] = value
-                elif k == "content-length" or k == "host":
-                    return self._handoff(buf)
-                hs.append((name, value, k))
+            h = parse_fields(lines[1:], hs)
+            if h is None:
+                return self._handoff(buf)
             if "transfer-encoding" in h or "expect" in h or "upgrade" in h:
                 return self._handoff(buf)
             cl = h.get("content-length")
@@ -884,25 +850,6 @@ class FastProxyProtocol(asyncio.Protocol):
             t.close()
             return
         asyncio.get_running_loop().call_later(LINGER, t.close)
-
-    def _handoff(self, buf: bytes) -> None:
-        """Give the connection to aiohttp (with the unparsed bytes) for good."""
-        t = self.transport
-        self.sc.fast_conns.discard(self)
-        self.buf = b""
-        self.busy = True
-        if self.paused:
-            self.paused = 0
-            t.resume_reading()
-        proto = self.aio()
-        proto.connection_made(t)
-        t.set_protocol(proto)
-        if buf:
-            proto.data_received(buf)
-
-    def close_if_idle(self, now: float) -> None:
-        if not self.busy and now - self.last > 75.0 and self.transport is not None:
-            self.transport.close()
 
 
 _REASON = {502: "Bad Gateway", 504: "Gateway Timeout", 429: "Too Many Requests", 500: "Internal Server Error"}
