@@ -259,6 +259,23 @@ class FamilyPlan:
                     or self.add_jumps)
 
 
+def match_jumps(live: dict[str, list[LiveRule]], wanted: dict) -> tuple[list[tuple[str, LiveRule]], list]:
+    """Jumps from the built-in chains: exactly one per wanted ``(built-in chain,
+    kspec)``, wherever it stands. Returns the live jumps to delete, as ``(built-in
+    chain, jump)`` (not wanted, or a second copy), and the wanted values with no live
+    jump yet. Both backends use it."""
+    seen: set[tuple[str, str]] = set()
+    gone: list[tuple[str, LiveRule]] = []
+    for bchain, lst in live.items():
+        for lr in lst:
+            key = (bchain, lr.kspec)
+            if key in wanted and key not in seen:
+                seen.add(key)
+            else:
+                gone.append((bchain, lr))
+    return gone, [v for key, v in wanted.items() if key not in seen]
+
+
 def _hashlimit_names(spec: str) -> set[str]:
     parts = spec.split()
     return {parts[i + 1] for i, p in enumerate(parts[:-1]) if p == "--hashlimit-name"}
@@ -306,20 +323,13 @@ def diff_family(family: int, chains: list[IptChain], rules: list[IptRule], state
                 plan.changes.append(("-", c, lr.rule.rule or lr.rule.comment, rule_line(lr.rule)))
             plan.changes.append(("-", c, "", f"delete chain {c}"))
     # jumps: exactly one per wanted chain, anywhere in the built-in chain (inserted at the top once)
-    wanted_jumps = {(j.chain, kspecs[j]): j for j in jumps}
-    seen: set[tuple[str, str]] = set()
-    for bchain, lst in state.jumps.items():
-        for lr in lst:
-            key = (bchain, lr.kspec)
-            if key in wanted_jumps and key not in seen:
-                seen.add(key)
-                continue
-            plan.delete_jumps.append(lr)
-            plan.changes.append(("-", bchain, "", rule_line(lr.rule)))
-    for key, j in wanted_jumps.items():
-        if key not in seen:
-            plan.add_jumps.append(j)
-            plan.changes.append(("+", j.chain, "", rule_line(j)))
+    gone, new = match_jumps(state.jumps, {(j.chain, kspecs[j]): j for j in jumps})
+    for bchain, lr in gone:
+        plan.delete_jumps.append(lr)
+        plan.changes.append(("-", bchain, "", rule_line(lr.rule)))
+    for j in new:
+        plan.add_jumps.append(j)
+        plan.changes.append(("+", j.chain, "", rule_line(j)))
     return plan
 
 

@@ -53,7 +53,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .iptables import BUILTINS, TABLE, FamilyState, IptablesError, LiveRule
+from .iptables import BUILTINS, TABLE, FamilyState, IptablesError, LiveRule, match_jumps
 from .objects import COMMENT_PREFIX, IptChain, IptRule, owned_chain, owned_comment
 from .render import rule_line, rule_spec
 from .savefmt import canon, parse_spec
@@ -367,20 +367,13 @@ def plan_family(family: int, chains: list[str], want: dict[str, list[Want]],
             for lr in state.rules.get(c, []):
                 plan.changes.append(("-", c, _label(lr.rule), rule_line(lr.rule)))
             plan.changes.append(("-", c, "", f"delete chain {c}"))
-    wanted = {(w.chain, w.kspec): (idx, w) for idx, w in jumps}
-    seen: set[tuple[str, str]] = set()
-    for bchain, lst in state.jumps.items():
-        for lr in lst:
-            key = (bchain, lr.kspec)
-            if key in wanted and key not in seen:
-                seen.add(key)
-                continue
-            plan.delete_jumps.append(lr)
-            plan.changes.append(("-", bchain, "", rule_line(lr.rule)))
-    for key, (idx, w) in wanted.items():
-        if key not in seen:
-            plan.add_jumps.append((idx, w))
-            plan.changes.append(("+", w.chain, "", w.line))
+    gone, new = match_jumps(state.jumps, {(w.chain, w.kspec): (idx, w) for idx, w in jumps})
+    for bchain, lr in gone:
+        plan.delete_jumps.append(lr)
+        plan.changes.append(("-", bchain, "", rule_line(lr.rule)))
+    for idx, w in new:
+        plan.add_jumps.append((idx, w))
+        plan.changes.append(("+", w.chain, "", w.line))
     return plan
 
 
