@@ -296,6 +296,12 @@ def _sha(algorithm: str) -> bytes:
     return sha
 
 
+def _limit_argv(limit: Limit) -> tuple[bytes, bytes, bytes, bytes]:
+    """ARGV 1-4 of every script (_prelude.lua): limit, period, capacity, queue mode."""
+    return (b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity,
+            b"1" if limit.delay else b"0")
+
+
 class RedisStore:
     """Shared state in Redis: one Lua script per algorithm, one EVALSHA round trip
     per decision, time from the Redis server (``TIME``) so that sidecars with
@@ -406,8 +412,7 @@ class RedisStore:
         if la is None:
             swl = limit.algorithm == "sliding_window_log"
             la = (f"{self._prefix}:{{{limit._sig}:", swl, Args(_sha(limit.algorithm), 2 if swl else 1),
-                  (b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity,
-                   b"1" if limit.delay else b"0"), {})
+                  _limit_argv(limit), {})
             self._lean_args[limit._ns] = la
         head, swl, sha_nkeys, fixed, tails = la
         rkey = (head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}"
@@ -467,8 +472,7 @@ class RedisStore:
             return _deny_all(cost)
         args = self._args.get(limit._ns)
         if args is None:
-            args = (b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity,
-                    b"1" if limit.delay else b"0")
+            args = _limit_argv(limit)
             self._args[limit._ns] = args
         keys = self.redis_keys(key, limit)
         alg = limit.algorithm
