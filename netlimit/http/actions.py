@@ -138,7 +138,7 @@ def client_address(peer: str, xff: str | None, trusted: TrustedProxies) -> str:
 class ActionPlan:
     """Compiled ``http.actions`` + ``trusted_proxies``."""
 
-    __slots__ = ("groups", "trusted", "needs_path", "needs_remote")
+    __slots__ = ("groups", "trusted", "needs_path", "needs_remote", "_trusting", "build")
 
     def __init__(self, actions: Sequence[Sequence[str]], trusted_proxies=()):
         groups = []
@@ -161,8 +161,15 @@ class ActionPlan:
             groups.append(tuple(g))
         self.groups = tuple(groups)
         self.trusted = TrustedProxies(trusted_proxies)
+        self._trusting = bool(self.trusted)   # (a plain bool: no __bool__ call per request)
         self.needs_path = any(a[0] == _PATH for g in self.groups for a in g)
         self.needs_remote = any(a[0] == _REMOTE for g in self.groups for a in g)
+        #: :meth:`descriptors` with positional arguments (the fast paths' call); for
+        #: the most common plan, ``[[remote_address]]`` without trusted proxies, a
+        #: version that skips the loop
+        self.build: Callable[..., list[list[Entry]]] = \
+            self._build_peer if self.groups == (((_REMOTE, "remote_address", ""),),) and not self._trusting \
+            else self._build
 
     def descriptors(self, *, peer: str, method: str, path: str | Callable[[], str],
                     headers: Mapping[str, str], xff: str | None = None) -> list[list[Entry]]:
@@ -170,6 +177,17 @@ class ActionPlan:
         lower-case names (aiohttp's case-insensitive CIMultiDictProxy, or a dict
         with lower-case keys); ``xff`` defaults to its X-Forwarded-For; ``path``
         may be a callable, called only when an action needs it."""
+        return self.build(peer, method, path, headers, xff)
+
+    def _build_peer(self, peer: str, method: str, path: str | Callable[[], str], headers: Mapping[str, str],
+                    xff: str | None = None) -> list[list[Entry]]:
+        """:meth:`_build` for ``[[remote_address]]`` without trusted proxies."""
+        if peer.startswith("::ffff:"):
+            peer = client_address(peer, None, self.trusted)
+        return [[("remote_address", peer)]]
+
+    def _build(self, peer: str, method: str, path: str | Callable[[], str], headers: Mapping[str, str],
+               xff: str | None = None) -> list[list[Entry]]:
         out: list[list[Entry]] = []
         client: str | None = None
         p: str | None = None
@@ -178,9 +196,14 @@ class ActionPlan:
             for kind, key, arg in group:
                 if kind == _REMOTE:
                     if client is None:
-                        if xff is None and self.trusted:
-                            xff = headers.get("x-forwarded-for")
-                        client = client_address(peer, xff, self.trusted)
+                        if self._trusting:
+                            if xff is None:
+                                xff = headers.get("x-forwarded-for")
+                            client = client_address(peer, xff, self.trusted)
+                        elif peer.startswith("::ffff:"):
+                            client = client_address(peer, None, self.trusted)
+                        else:   # what client_address returns without trusted proxies
+                            client = peer
                     entries.append((key, client))
                 elif kind == _PATH:
                     if p is None:

@@ -129,12 +129,13 @@ class Limit(_LimitFields):
     only the six real fields.
     """
 
-    __slots__ = ("_ns", "_sig", "_fn", "_admit", "_fw", "_cap", "_rate", "_cb", "_cm")
+    __slots__ = ("_ns", "_sig", "_fn", "_admit", "_fw", "_bk", "_cap", "_rate", "_cb", "_cm")
     _ns: str  # process-local namespace id, e.g. "3:" (memory store)
     _sig: str  # stable text of every field (Redis key names)
     _fn: Callable[..., tuple["Decision", Any]]
     _admit: Callable[..., Any]
     _fw: bool  # fixed window with limit > 0 (MemoryStore.hit_sync inlines it)
+    _bk: bool  # token or leaky bucket with limit > 0 (hit_sync inlines its admit path)
     _cap: int
     _rate: float
     _cb: int  # window algorithms: bits per count field (limit.bit_length())
@@ -193,11 +194,15 @@ class Limit(_LimitFields):
         elif self.algorithm == "sliding_window_counter":
             # per-limit closures: the constants are cell loads, not attribute lookups
             fn, adm = _swc_decider(self.limit, period, self._cb), _swc_admitter(self.limit, period, self._cb)
+        elif bucket:
+            # token_bucket / leaky_bucket minus their limit == 0 check (done above): one call less
+            fn, adm = _bucket, ADMITTERS[self.algorithm]
         else:
             fn, adm = DECIDERS[self.algorithm], ADMITTERS[self.algorithm]
         object.__setattr__(self, "_fn", fn)
         object.__setattr__(self, "_admit", adm)
         object.__setattr__(self, "_fw", self.algorithm == "fixed_window" and self.limit > 0)
+        object.__setattr__(self, "_bk", bucket and self.limit > 0)
 
     @property
     def capacity(self) -> int:

@@ -258,7 +258,7 @@ class Sidecar:
             log.warning("request from %s carries X-Forwarded-For but %s is not in http.trusted_proxies: "
                         "the header is ignored and remote_address is the peer (add the proxy's address "
                         "to trusted_proxies if it is yours)", peer, peer)
-        return plan.descriptors(peer=peer, method=method, path=path, headers=h)
+        return plan.build(peer, method, path, h)
 
     # -- decision endpoints (shared by the aiohttp handlers and the fast path) -------------
 
@@ -280,7 +280,8 @@ class Sidecar:
                                  "the actions use 'path' but the request has no X-Original-URI header "
                                  "(nginx: proxy_set_header X-Original-URI $request_uri;)")
         method = h.get("x-original-method") or h.get("x-forwarded-method") or "GET"
-        return self._descriptors(peer, h, method, (lambda: path_of_uri(uri)) if uri is not None else "/"), \
+        # the path only when an action uses it (uri is not None then, see above)
+        return self._descriptors(peer, h, method, path_of_uri(uri) if self.plan.needs_path else "/"), \
             deny_status
 
     def authz_request(self, peer: str, h, method: str, raw_path: str) -> list:
@@ -620,6 +621,12 @@ class FastHTTPProtocol(asyncio.Protocol):
             self.transport.close()
 
 
+_ENDPOINT = ("check", "authz")          # by the fast path's request kind
+_OK = (("check", "ok"), ("authz", "ok"))  # FrontStats.requests keys
+_KEEP_ALIVE = "Connection: keep-alive\r\n"
+_monotonic = time.monotonic
+
+
 class FastCheckProtocol(FastHTTPProtocol):
     """HTTP/1.1 fast path for the decision endpoints (the benchmarked path).
 
@@ -654,7 +661,7 @@ class FastCheckProtocol(FastHTTPProtocol):
         self.buf = b""
 
     def data_received(self, data: bytes) -> None:
-        self.last = time.monotonic()
+        self.last = _monotonic()
         self.buf = self.buf + data if self.buf else data
         if not self.busy:
             self._process()
@@ -673,12 +680,16 @@ class FastCheckProtocol(FastHTTPProtocol):
                     break
                 return self._handoff(buf)
             end, head = r
-            eol = head.find("\r\n")
-            parts = (head if eol < 0 else head[:eol]).split(" ")
+            lines = head.split("\r\n")
+            parts = lines[0].split(" ")
             if len(parts) != 3:
                 return self._handoff(buf)
             method, target, version = parts
-            if version != "HTTP/1.1" and version != "HTTP/1.0":
+            if version == "HTTP/1.1":
+                http10 = False
+            elif version == "HTTP/1.0":
+                http10 = True
+            else:
                 return self._handoff(buf)
             q = target.find("?")
             path = target if q < 0 else target[:q]
@@ -690,20 +701,20 @@ class FastCheckProtocol(FastHTTPProtocol):
                 kind = 1
             else:
                 return self._handoff(buf)
-            h = parse_fields(head[eol + 2:].split("\r\n")) if eol >= 0 else {}
-            if h is None:
-                return self._handoff(buf)
-            if "transfer-encoding" in h or h.get("content-length", "0") != "0" or "upgrade" in h:
+            del lines[0]
+            h = parse_fields(lines)
+            if h is None or "transfer-encoding" in h or h.get("content-length", "0") != "0" or "upgrade" in h:
                 return self._handoff(buf)
             buf = buf[end + 4:]
             self.buf = buf
             conn = h.get("connection")
-            if version == "HTTP/1.1":
-                keep = conn is None or "close" not in conn.lower()
-                self.http10 = False
+            if conn is None:
+                keep = not http10
+            elif http10:
+                keep = "keep-alive" in conn.lower()
             else:
-                keep = conn is not None and "keep-alive" in conn.lower()
-                self.http10 = True
+                keep = "close" not in conn.lower()
+            self.http10 = http10
             self._serve(kind, method, target, q, h, keep)
             buf = self.buf
         self.buf = buf
@@ -713,42 +724,43 @@ class FastCheckProtocol(FastHTTPProtocol):
 
     def _serve(self, kind: int, method: str, target: str, q: int, h: dict, keep: bool) -> None:
         sc = self.sc
-        head_only = method == "HEAD"
         if kind == 0:
             prep = sc.check_request(self.peer, h, "" if q < 0 else target[q + 1:])
-            if isinstance(prep, Reply):
-                return self._send(prep, keep, head_only)
+            if prep.__class__ is Reply:
+                return self._send(prep, keep, method == "HEAD")
             descs, deny = prep
-            endpoint = "check"
         else:
             descs = sc.authz_request(self.peer, h, method, target)
             deny = 429
-            endpoint = "authz"
         lim = sc.limiter
         if lim.is_sync:
             result = lim.check_nowait(lim.rules.domain, descs)
             if result.code != OVER_LIMIT and result.delay <= 0:
                 # the common answer, formatted straight from the decision (same bytes as _send)
-                sc.front.request(endpoint, "ok")
+                sc.front.requests[_OK[kind]] += 1
                 t = self.transport
                 if t is None or t.is_closing():
                     return
-                conn = "" if keep and not self.http10 else \
-                    "Connection: keep-alive\r\n" if keep else "Connection: close\r\n"
-                t.write(f"HTTP/1.1 200 OK\r\n{rate_header_lines(result)}Content-Length: 0\r\n{conn}"
-                        f"Server: netlimit\r\nDate: {_http_date_str()}\r\n\r\n".encode("latin-1"))
-                if not keep:
+                if keep:
+                    t.write(f"HTTP/1.1 200 OK\r\n{rate_header_lines(result)}Content-Length: 0\r\n"
+                            f"{_KEEP_ALIVE if self.http10 else ''}Server: netlimit\r\nDate: {_http_date_str()}"
+                            "\r\n\r\n".encode("latin-1"))
+                else:
+                    t.write(f"HTTP/1.1 200 OK\r\n{rate_header_lines(result)}Content-Length: 0\r\n"
+                            f"Connection: close\r\nServer: netlimit\r\nDate: {_http_date_str()}"
+                            "\r\n\r\n".encode("latin-1"))
                     self.buf = b""
                     t.close()
                 return
+            endpoint = _ENDPOINT[kind]
             reply = sc.decision_reply(endpoint, result, deny)
             if reply.delay <= 0:
-                return self._send(reply, keep, head_only)
+                return self._send(reply, keep, method == "HEAD")
             self.busy = True
-            asyncio.get_running_loop().call_later(reply.delay, self._finish, reply, keep, head_only)
+            asyncio.get_running_loop().call_later(reply.delay, self._finish, reply, keep, method == "HEAD")
             return
         self.busy = True
-        asyncio.ensure_future(self._serve_async(endpoint, descs, deny, keep, head_only))
+        asyncio.ensure_future(self._serve_async(_ENDPOINT[kind], descs, deny, keep, method == "HEAD"))
 
     async def _serve_async(self, endpoint, descs, deny, keep, head_only) -> None:
         sc = self.sc

@@ -45,6 +45,8 @@ from .store import MemoryStore, StoreError
 
 log = logging.getLogger("netlimit.sidecar")
 _perf = time.perf_counter
+_bisect_left = bisect_left
+_new = object.__new__
 
 # Lyft's RateLimitResponse.Code numbering
 UNKNOWN = 0
@@ -171,6 +173,9 @@ class Limiter:
                                 max_key_length=cfg.max_key_length if cfg else 256)
         self.store = store
         self._mem: MemoryStore | None = store if isinstance(store, MemoryStore) else None
+        #: True when the primary store is in-process: :meth:`check_nowait` can decide
+        #: (a plain attribute: the fast paths read it per request)
+        self.is_sync = self._mem is not None
         if local is None and self._mem is None:
             local = MemoryStore(max_keys=cfg.max_keys if cfg else 100_000,
                                 max_key_length=cfg.max_key_length if cfg else 256)
@@ -212,11 +217,6 @@ class Limiter:
 
     # -- the decision ----------------------------------------------------------
 
-    @property
-    def is_sync(self) -> bool:
-        """True when the primary store is in-process: :meth:`check_nowait` can decide."""
-        return self._mem is not None
-
     def _match(self, rs: RuleSet, descriptors: Sequence[Sequence[Entry]]) -> list[Rule | None]:
         match = rs.match
         rules = [match(d) for d in descriptors]
@@ -236,22 +236,56 @@ class Limiter:
         mem = self._mem
         if mem is None:
             raise RuntimeError("check_nowait needs an in-process store; use check()")
-        if len(descriptors) == 1 and not rs.has_replaces:   # the common case, without list machinery
+        if len(descriptors) == 1 and not rs.has_replaces:
+            # the common case (one descriptor, admitted) without list machinery;
+            # the same result and counters as _evaluate
             d = descriptors[0]
             r = rs.match(d)
-            rules = [r]
             if r is None or r.limit is None:
-                decided: list[Any] = [None]
+                result = CheckResult(OK, [DescriptorStatus(OK, r)])
             else:
-                decided = [(mem.hit_sync(rs.store_key(r, d), r.limit, cost), SRC_STORE)]
+                dec = mem.hit_sync(rs.store_key(r, d), r.limit, cost)
+                if dec.allowed:
+                    stats = r.stats
+                    stats.hits += cost
+                    stats.within += cost
+                    # DescriptorStatus(OK, r, dec, False, near, SRC_STORE) and its
+                    # CheckResult, filled in place (no __init__ frames)
+                    st = _new(DescriptorStatus)
+                    st.code = OK
+                    st.rule = r
+                    st.decision = dec
+                    st.shadow_over = False
+                    st.source = SRC_STORE
+                    if dec.remaining <= r.near_threshold:
+                        stats.near += cost
+                        st.near = True
+                    else:
+                        st.near = False
+                    result = _new(CheckResult)
+                    result.code = OK
+                    result.statuses = [st]
+                    if r.shadow:
+                        result.report = None
+                        result.delay = 0.0
+                    else:
+                        result.report = st
+                        delay = dec.delay
+                        result.delay = delay if delay > 0.0 else 0.0
+                else:
+                    result = self._evaluate(descriptors, (r,), ((dec, SRC_STORE),), cost)
         else:
             rules = self._match(rs, descriptors)
             hit = mem.hit_sync
             key = rs.store_key
             decided = [None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
                        for d, r in zip(descriptors, rules)]
-        result = self._evaluate(descriptors, rules, decided, cost)
-        self.stats.latency.observe(_perf() - t0)
+            result = self._evaluate(descriptors, rules, decided, cost)
+        v = _perf() - t0   # Histogram.observe, inlined
+        h = self.stats.latency
+        h.counts[_bisect_left(h.bounds, v)] += 1
+        h.sum += v
+        h.count += 1
         return result
 
     async def check(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:

@@ -136,6 +136,20 @@ class RuleSet:
         """The rule for one request descriptor (a list of (key, value)), or None."""
         node = self.root
         last = len(entries) - 1
+        if last == 0:   # one entry (the common descriptor): the loop below, unrolled
+            key, value = entries[0]
+            m = node.exact.get(key)
+            if m is not None:
+                nxt = m.get(value)
+                if nxt is not None:
+                    return nxt.rule
+            w = node.wild.get(key)
+            if w is not None:
+                for prefix, n in w:
+                    if value.startswith(prefix):
+                        return n.rule
+            nxt = node.by_key.get(key)
+            return None if nxt is None else nxt.rule
         if last < 0:
             return None
         i = 0

@@ -24,7 +24,7 @@ from redis.exceptions import NoScriptError as _RedisNoScriptError
 from redis.exceptions import RedisError
 
 from .resp import Args, NoScriptError, RespClient, RespError, RespTimeoutError, parse_url
-from .algorithms import _INF, _LIMIT_BY_NS, ALGORITHMS, DENIED, Decision, Limit, _deny_all, _floor, _new, is_idle
+from .algorithms import _INF, _J, _LIMIT_BY_NS, ALGORITHMS, DENIED, Decision, Limit, _deny_all, _floor, _new, is_idle
 
 __all__ = ["Store", "StoreError", "MemoryStore", "RedisStore", "hash_key", "load_lua"]
 
@@ -155,6 +155,29 @@ class MemoryStore:
                     d.remaining = lim - new
                     d.retry_after = 0.0
                     return d
+                if limit._bk and cost:
+                    # algorithms._bucket's admit path inlined (the denial and cost-0
+                    # paths below): same operations, no call, no tuple
+                    cap = limit._cap
+                    rate = limit._rate
+                    free = state.real
+                    last = state.imag
+                    if now > last:
+                        free = free + (now - last) * rate
+                        if free > cap:
+                            free = cap
+                        last = now
+                    if cost <= free:
+                        d = _new(Decision)
+                        d.allowed = True
+                        d.limit = cap
+                        d.retry_after = 0.0
+                        d.delay = (cap - free) / rate if limit.delay else 0.0
+                        free = free - cost
+                        d.remaining = _floor(free)
+                        d.reset = (cap - free) / rate
+                        table[key] = free + _J * last
+                        return d
                 decision, new_state = limit._fn(limit, state, now, cost)
                 if new_state is not state:
                     table[key] = new_state
