@@ -340,9 +340,10 @@ class RedisStore:
     timeouts, refused connections, server errors and bad replies raise
     :class:`StoreError`.
 
-    Keys: ``<key_prefix>:{<rule signature>:<key>}`` (plus ``...:seq`` for the
-    sliding log).  The braces are a Redis Cluster hash tag, so all keys of one
-    decision map to one slot.  Every written key carries a TTL a second longer
+    Keys: one per (rule, key), ``<key_prefix>:{<rule signature>:<key>}``.  The
+    braces are a Redis Cluster hash tag; they kept the sliding log's second key
+    ``...:seq`` of earlier versions in the same slot (no longer used: left-over
+    ones expire by their TTL).  Every written key carries a TTL a second longer
     than the state can matter, so idle keys vanish.
     """
 
@@ -384,9 +385,9 @@ class RedisStore:
             self._owns_client = False
         self._shas: dict[str, str] = {}
         self._args: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}  # by Limit._ns
-        # lean client, by Limit._ns: (key head "<prefix>:{<sig>:", sliding log?, Args(sha, number of
-        # keys), ARGV 1-4, {(cost, dry): Args(ARGV 1-7)})
-        self._lean_args: dict[str, tuple[str, bool, Args, tuple[bytes, ...], dict[tuple[int, bytes], Args]]] = {}
+        # lean client, by Limit._ns: (key head "<prefix>:{<sig>:", Args(sha, number of keys),
+        # ARGV 1-4, {(cost, dry): Args(ARGV 1-7)})
+        self._lean_args: dict[str, tuple[str, Args, tuple[bytes, ...], dict[tuple[int, bytes], Args]]] = {}
 
     @property
     def client(self) -> Any:
@@ -398,10 +399,7 @@ class RedisStore:
         """The Redis key names holding ``key``'s state under ``limit``."""
         if len(key) > self._max_key_length:
             key = hash_key(key)
-        base = f"{self._prefix}:{{{limit._sig}:{key}}}"
-        if limit.algorithm == "sliding_window_log":
-            return [base, base + ":seq"]
-        return [base]
+        return [f"{self._prefix}:{{{limit._sig}:{key}}}"]
 
     async def load_scripts(self) -> None:
         """SCRIPT LOAD every algorithm's script now (otherwise each one is loaded
@@ -433,11 +431,9 @@ class RedisStore:
             return _deny_all(cost)
         la = self._lean_args.get(limit._ns)
         if la is None:
-            swl = limit.algorithm == "sliding_window_log"
-            la = (f"{self._prefix}:{{{limit._sig}:", swl, Args(_sha(limit.algorithm), 2 if swl else 1),
-                  _limit_argv(limit), {})
+            la = (f"{self._prefix}:{{{limit._sig}:", Args(_sha(limit.algorithm), 1), _limit_argv(limit), {})
             self._lean_args[limit._ns] = la
-        head, swl, sha_nkeys, fixed, tails = la
+        head, sha_nkeys, fixed, tails = la
         rkey = (head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}"
         # ARGV encoded once per (cost, dry run) when the server's clock is used
         if now is None:
@@ -448,10 +444,7 @@ class RedisStore:
                     tails[(cost, _dry)] = tail
         else:
             tail = Args(*fixed, b"%d" % cost, repr(float(now)), _dry)
-        if swl:
-            cmd: tuple[Any, ...] = ("EVALSHA", sha_nkeys, rkey, rkey + ":seq", tail)
-        else:
-            cmd = ("EVALSHA", sha_nkeys, rkey, tail)
+        cmd = ("EVALSHA", sha_nkeys, rkey, tail)
         t0 = _monotonic()
         try:
             try:

@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+import random
 import time
 import uuid
+from array import array
 
 import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
 
-from netlimit.http.algorithms import ALGORITHMS, Limit
+from netlimit.http.algorithms import ALGORITHMS, Limit, decide
 from netlimit.http.store import RedisStore, StoreError, hash_key, load_lua
 
 # Slack for event-loop scheduling on a busy CI box on top of timeout_ms.
@@ -49,20 +51,20 @@ def test_written_keys_carry_ttls_just_past_the_state_lifetime(redis_server, alg)
     limit = LIMITS[alg]
 
     async def main():
-        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        pre = prefix()
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=pre)
         r = await admin(redis_server)
         try:
             d = await store.hit("ip:1.2.3.4", limit, 2)  # server time
             assert d.allowed
-            keys = store.redis_keys("ip:1.2.3.4", limit)
-            assert len(keys) == (2 if alg == "sliding_window_log" else 1)
+            (k,) = store.redis_keys("ip:1.2.3.4", limit)
+            assert await r.keys(pre + "*") == [k]  # one key per decision, the sliding log's too
             # the state matters for at most `reset` (window end for fixed, the full
             # window for the log) -- the TTL is that plus a one second margin
             lifetime = limit.period if alg == "sliding_window_log" else d.reset
-            for k in keys:
-                ttl = await r.pttl(k)
-                assert 0 < ttl <= math.ceil(lifetime * 1000) + 1000, (k, ttl, lifetime)
-                assert ttl >= lifetime * 1000 + 1000 - 200, (k, ttl)  # less only by elapsed time
+            ttl = await r.pttl(k)
+            assert 0 < ttl <= math.ceil(lifetime * 1000) + 1000, (k, ttl, lifetime)
+            assert ttl >= lifetime * 1000 + 1000 - 200, (k, ttl)  # less only by elapsed time
         finally:
             await store.close()
             await r.aclose()
@@ -91,15 +93,17 @@ def test_idle_keys_vanish(redis_server):
 
 
 @pytest.mark.parametrize("key", ["1.2.3.4", "user:{42}", "}{", "{}", "x" * 1000])
-def test_all_keys_of_a_decision_share_one_cluster_slot(key):
+def test_one_key_per_decision_under_a_cluster_hash_tag(key):
     store = RedisStore("redis://127.0.0.1:1/0", key_prefix="netlimit")
     limit = Limit("sliding_window_log", 5, 60, name="login")
-    keys = store.redis_keys(key, limit)
-    assert len(keys) == 2 and keys[0].startswith("netlimit:{login|swl|5/60.0|")
-    assert len({key_slot(k.encode()) for k in keys}) == 1
-    assert all(len(k) < 120 for k in keys)  # long keys are hashed
+    (k,) = store.redis_keys(key, limit)
+    assert k.startswith("netlimit:{login|swl|5/60.0|")
+    # the hash tag is the rule signature and the key (up to a '}' in the key)
+    tag = k[len("netlimit:{"):].split("}", 1)[0]
+    assert key_slot(k.encode()) == key_slot(tag.encode())
+    assert len(k) < 120  # long keys are hashed
     if len(key) > 256:
-        assert hash_key(key) in keys[0]
+        assert hash_key(key) in k
 
 
 def test_peek_writes_nothing(redis_server):
@@ -113,6 +117,78 @@ def test_peek_writes_nothing(redis_server):
                 assert not any([await r.exists(k) for k in store.redis_keys("p", limit)]), alg
                 await store.hit("p", limit, 1)
                 assert await r.exists(store.redis_keys("p", limit)[0]), alg
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+# ------------------------------------------------------------------ sliding log members
+
+def test_sliding_log_keeps_one_member_per_unit_when_the_clock_steps_back(redis_server):
+    """Members are '<now>:<count + j>'; a now that steps back can meet members of
+    that earlier now numbered above today's count (ZADD NX adds fewer than
+    cost), and the rest must still get members of their own.  After every
+    event the stored scores must be exactly the reference's log, and the clash
+    path must have been taken."""
+    limit = Limit("sliding_window_log", 6, 10)
+    rng = random.Random(7)
+
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        (k,) = store.redis_keys("k", limit)
+        state = None
+        clashes = 0
+        try:
+            # The clash: 1:1 and 5:2, a cost 0 hit at 11.5 expires 1:1, then at 5
+            # again count is 1 and 5:2 is taken.  Then that pattern with random
+            # costs, and a random walk.
+            events = [("hit", 1.0, 1), ("hit", 5.0, 1), ("hit", 11.5, 0), ("hit", 5.0, 2)]
+            for b in range(30, 3000, 30):
+                for dt in (0, 5, rng.choice([5, 11.5, 20]), 11.5, 5, 5, rng.choice([-1, 0, 5, 9])):
+                    events.append(("hit", b + dt, rng.choice([0, 1, 1, 2, 3])))
+            t = 3000.0
+            for _ in range(300):
+                t += rng.choice([0, 0, 1, 1, 2, 3, 6, 11, -2, -5, -9])
+                events.append(("hit", t, rng.choice([0, 1, 1, 1, 2, 3, 6])))
+            for i, (op, now, cost) in enumerate(events):
+                want, state = decide(limit, state, now, cost)
+                got = await store.hit("k", limit, cost, now=now)
+                assert got == want, (i, op, now, cost)
+                stored = await r.zrange(k, 0, -1, withscores=True)
+                assert [sc for _, sc in stored] == list(state or []), (i, op, now, cost)
+                assert all(float(m.rsplit(":", 1)[0]) == sc for m, sc in stored)
+                clashes += any(int(m.rsplit(":", 1)[1]) > limit.limit for m, _ in stored)
+
+            assert clashes > 20, clashes
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+def test_sliding_log_counts_members_left_by_earlier_versions(redis_server):
+    """Before the members were named '<timestamp>:<n>' they were bare numbers from
+    a '...:seq' counter; such a log (and its counter) left behind by an upgrade
+    is read as it stands, and the counter is never touched again."""
+    limit = Limit("sliding_window_log", 3, 10)
+
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        (k,) = store.redis_keys("old", limit)
+        try:
+            await r.zadd(k, {"1": 100.0, "2": 101.0})
+            await r.set(k + ":seq", 2, px=11_000)
+            state = array("d", [100.0, 101.0])
+            for now, cost in [(102.0, 1), (103.0, 1), (110.5, 2), (111.0, 1), (111.0, 1)]:
+                want, state = decide(limit, state, now, cost)
+                assert await store.hit("old", limit, cost, now=now) == want, (now, cost)
+            assert [sc for _, sc in await r.zrange(k, 0, -1, withscores=True)] == list(state)
+            assert await r.get(k + ":seq") == "2"
         finally:
             await store.close()
             await r.aclose()

@@ -1,28 +1,28 @@
 -- netlimit sliding window log; mirrors algorithms.sliding_window_log.
--- KEYS[1] sorted set of admitted timestamps (one member per unit of cost)
--- KEYS[2] sequence counter that makes members unique (same hash tag as KEYS[1])
+-- KEYS[1] sorted set of admitted timestamps: one member per unit of cost,
+--         scored by its timestamp and named '<timestamp>:<n>' so it is unique
 -- ARGV: 1 limit, 2 period (s), 3 capacity (= limit), 4 unused, 5 cost,
 --       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never add)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
 -- '%.17g' strings because Redis truncates Lua numbers to integers.
 -- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cap, cost, dry)
-local seqkey = KEYS[2]
+-- Earlier versions numbered the members from a second key '<KEYS[1]>:seq'
+-- (INCRBY); one left behind by an upgrade is never touched again and expires by
+-- its TTL.  Their members (bare numbers) cannot collide with '<timestamp>:<n>'.
 
 -- entries stamped t expire when t <= now - period (window is (now - period, now])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - period))
 local count = redis.call('ZCARD', key)
-local function score_at(i)
-  return tonumber(redis.call('ZRANGE', key, i, i, 'WITHSCORES')[2])
-end
 local last = nil
-if count > 0 then last = score_at(-1) end
+if count > 0 then last = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
 
 if cost > lim or count + cost > lim then
   local retry
   if cost > lim then
     retry = math.huge
   else
-    retry = score_at(count + cost - lim - 1) + period - now
+    local i = count + cost - lim - 1
+    retry = tonumber(redis.call('ZRANGE', key, i, i, 'WITHSCORES')[2]) + period - now
   end
   local reset = 0
   if count > 0 then reset = last + period - now end
@@ -37,22 +37,39 @@ if cost == 0 then
 end
 if last == nil or last < now then last = now end
 if not dry then
-  local seq = redis.call('INCRBY', seqkey, cost)
+  -- Members '<now>:<count + j>', j = 1..cost.  While now never steps back
+  -- they are new: members stamped now were all added at this same now, with
+  -- nothing removed since (the cutoff has not moved), so their numbers are
+  -- <= count.  A now that steps back (a caller's clock, or TIME after an NTP
+  -- step) can meet members of that earlier now numbered above a count that
+  -- has shrunk since; ZADD NX then adds fewer than cost, and the rest go in
+  -- one at a time under numbers above lim (this path only ever numbers
+  -- <= count + cost <= lim), skipping any taken, so every unit of cost still
+  -- gets its own entry.
   local stamp = fmt(now)
-  local i = 1
-  while i <= cost do -- ZADD in chunks: Lua's unpack() has a C-stack limit
-    local args = {}
-    local j = i
-    while j <= cost and j < i + 1000 do
-      args[#args + 1] = stamp
-      args[#args + 1] = tostring(seq - cost + j)
-      j = j + 1
+  local added
+  if cost == 1 then
+    added = redis.call('ZADD', key, 'NX', stamp, stamp .. ':' .. (count + 1))
+  else
+    added = 0
+    local i = 1
+    while i <= cost do -- in chunks: Lua's unpack() has a C-stack limit
+      local args = {'NX'}
+      local j = i
+      while j <= cost and j < i + 1000 do
+        args[#args + 1] = stamp
+        args[#args + 1] = stamp .. ':' .. (count + j)
+        j = j + 1
+      end
+      added = added + redis.call('ZADD', key, unpack(args))
+      i = j
     end
-    redis.call('ZADD', key, unpack(args))
-    i = j
   end
-  local ttl = math.ceil(period * 1000) + 1000
-  redis.call('PEXPIRE', key, ttl)
-  redis.call('PEXPIRE', seqkey, ttl)
+  local n = lim
+  while added < cost do
+    n = n + 1
+    added = added + redis.call('ZADD', key, 'NX', stamp, stamp .. ':' .. n)
+  end
+  redis.call('PEXPIRE', key, math.ceil(period * 1000) + 1000)
 end
 return {1, lim, lim - count - cost, '0', fmt(last + period - now), '0'}
