@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import math
 import random
+import re
 import time
 import uuid
 from array import array
@@ -163,6 +164,36 @@ def test_sliding_log_keeps_one_member_per_unit_when_the_clock_steps_back(redis_s
                 clashes += any(int(m.rsplit(":", 1)[1]) > limit.limit for m, _ in stored)
 
             assert clashes > 20, clashes
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+def test_sliding_log_stamps_entries_with_the_server_time(redis_server):
+    """With the server's clock the stamp is TIME's '<seconds>.<microseconds>'
+    (zero-padded to 6 digits), and the score is exactly that decimal."""
+    limit = Limit("sliding_window_log", 1000, 60)
+
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        (k,) = store.redis_keys("t", limit)
+        try:
+            sec, usec = await r.time()
+            before = float(f"{sec}.{usec:06d}")
+            for i in range(30):
+                d = await store.hit("t", limit)
+                assert d.allowed and d.remaining == 1000 - i - 1
+            sec, usec = await r.time()
+            after = float(f"{sec}.{usec:06d}")
+            stored = await r.zrange(k, 0, -1, withscores=True)
+            assert len(stored) == 30
+            for m, sc in stored:
+                stamp, n = m.split(":")
+                assert re.fullmatch(r"\d+\.\d{6}", stamp) and 1 <= int(n) <= 30, m
+                assert float(stamp) == sc and before <= sc <= after, (m, sc)
         finally:
             await store.close()
             await r.aclose()

@@ -5,37 +5,45 @@
 --       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never add)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
 -- '%.17g' strings because Redis truncates Lua numbers to integers.
--- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cap, cost, dry)
+-- (_prelude.lua, prepended at load, defines fmt, now, nowstr, key, lim, period, cap, cost, dry)
 -- Earlier versions numbered the members from a second key '<KEYS[1]>:seq'
 -- (INCRBY); one left behind by an upgrade is never touched again and expires by
 -- its TTL.  Their members (bare numbers) cannot collide with '<timestamp>:<n>'.
+-- An admission runs TIME, ZREMRANGEBYSCORE, ZCARD, ZCOUNT (if the log is not
+-- empty), ZADD and PEXPIRE.
+-- Integers go to redis.call as strings: Lua would format numbers with '%.14g'.
 
 -- entries stamped t expire when t <= now - period (window is (now - period, now])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - period))
 local count = redis.call('ZCARD', key)
-local last = nil
-if count > 0 then last = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2]) end
+local function newest() -- the latest timestamp in the log (count > 0)
+  return tonumber(redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
+end
 
 if cost > lim or count + cost > lim then
   local retry
   if cost > lim then
     retry = math.huge
   else
-    local i = count + cost - lim - 1
+    local i = string.format('%d', count + cost - lim - 1)
     retry = tonumber(redis.call('ZRANGE', key, i, i, 'WITHSCORES')[2]) + period - now
   end
   local reset = 0
-  if count > 0 then reset = last + period - now end
+  if count > 0 then reset = newest() + period - now end
   local remaining = lim - count
   if remaining < 0 then remaining = 0 end
   return {0, lim, remaining, fmt(retry), fmt(reset), '0'}
 end
 if cost == 0 then
   local reset = 0
-  if count > 0 then reset = last + period - now end
+  if count > 0 then reset = newest() + period - now end
   return {1, lim, lim - count, '0', fmt(reset), '0'}
 end
-if last == nil or last < now then last = now end
+-- after the admission the latest entry is max(newest, now): it is now unless
+-- some entry lies ahead of now (a clock that stepped back), which ZCOUNT tells
+-- more cheaply than reading the newest entry (no score formatted and parsed)
+local last = now
+if count > 0 and redis.call('ZCOUNT', key, '(' .. nowstr, '+inf') > 0 then last = newest() end
 if not dry then
   -- Members '<now>:<count + j>', j = 1..cost.  While now never steps back
   -- they are new: members stamped now were all added at this same now, with
@@ -46,10 +54,9 @@ if not dry then
   -- one at a time under numbers above lim (this path only ever numbers
   -- <= count + cost <= lim), skipping any taken, so every unit of cost still
   -- gets its own entry.
-  local stamp = fmt(now)
   local added
   if cost == 1 then
-    added = redis.call('ZADD', key, 'NX', stamp, stamp .. ':' .. (count + 1))
+    added = redis.call('ZADD', key, 'NX', nowstr, string.format('%s:%d', nowstr, count + 1))
   else
     added = 0
     local i = 1
@@ -57,8 +64,8 @@ if not dry then
       local args = {'NX'}
       local j = i
       while j <= cost and j < i + 1000 do
-        args[#args + 1] = stamp
-        args[#args + 1] = stamp .. ':' .. (count + j)
+        args[#args + 1] = nowstr
+        args[#args + 1] = string.format('%s:%d', nowstr, count + j)
         j = j + 1
       end
       added = added + redis.call('ZADD', key, unpack(args))
@@ -68,8 +75,8 @@ if not dry then
   local n = lim
   while added < cost do
     n = n + 1
-    added = added + redis.call('ZADD', key, 'NX', stamp, stamp .. ':' .. n)
+    added = added + redis.call('ZADD', key, 'NX', nowstr, string.format('%s:%d', nowstr, n))
   end
-  redis.call('PEXPIRE', key, math.ceil(period * 1000) + 1000)
+  redis.call('PEXPIRE', key, string.format('%d', math.ceil(period * 1000) + 1000))
 end
 return {1, lim, lim - count - cost, '0', fmt(last + period - now), '0'}
