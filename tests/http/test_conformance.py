@@ -155,6 +155,28 @@ def test_small_clock_values_match_the_reference(make_store, case):
     arun(main())
 
 
+@pytest.mark.parametrize("case", sorted(LIMITS))
+def test_a_probe_leaves_expired_state_for_a_clock_that_steps_back(make_store, case):
+    """peek decides on the state without changing it: what it finds expired is
+    still there for a later hit whose now steps back before the probe's cutoff
+    (a Redis probe of the sliding log used to remove it)."""
+    limit = LIMITS[case]
+    p = limit.period
+    t = 1_000.0
+    events = [("hit", t, "a", limit, 1), ("hit", t + p / 2, "a", limit, 1),
+              ("peek", t + 3 * p, "a", limit, 0), ("peek", t + 3 * p, "a", limit, 1),
+              ("hit", t + p / 2, "a", limit, 2), ("hit", t + p / 2, "a", limit, limit.capacity)]
+
+    async def main():
+        store = await make_store()
+        try:
+            await drive(store, events)
+        finally:
+            await store.close()
+
+    arun(main())
+
+
 def test_all_limits_interleaved_on_shared_keys(make_store):
     """Many limits on the same keys at once: state is per (limit, key)."""
     rng = random.Random(5)

@@ -131,8 +131,8 @@ def test_sliding_log_keeps_one_member_per_unit_when_the_clock_steps_back(redis_s
     """Members are '<now>:<count + j>'; a now that steps back can meet members of
     that earlier now numbered above today's count (ZADD NX adds fewer than
     cost), and the rest must still get members of their own.  After every
-    event the stored scores must be exactly the reference's log, and the clash
-    path must have been taken."""
+    event (probes included: they change nothing) the stored scores must be
+    exactly the reference's log, and the clash path must have been taken."""
     limit = Limit("sliding_window_log", 6, 10)
     rng = random.Random(7)
 
@@ -145,18 +145,22 @@ def test_sliding_log_keeps_one_member_per_unit_when_the_clock_steps_back(redis_s
         try:
             # The clash: 1:1 and 5:2, a cost 0 hit at 11.5 expires 1:1, then at 5
             # again count is 1 and 5:2 is taken.  Then that pattern with random
-            # costs, and a random walk.
+            # costs, probes (which must not expire anything) and a random walk.
             events = [("hit", 1.0, 1), ("hit", 5.0, 1), ("hit", 11.5, 0), ("hit", 5.0, 2)]
             for b in range(30, 3000, 30):
                 for dt in (0, 5, rng.choice([5, 11.5, 20]), 11.5, 5, 5, rng.choice([-1, 0, 5, 9])):
-                    events.append(("hit", b + dt, rng.choice([0, 1, 1, 2, 3])))
+                    op = "peek" if rng.random() < 0.2 else "hit"
+                    events.append((op, b + dt, rng.choice([0, 1, 1, 2, 3])))
             t = 3000.0
             for _ in range(300):
                 t += rng.choice([0, 0, 1, 1, 2, 3, 6, 11, -2, -5, -9])
-                events.append(("hit", t, rng.choice([0, 1, 1, 1, 2, 3, 6])))
+                events.append((rng.choice(["hit", "hit", "hit", "peek"]), t, rng.choice([0, 1, 1, 1, 2, 3, 6])))
             for i, (op, now, cost) in enumerate(events):
-                want, state = decide(limit, state, now, cost)
-                got = await store.hit("k", limit, cost, now=now)
+                if op == "peek":  # changes nothing, in the reference nor in Redis
+                    want, _ = decide(limit, None if state is None else array("d", state), now, cost)
+                else:
+                    want, state = decide(limit, state, now, cost)
+                got = await getattr(store, op)("k", limit, cost, now=now)
                 assert got == want, (i, op, now, cost)
                 stored = await r.zrange(k, 0, -1, withscores=True)
                 assert [sc for _, sc in stored] == list(state or []), (i, op, now, cost)

@@ -2,7 +2,7 @@
 -- KEYS[1] sorted set of admitted timestamps: one member per unit of cost,
 --         scored by its timestamp and named '<timestamp>:<n>' so it is unique
 -- ARGV: 1 limit, 2 period (s), 3 capacity (= limit), 4 unused, 5 cost,
---       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never add)
+--       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
 -- '%.17g' strings because Redis truncates Lua numbers to integers.
 -- (_prelude.lua, prepended at load, defines fmt, now, nowstr, key, lim, period, cap, cost, dry)
@@ -13,9 +13,18 @@
 -- empty), ZADD and PEXPIRE.
 -- Integers go to redis.call as strings: Lua would format numbers with '%.14g'.
 
--- entries stamped t expire when t <= now - period (window is (now - period, now])
-redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - period))
-local count = redis.call('ZCARD', key)
+-- entries stamped t expire when t <= now - period (window is (now - period, now]);
+-- a dry run leaves them (it never writes: a later call whose now steps back
+-- before this cutoff must still count them) and skips them by rank instead
+local cutoff = fmt(now - period)
+local count, off = 0, 0
+if dry then
+  off = redis.call('ZCOUNT', key, '-inf', cutoff)
+  count = redis.call('ZCARD', key) - off
+else
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
+  count = redis.call('ZCARD', key)
+end
 local function newest() -- the latest timestamp in the log (count > 0)
   return tonumber(redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
 end
@@ -25,7 +34,7 @@ if cost > lim or count + cost > lim then
   if cost > lim then
     retry = math.huge
   else
-    local i = string.format('%d', count + cost - lim - 1)
+    local i = string.format('%d', off + count + cost - lim - 1)
     retry = tonumber(redis.call('ZRANGE', key, i, i, 'WITHSCORES')[2]) + period - now
   end
   local reset = 0
