@@ -614,8 +614,10 @@ def sliding_window_log(limit: Limit, state: array | None, now: float, cost: int 
     until enough of the oldest entries expire; ``reset`` the time until all do.
 
     Memory grows with the limit: up to ``limit`` entries per key (8 bytes each
-    in the memory store, a sorted-set member of ~50-80 bytes in Redis), so for
-    large limits prefer ``sliding_window_counter``.
+    in the memory store; in Redis a sorted-set member ``<timestamp>:<n>`` of
+    ~50 bytes while a key holds at most 128, Redis's default
+    ``zset-max-listpack-entries``, ~120 bytes above), so for large limits
+    prefer ``sliding_window_counter``.
     """
     lim = limit.limit
     if lim == 0:
