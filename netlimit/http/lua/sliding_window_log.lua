@@ -88,4 +88,7 @@ if not dry then
   end
   redis.call('PEXPIRE', key, string.format('%d', math.ceil(period * 1000) + 1000))
 end
-return {1, lim, lim - count - cost, '0', fmt(last + period - now), '0'}
+-- the reset is usually exactly the period (now + period is exact when the
+-- period is a multiple of now's ulp, e.g. whole seconds): ARGV[2] spells it
+local reset = last + period - now
+return {1, lim, lim - count - cost, '0', reset == period and ARGV[2] or fmt(reset), '0'}
