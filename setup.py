@@ -1,0 +1,8 @@
+"""Build hook for the one C module (the fast paths' request-head parser);
+everything else is declared in pyproject.toml.  ``optional=True``: without a C
+compiler the package installs anyway and netlimit.http.httphead uses its
+Python implementation."""
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("netlimit.http._httphead", ["netlimit/http/_httphead.c"],
+                             extra_compile_args=["-O2"], optional=True)])
