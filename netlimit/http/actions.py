@@ -138,7 +138,7 @@ def client_address(peer: str, xff: str | None, trusted: TrustedProxies) -> str:
 class ActionPlan:
     """Compiled ``http.actions`` + ``trusted_proxies``."""
 
-    __slots__ = ("groups", "trusted", "needs_path", "needs_remote", "_trusting", "build")
+    __slots__ = ("groups", "trusted", "needs_path", "needs_method", "needs_remote", "_trusting", "build")
 
     def __init__(self, actions: Sequence[Sequence[str]], trusted_proxies=()):
         groups = []
@@ -163,6 +163,7 @@ class ActionPlan:
         self.trusted = TrustedProxies(trusted_proxies)
         self._trusting = bool(self.trusted)   # (a plain bool: no __bool__ call per request)
         self.needs_path = any(a[0] == _PATH for g in self.groups for a in g)
+        self.needs_method = any(a[0] == _METHOD for g in self.groups for a in g)
         self.needs_remote = any(a[0] == _REMOTE for g in self.groups for a in g)
         #: :meth:`descriptors` with positional arguments (the fast paths' call); for
         #: the most common plan, ``[[remote_address]]`` without trusted proxies, a

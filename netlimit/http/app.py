@@ -43,7 +43,6 @@ import os
 import signal
 import socket
 import time
-from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
@@ -53,7 +52,8 @@ from yarl import URL
 
 from ..config.validate import ConfigError, load_file
 from .actions import ActionPlan, path_of_uri
-from .headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_header_lines, rate_headers, simple_problem
+from .httphead import MAX_HEAD, http_date, ok_response, parse_check
+from .headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_headers, simple_problem
 from .limiter import CODE_NAMES, OVER_LIMIT, SRC_NONE, CheckResult, Limiter
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import FrontStats, Metrics
@@ -273,16 +273,18 @@ class Sidecar:
                         self.front.request("check", "bad_request")
                         return Reply.problem(400, "Bad Request", f"deny_status must be a 4xx status code, got {ds!r}")
                     deny_status = int(ds)
-        uri = h.get("x-original-uri") or h.get("x-forwarded-uri")
-        if uri is None and self.plan.needs_path:
-            self.front.request("check", "bad_request")
-            return Reply.problem(400, "Bad Request",
-                                 "the actions use 'path' but the request has no X-Original-URI header "
-                                 "(nginx: proxy_set_header X-Original-URI $request_uri;)")
-        method = h.get("x-original-method") or h.get("x-forwarded-method") or "GET"
-        # the path only when an action uses it (uri is not None then, see above)
-        return self._descriptors(peer, h, method, path_of_uri(uri) if self.plan.needs_path else "/"), \
-            deny_status
+        plan = self.plan
+        path = "/"   # the path and the method only when an action uses them
+        if plan.needs_path:
+            uri = h.get("x-original-uri") or h.get("x-forwarded-uri")
+            if uri is None:
+                self.front.request("check", "bad_request")
+                return Reply.problem(400, "Bad Request",
+                                     "the actions use 'path' but the request has no X-Original-URI header "
+                                     "(nginx: proxy_set_header X-Original-URI $request_uri;)")
+            path = path_of_uri(uri)
+        method = (h.get("x-original-method") or h.get("x-forwarded-method") or "GET") if plan.needs_method else "GET"
+        return self._descriptors(peer, h, method, path), deny_status
 
     def authz_request(self, peer: str, h, method: str, raw_path: str) -> list:
         """Envoy ext_authz (path_prefix /v1/authz): the original path follows the prefix."""
@@ -505,72 +507,13 @@ def _problem(status: int, title: str, detail: str, headers: dict[str, str] | Non
 
 # --- fast path -----------------------------------------------------------------------------
 
-MAX_HEAD = 8190          # request line + headers, as aiohttp's default
 IDLE_TIMEOUT = 75.0      # keep-alive connections idle longer are closed (aiohttp's default)
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _STATUS_LINES = {c: f"HTTP/1.1 {c} {_REASONS[c]}\r\n" for c in (200, 400, 403, 429, 500)}
 
-_date_cache: list = [0, b"", ""]
-
-
 def _http_date() -> bytes:
-    now = int(time.time())
-    if now != _date_cache[0]:
-        _date_cache[0] = now
-        _date_cache[2] = formatdate(now, usegmt=True)
-        _date_cache[1] = _date_cache[2].encode()
-    return _date_cache[1]
-
-
-def _http_date_str() -> str:
-    """The Date header value, formatted at most once per second."""
-    now = int(time.time())
-    if now != _date_cache[0]:
-        _http_date()
-    return _date_cache[2]
-
-
-def read_head(buf: bytes):
-    """The request head at the start of ``buf``, for the fast paths: ``(end, head)``
-    with the blank line at ``buf[end:end + 4]``; None while it is incomplete; False
-    when aiohttp must decide (too long, or a bare CR or LF anywhere in it)."""
-    end = buf.find(b"\r\n\r\n")
-    if end < 0:
-        if len(buf) > MAX_HEAD or b"\n\n" in buf or b"\n\r\n" in buf:
-            return False
-        return None
-    if end > MAX_HEAD:
-        return False
-    head = buf[:end].decode("latin-1")
-    n = head.count("\r\n")
-    if head.count("\n") != n or head.count("\r") != n:
-        return False
-    return end, head
-
-
-_FRAMING = ("content-length", "transfer-encoding", "host")
-
-
-def parse_fields(lines, hs: list | None = None) -> dict[str, str] | None:
-    """Header lines to ``{lowercase name: first value}`` (and every field to ``hs``
-    as ``(name, value, lowercase name)`` when given); None when aiohttp must decide:
-    anything but ``name: value`` (no colon, obsolete folding, space before the
-    colon), or a repeated framing header, which is ambiguous about where the
-    request ends (request smuggling; aiohttp refuses it with a 400)."""
-    h: dict[str, str] = {}
-    for line in lines:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name[-1] in " \t" or line[0] in " \t":
-            return None
-        k = name.lower()
-        value = value.strip(" \t")
-        if k not in h:   # the first occurrence wins, as CIMultiDict.get
-            h[k] = value
-        elif k in _FRAMING:
-            return None
-        if hs is not None:
-            hs.append((name, value, k))
-    return h
+    """The Date header value (formatted at most once per second), as bytes."""
+    return http_date().encode("latin-1")
 
 
 def set_nodelay(transport) -> None:
@@ -623,7 +566,6 @@ class FastHTTPProtocol(asyncio.Protocol):
 
 _ENDPOINT = ("check", "authz")          # by the fast path's request kind
 _OK = (("check", "ok"), ("authz", "ok"))  # FrontStats.requests keys
-_KEEP_ALIVE = "Connection: keep-alive\r\n"
 _monotonic = time.monotonic
 
 
@@ -674,58 +616,25 @@ class FastCheckProtocol(FastHTTPProtocol):
     def _process(self) -> None:
         buf = self.buf
         while buf and not self.busy:
-            r = read_head(buf)
+            r = parse_check(buf)
             if not r:
                 if r is None:
                     break
                 return self._handoff(buf)
-            end, head = r
-            lines = head.split("\r\n")
-            parts = lines[0].split(" ")
-            if len(parts) != 3:
-                return self._handoff(buf)
-            method, target, version = parts
-            if version == "HTTP/1.1":
-                http10 = False
-            elif version == "HTTP/1.0":
-                http10 = True
-            else:
-                return self._handoff(buf)
-            q = target.find("?")
-            path = target if q < 0 else target[:q]
-            if path == "/v1/check":
-                if method != "GET" and method != "HEAD":
-                    return self._handoff(buf)
-                kind = 0
-            elif path.startswith("/v1/authz") and (len(path) == 9 or path[9] == "/"):
-                kind = 1
-            else:
-                return self._handoff(buf)
-            del lines[0]
-            h = parse_fields(lines)
-            if h is None or "transfer-encoding" in h or h.get("content-length", "0") != "0" or "upgrade" in h:
-                return self._handoff(buf)
-            buf = buf[end + 4:]
-            self.buf = buf
-            conn = h.get("connection")
-            if conn is None:
-                keep = not http10
-            elif http10:
-                keep = "keep-alive" in conn.lower()
-            else:
-                keep = "close" not in conn.lower()
+            rest, kind, method, target, query, keep, http10, h = r
+            self.buf = rest
             self.http10 = http10
-            self._serve(kind, method, target, q, h, keep)
+            self._serve(kind, method, target, query, h, keep)
             buf = self.buf
         self.buf = buf
         if self.paused and not self.busy:
             self.paused = False
             self.transport.resume_reading()
 
-    def _serve(self, kind: int, method: str, target: str, q: int, h: dict, keep: bool) -> None:
+    def _serve(self, kind: int, method: str, target: str, query: str, h: dict, keep: bool) -> None:
         sc = self.sc
         if kind == 0:
-            prep = sc.check_request(self.peer, h, "" if q < 0 else target[q + 1:])
+            prep = sc.check_request(self.peer, h, query)
             if prep.__class__ is Reply:
                 return self._send(prep, keep, method == "HEAD")
             descs, deny = prep
@@ -734,24 +643,30 @@ class FastCheckProtocol(FastHTTPProtocol):
             deny = 429
         lim = sc.limiter
         if lim.is_sync:
-            result = lim.check_nowait(lim.rules.domain, descs)
-            if result.code != OVER_LIMIT and result.delay <= 0:
-                # the common answer, formatted straight from the decision (same bytes as _send)
-                sc.front.requests[_OK[kind]] += 1
-                t = self.transport
-                if t is None or t.is_closing():
+            result = lim.check_fast(descs)
+            if result.__class__ is tuple:
+                st = result
+            else:   # several descriptors: the reported status, when admitted with no delay
+                st = result.report
+                if st is not None and (result.code == OVER_LIMIT or result.delay > 0):
+                    st = None
+                st = None if st is None else (st.rule, st.decision)
+            if st is not None:
+                # the common answer (admitted, no delay), formatted straight from the
+                # decision: the same bytes as _send
+                out = ok_response(st[0], st[1], (1 if self.http10 else 0) if keep else 2)
+                if out is not None:
+                    sc.front.requests[_OK[kind]] += 1
+                    t = self.transport
+                    if t is None or t.is_closing():
+                        return
+                    t.write(out)
+                    if not keep:
+                        self.buf = b""
+                        t.close()
                     return
-                if keep:
-                    t.write(f"HTTP/1.1 200 OK\r\n{rate_header_lines(result)}Content-Length: 0\r\n"
-                            f"{_KEEP_ALIVE if self.http10 else ''}Server: netlimit\r\nDate: {_http_date_str()}"
-                            "\r\n\r\n".encode("latin-1"))
-                else:
-                    t.write(f"HTTP/1.1 200 OK\r\n{rate_header_lines(result)}Content-Length: 0\r\n"
-                            f"Connection: close\r\nServer: netlimit\r\nDate: {_http_date_str()}"
-                            "\r\n\r\n".encode("latin-1"))
-                    self.buf = b""
-                    t.close()
-                return
+                if result.__class__ is tuple:   # what ok_response leaves to Python (see httphead)
+                    result = lim.as_result(*result)
             endpoint = _ENDPOINT[kind]
             reply = sc.decision_reply(endpoint, result, deny)
             if reply.delay <= 0:

@@ -64,26 +64,6 @@ def rate_headers(result: CheckResult) -> dict[str, str]:
     return h
 
 
-def rate_header_lines(result: CheckResult) -> str:
-    """The same fields as :func:`rate_headers`, in the same order, already
-    formatted as ``Name: value\r\n`` lines (the fast path writes them straight
-    into the response head: no dict, no second loop)."""
-    st = result.report
-    if st is None:
-        return ""
-    d = st.decision
-    rule = st.rule
-    rem = d.remaining  # type: ignore[union-attr]
-    reset = d.reset  # type: ignore[union-attr]
-    t = _ceil(reset - 1e-6) if reset > 0 else 0
-    s = (f"X-RateLimit-Limit: {d.limit}\r\nX-RateLimit-Remaining: {rem}\r\n"  # type: ignore[union-attr]
-         f"RateLimit-Policy: {rule.policy}\r\nRateLimit: {rule.sf_name};r={rem};t={t}\r\n")  # type: ignore
-    if not d.allowed:  # type: ignore[union-attr]
-        r = retry_seconds(st)
-        s += f"X-RateLimit-Retry-After: {r}\r\nRetry-After: {r}\r\n"
-    return s
-
-
 def problem_body(result: CheckResult, status: int = 429) -> str:
     """RFC 9457 problem details naming the rule that denied the request."""
     st = result.report

@@ -229,16 +229,43 @@ class Limiter:
     def check_nowait(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:
         """:meth:`check` without a coroutine, for an in-process primary store
         (``is_sync``); front doors that run outside a task use it."""
+        if domain != self.rules.domain:
+            return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
+        res = self.check_fast(descriptors, cost)
+        return self.as_result(*res) if res.__class__ is tuple else res  # type: ignore[misc,return-value]
+
+    @staticmethod
+    def as_result(r: Rule, dec: Decision) -> CheckResult:
+        """The CheckResult of check_fast's ``(rule, decision)``."""
+        # DescriptorStatus(OK, r, dec, False, near, SRC_STORE) and its CheckResult,
+        # filled in place (no __init__ frames)
+        st = _new(DescriptorStatus)
+        st.code = OK
+        st.rule = r
+        st.decision = dec
+        st.shadow_over = False
+        st.near = dec.remaining <= r.near_threshold
+        st.source = SRC_STORE
+        result = _new(CheckResult)
+        result.code = OK
+        result.statuses = [st]
+        result.report = st
+        result.delay = 0.0
+        return result
+
+    def check_fast(self, descriptors: Sequence[Sequence[Entry]],
+                   cost: int = 1) -> tuple[Rule, Decision] | CheckResult:
+        """:meth:`check_nowait` in the rules' own domain, for the fast paths:
+        ``(rule, decision)`` for the common answer -- one descriptor, admitted by
+        an enforced rule with no delay, counted as check_nowait counts it, but no
+        DescriptorStatus or CheckResult built -- else check_nowait's CheckResult."""
         t0 = _perf()
         rs = self.rules
-        if domain != rs.domain:
-            return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
         mem = self._mem
         if mem is None:
             raise RuntimeError("check_nowait needs an in-process store; use check()")
         if len(descriptors) == 1 and not rs.has_replaces:
-            # the common case (one descriptor, admitted) without list machinery;
-            # the same result and counters as _evaluate
+            # one descriptor, without list machinery; the same result and counters as _evaluate
             d = descriptors[0]
             r = rs.match(d)
             if r is None or r.limit is None:
@@ -249,29 +276,21 @@ class Limiter:
                     stats = r.stats
                     stats.hits += cost
                     stats.within += cost
-                    # DescriptorStatus(OK, r, dec, False, near, SRC_STORE) and its
-                    # CheckResult, filled in place (no __init__ frames)
-                    st = _new(DescriptorStatus)
-                    st.code = OK
-                    st.rule = r
-                    st.decision = dec
-                    st.shadow_over = False
-                    st.source = SRC_STORE
-                    if dec.remaining <= r.near_threshold:
+                    near = dec.remaining <= r.near_threshold
+                    if near:
                         stats.near += cost
-                        st.near = True
-                    else:
-                        st.near = False
-                    result = _new(CheckResult)
-                    result.code = OK
-                    result.statuses = [st]
+                    if not r.shadow and dec.delay <= 0.0:
+                        v = _perf() - t0   # Histogram.observe, inlined
+                        h = self.stats.latency
+                        h.counts[_bisect_left(h.bounds, v)] += 1
+                        h.sum += v
+                        h.count += 1
+                        return r, dec
+                    st = DescriptorStatus(OK, r, dec, False, near, SRC_STORE)
                     if r.shadow:
-                        result.report = None
-                        result.delay = 0.0
+                        result = CheckResult(OK, [st])
                     else:
-                        result.report = st
-                        delay = dec.delay
-                        result.delay = delay if delay > 0.0 else 0.0
+                        result = CheckResult(OK, [st], st, dec.delay)
                 else:
                     result = self._evaluate(descriptors, (r,), ((dec, SRC_STORE),), cost)
         else:

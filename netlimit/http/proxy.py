@@ -42,8 +42,8 @@ import time
 from yarl import URL
 
 from .actions import path_of_uri
-from .app import (ADMIN_PREFIX, HOP_BY_HOP, MAX_DELAY, MAX_HEAD, FastHTTPProtocol, Reply, _http_date,
-                  parse_fields, read_head, set_nodelay)
+from .app import ADMIN_PREFIX, HOP_BY_HOP, MAX_DELAY, FastHTTPProtocol, Reply, _http_date, set_nodelay
+from .httphead import MAX_HEAD, parse_request
 from .headers import PROBLEM_TYPE, problem_body, rate_headers
 from .limiter import OVER_LIMIT
 
@@ -526,24 +526,18 @@ class FastProxyProtocol(FastHTTPProtocol):
     def _process(self) -> None:
         buf = self.buf
         while buf and not self.busy:
-            r = read_head(buf)
+            hs: list[tuple[str, str, str]] = []
+            r = parse_request(buf, hs)
             if not r:
                 if r is None:
                     break
                 return self._handoff(buf)
-            end, head = r
-            lines = head.split("\r\n")
-            parts = lines[0].split(" ")
-            if len(parts) != 3 or parts[2] != "HTTP/1.1":
-                return self._handoff(buf)      # HTTP/1.0 and the unusual: aiohttp
-            method, target, _ = parts
+            end, method, target, http10, h = r
+            if http10:
+                return self._handoff(buf)      # HTTP/1.0: aiohttp
             if not target.startswith("/") or not method:
                 return self._handoff(buf)      # absolute-form, asterisk-form
             if target.startswith(ADMIN_PREFIX) and (len(target) == 10 or target[10] in "/?"):
-                return self._handoff(buf)
-            hs: list[tuple[str, str, str]] = []
-            h = parse_fields(lines[1:], hs)
-            if h is None:
                 return self._handoff(buf)
             if "transfer-encoding" in h or "expect" in h or "upgrade" in h:
                 return self._handoff(buf)

@@ -1,18 +1,20 @@
 """The decision fast path's direct 200 formatting (FastCheckProtocol._serve with
-headers.rate_header_lines) must produce the very bytes of the general path
+httphead.ok_response) must produce the very bytes of the general path
 (rate_headers → Reply → _send), whatever the connection's HTTP version and
 keep-alive, and however the requests arrive (one by one, pipelined, a byte at a
-time)."""
+time) -- with the C helpers and with their Python twins."""
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import re
 from pathlib import Path
 
 import pytest
 from netlimit.http import app as app_mod
+from netlimit.http import httphead
 from netlimit.http.app import FastCheckProtocol, Sidecar
-from netlimit.http.headers import rate_header_lines, rate_headers
 
 CONFIG = """\
 version: 1
@@ -56,11 +58,29 @@ class FakeTransport:
         pass
 
 
-@pytest.fixture()
-def sidecar(tmp_path: Path):
+@pytest.fixture(params=["c", "python"])
+def sidecar(request, tmp_path: Path, monkeypatch):
+    """A sidecar whose fast path uses the C helpers, then their Python twins."""
+    if request.param == "python":
+        impl = {name: getattr(httphead, "py_" + name) for name in ("parse_check", "ok_response", "http_date")}
+    else:
+        try:
+            from netlimit.http import _httphead
+        except ImportError as e:
+            pytest.fail(f"netlimit/http/_httphead.c is not built ({e}); pip install -e . with a C compiler")
+        impl = {name: getattr(_httphead, name) for name in ("parse_check", "ok_response", "http_date")}
+    for name, fn in impl.items():
+        monkeypatch.setattr(app_mod, name, fn)
     cfg = tmp_path / "n.yaml"
     cfg.write_text(CONFIG)
     return Sidecar(str(cfg))
+
+
+def _split_date(b: bytes) -> tuple[bytes, bytes]:
+    """(the response without its Date value, the Date value)."""
+    head, _, rest = b.partition(b"Date: ")
+    date, _, tail = rest.partition(b"\r\n")
+    return head + b"Date: \r\n" + tail, date
 
 
 def _no_handoff():
@@ -86,36 +106,69 @@ def _general(sc, result, keep: bool, http10: bool) -> bytes:
     ("HTTP/1.1", None, True), ("HTTP/1.1", "close", False), ("HTTP/1.0", "keep-alive", True),
     ("HTTP/1.0", None, False)])
 def test_direct_200_equals_the_general_path(sidecar, monkeypatch, version, conn, keep):
-    monkeypatch.setattr(app_mod, "_date_cache", [0, b"", ""])
     p, t = _conn(sidecar)
     head = f"GET /v1/check {version}\r\nHost: x\r\nX-Original-URI: /a\r\n"
     if conn:
         head += f"Connection: {conn}\r\n"
     lim = sidecar.limiter
     seen = []
-    real = lim.check_nowait
+    real = lim.check_fast
 
     def recording(*a, **k):
         seen.append(real(*a, **k))
         return seen[-1]
 
-    monkeypatch.setattr(lim, "check_nowait", recording)
+    monkeypatch.setattr(lim, "check_fast", recording)
     p.data_received((head + "\r\n").encode())
     assert len(t.out) == 1 and t.closed == (not keep)
-    (result,) = seen
-    assert t.out[0] == _general(sidecar, result, keep, version == "HTTP/1.0")
-    assert rate_header_lines(result) == "".join(f"{k}: {v}\r\n" for k, v in rate_headers(result).items())
+    (fast,) = seen   # two descriptors (address, path): a CheckResult
+    general = _general(sidecar, fast, keep, version == "HTTP/1.0")
+    (a, date_a), (b, date_b) = _split_date(t.out[0]), _split_date(general)
+    assert a == b
+    assert re.fullmatch(rb"(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
+                        rb"\d{4} \d\d:\d\d:\d\d GMT", date_a)
+    assert abs(email.utils.parsedate_to_datetime(date_a.decode()).timestamp()
+               - email.utils.parsedate_to_datetime(date_b.decode()).timestamp()) <= 1
 
 
-def test_rate_header_lines_of_a_denial(sidecar):
-    descs, _ = sidecar.check_request("192.0.2.7", {"x-original-uri": "/tiny"}, "")
+def test_one_descriptor_direct_200_equals_the_general_path(tmp_path, monkeypatch):
+    """check_fast's (rule, decision) answer (one descriptor) formats as the general path."""
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text(CONFIG.replace("    - [path]\n", ""))
+    sc = Sidecar(str(cfg))
+    lim = sc.limiter
+    seen = []
+    real = lim.check_fast
+    monkeypatch.setattr(lim, "check_fast", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    for impl in ("c", "python"):
+        if impl == "python":
+            for name in ("parse_check", "ok_response", "http_date"):
+                monkeypatch.setattr(app_mod, name, getattr(httphead, "py_" + name))
+        p, t = _conn(sc)
+        p.data_received(b"GET /v1/check HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert seen[-1].__class__ is tuple
+        general = _general(sc, lim.as_result(*seen[-1]), True, False)
+        assert _split_date(t.out[0])[0] == _split_date(general)[0]
+        assert b"X-RateLimit-Remaining: " + str(seen[-1][1].remaining).encode() in t.out[0]
+
+
+def test_what_ok_response_leaves_to_python_takes_the_general_path(sidecar, monkeypatch):
+    """A decision ok_response does not format (here: a float limit) is answered by
+    the general path with the same status and headers."""
     lim = sidecar.limiter
-    results = [lim.check_nowait(lim.rules.domain, descs) for _ in range(3)]
-    assert not results[-1].allowed
-    for r in results:
-        assert rate_header_lines(r) == "".join(f"{k}: {v}\r\n" for k, v in rate_headers(r).items())
-    assert "Retry-After: " in rate_header_lines(results[-1])
+    real = lim.check_fast
 
+    def floaty(*a, **k):
+        r = real(*a, **k)
+        d = r[1] if r.__class__ is tuple else r.report.decision
+        d.limit = float(d.limit)
+        return r
+
+    monkeypatch.setattr(lim, "check_fast", floaty)
+    p, t = _conn(sidecar)
+    p.data_received(b"GET /v1/check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /a\r\n\r\n")
+    assert t.out[0].startswith(b"HTTP/1.1 200 OK\r\nX-RateLimit-Limit: 1000.0\r\n")
+    assert sidecar.front.requests[("check", "ok")] == 1
 
 def test_pipelined_and_byte_by_byte_give_the_same_answers(sidecar):
     reqs = b"".join(f"GET /v1/check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /p{i}\r\n\r\n".encode()
