@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 from redis.exceptions import NoScriptError as _RedisNoScriptError
 from redis.exceptions import RedisError
 
-from .resp import Args, NoScriptError, RespClient, RespError, RespTimeoutError, parse_url
+from .resp import NoScriptError, RespClient, RespError, RespTimeoutError, bulk, parse_url
 from .algorithms import _INF, _J, _LIMIT_BY_NS, ALGORITHMS, DENIED, Decision, Limit, _deny_all, _floor, _new, is_idle
 
 __all__ = ["Store", "StoreError", "MemoryStore", "RedisStore", "hash_key", "load_lua"]
@@ -319,6 +319,40 @@ def _sha(algorithm: str) -> bytes:
     return sha
 
 
+def _decode(res: Any, limit: Limit) -> Decision:
+    """A script's reply as a Decision: ``{allowed, limit, remaining, retry_after,
+    reset, delay}``, or an admission's compact ``{1, remaining, x, now}``
+    (_prelude.lua) whose reset is computed here with the very operations the
+    script and algorithms.py use, so the result is the same float."""
+    if len(res) != 4:
+        return Decision(res[0] == 1, int(res[1]), int(res[2]), float(res[3]), float(res[4]), float(res[5]))
+    if res[0] != 1:
+        raise ValueError("a compact reply is an admission")
+    d = _new(Decision)
+    d.allowed = True
+    d.limit = limit._cap
+    d.remaining = int(res[1])
+    d.retry_after = 0.0
+    alg = limit.algorithm
+    if alg == "fixed_window":
+        d.reset = (int(res[2]) + 1) * limit.period - float(res[3])
+    elif alg == "sliding_window_counter":
+        d.reset = (int(res[2]) + 2) * limit.period - float(res[3])
+    elif limit._bk:   # token bucket, leaky bucket without a queue delay: x is the room left
+        d.reset = (limit._cap - float(res[2])) / limit._rate
+    else:
+        raise ValueError(f"no compact reply for {alg}")
+    d.delay = 0.0
+    return d
+
+
+def _evalsha_frame(algorithm: str, argv: tuple[bytes, ...]) -> tuple[bytes, bytes]:
+    """RESP for ``EVALSHA <sha> 1 <key> <argv...>`` in two parts: before the key
+    and after it."""
+    head = b"*%d\r\n" % (4 + len(argv)) + b"".join(map(bulk, (b"EVALSHA", _sha(algorithm), b"1")))
+    return head, b"".join(map(bulk, argv))
+
+
 def _limit_argv(limit: Limit) -> tuple[bytes, bytes, bytes, bytes]:
     """ARGV 1-4 of every script (_prelude.lua): limit, period, capacity, queue mode."""
     return (b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity,
@@ -385,9 +419,9 @@ class RedisStore:
             self._owns_client = False
         self._shas: dict[str, str] = {}
         self._args: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}  # by Limit._ns
-        # lean client, by Limit._ns: (key head "<prefix>:{<sig>:", Args(sha, number of keys),
-        # ARGV 1-4, {(cost, dry): Args(ARGV 1-7)})
-        self._lean_args: dict[str, tuple[str, Args, tuple[bytes, ...], dict[tuple[int, bytes], Args]]] = {}
+        # lean client, by Limit._ns: (key head "<prefix>:{<sig>:", ARGV 1-4,
+        # {(cost, dry): the EVALSHA's RESP before and after the key (_evalsha_frame)})
+        self._lean_args: dict[str, tuple[str, tuple[bytes, ...], dict[tuple[int, bytes], tuple[bytes, bytes]]]] = {}
 
     @property
     def client(self) -> Any:
@@ -420,8 +454,8 @@ class RedisStore:
         """Decide and consume.  ``now`` overrides the server clock (tests only).
 
         Through the lean client: one EVALSHA, its deadline kept by the client
-        (no asyncio.timeout); the arguments that repeat are encoded once
-        (:class:`~netlimit.http.resp.Args`).  Written out here, not in a helper,
+        (no asyncio.timeout); everything but the key is encoded once per limit,
+        cost and dry run (:func:`_evalsha_frame`).  Written out here, not in a helper,
         to save a coroutine per decision."""
         if not self._lean:
             return await self._call(key, limit, cost, now, _dry)
@@ -431,30 +465,32 @@ class RedisStore:
             return _deny_all(cost)
         la = self._lean_args.get(limit._ns)
         if la is None:
-            la = (f"{self._prefix}:{{{limit._sig}:", Args(_sha(limit.algorithm), 1), _limit_argv(limit), {})
+            la = (f"{self._prefix}:{{{limit._sig}:", _limit_argv(limit), {})
             self._lean_args[limit._ns] = la
-        head, sha_nkeys, fixed, tails = la
-        rkey = (head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}"
-        # ARGV encoded once per (cost, dry run) when the server's clock is used
+        head, fixed, frames = la
+        rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}") \
+            .encode("utf-8", "surrogatepass")
+        # the whole EVALSHA but the key, encoded once per (cost, dry run) when the
+        # server's clock is used: one bytes formatting per decision
         if now is None:
-            tail = tails.get((cost, _dry))
-            if tail is None:
-                tail = Args(*fixed, b"%d" % cost, b"", _dry)
-                if len(tails) < 64:
-                    tails[(cost, _dry)] = tail
+            frame = frames.get((cost, _dry))
+            if frame is None:
+                frame = _evalsha_frame(limit.algorithm, (*fixed, b"%d" % cost, b"", _dry))
+                if len(frames) < 64:
+                    frames[(cost, _dry)] = frame
         else:
-            tail = Args(*fixed, b"%d" % cost, repr(float(now)), _dry)
-        cmd = ("EVALSHA", sha_nkeys, rkey, tail)
+            frame = _evalsha_frame(limit.algorithm, (*fixed, b"%d" % cost, repr(float(now)).encode(), _dry))
+        data = b"%b$%d\r\n%b\r\n%b" % (frame[0], len(rkey), rkey, frame[1])
         t0 = _monotonic()
         try:
             try:
-                res = await self._client.execute_command(*cmd)
+                res = await self._client.send_packed(data)
             except NoScriptError:  # SCRIPT FLUSH or a restarted / failed-over server
-                res = await self._reload_and_retry(limit.algorithm, cmd, self._timeout - (_monotonic() - t0))
+                res = await self._reload_and_retry(limit.algorithm, data, self._timeout - (_monotonic() - t0))
         except _STORE_FAILURES as e:
             raise StoreError(f"redis {limit.algorithm} for {key!r}: {e!r}") from e
         try:
-            return Decision(res[0] == 1, int(res[1]), int(res[2]), float(res[3]), float(res[4]), float(res[5]))
+            return _decode(res, limit)
         except (TypeError, ValueError, IndexError, KeyError) as e:
             raise StoreError(f"redis {limit.algorithm} for {key!r}: unexpected reply {res!r:.200}") from e
 
@@ -465,14 +501,14 @@ class RedisStore:
         if self._owns_client:
             await self._client.aclose()
 
-    async def _reload_and_retry(self, alg: str, cmd: tuple[Any, ...], budget: float) -> Any:
-        """SCRIPT LOAD and the EVALSHA again, sent back to back (one more round
-        trip), within what is left of the call's timeout."""
+    async def _reload_and_retry(self, alg: str, data: bytes, budget: float) -> Any:
+        """SCRIPT LOAD and the EVALSHA (``data``, encoded) again, sent back to back
+        (one more round trip), within what is left of the call's timeout."""
         if budget <= 0:
             raise RespTimeoutError(f"NOSCRIPT for {alg} and no time left to reload it")
         client = self._client
         loaded, res = await asyncio.gather(client.execute_command(b"SCRIPT", b"LOAD", load_lua(alg), timeout=budget),
-                                           client.execute_command(*cmd, timeout=budget), return_exceptions=True)
+                                           client.send_packed(data, timeout=budget), return_exceptions=True)
         if isinstance(loaded, BaseException):
             raise loaded
         self._shas[alg] = loaded.decode()
@@ -506,4 +542,7 @@ class RedisStore:
                     res = await self._client.evalsha(sha, len(keys), *keys, *argv)
         except _STORE_FAILURES as e:
             raise StoreError(f"redis {alg} for {key!r}: {e!r}") from e
-        return Decision(res[0] == 1, int(res[1]), int(res[2]), float(res[3]), float(res[4]), float(res[5]))
+        try:
+            return _decode(res, limit)
+        except (TypeError, ValueError, IndexError, KeyError) as e:
+            raise StoreError(f"redis {alg} for {key!r}: unexpected reply {res!r:.200}") from e

@@ -2,8 +2,8 @@
 -- KEYS[1] state key (string: "<window index> <count>")
 -- ARGV: 1 limit, 2 period (s), 3 capacity (= limit), 4 unused, 5 cost,
 --       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
--- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
--- '%.17g' strings because Redis truncates Lua numbers to integers.
+-- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
+-- strings), or for an admission {1, remaining, w, nowstr} (_prelude.lua).
 -- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cap, cost, dry)
 
 local w = math.floor(now / period)
@@ -28,6 +28,6 @@ if new > lim then
   return {0, lim, remaining, fmt(reset), fmt(reset), '0'}
 end
 if cost > 0 and not dry then
-  redis.call('SET', key, fmt(w) .. ' ' .. fmt(new), 'PX', math.ceil(reset * 1000) + 1000)
+  redis.call('SET', key, string.format('%d %d', w, new), 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
 end
-return {1, lim, lim - new, '0', fmt(reset), '0'}
+return {1, lim - new, w, nowstr} -- compact: reset = (w + 1) * period - now

@@ -3,8 +3,8 @@
 -- KEYS[1] state key (string: "<window index> <previous count> <current count>")
 -- ARGV: 1 limit, 2 period (s), 3 capacity (= limit), 4 unused, 5 cost,
 --       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
--- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
--- '%.17g' strings because Redis truncates Lua numbers to integers.
+-- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
+-- strings), or for an admission {1, remaining, w, nowstr} (_prelude.lua).
 -- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cap, cost, dry)
 
 local w = math.floor(now / period)
@@ -67,8 +67,8 @@ end
 if cost == 0 then
   return {1, lim, hold - n, '0', fmt(reset_of(prev, curr)), '0'}
 end
-local reset = (w + 2) * period - now
 if not dry then
-  redis.call('SET', key, fmt(w) .. ' ' .. fmt(prev) .. ' ' .. fmt(n), 'PX', math.ceil(reset * 1000) + 1000)
+  local reset = (w + 2) * period - now
+  redis.call('SET', key, string.format('%d %d %d', w, prev, n), 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
 end
-return {1, lim, hold - n, '0', fmt(reset), '0'}
+return {1, hold - n, w, nowstr} -- compact: reset = (w + 2) * period - now
