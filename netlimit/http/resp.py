@@ -7,8 +7,8 @@ per command.  This client keeps only what the store needs:
 
 * one TCP or unix-socket connection per client, an :class:`asyncio.Protocol`
   whose replies are parsed by ``hiredis.Reader`` and matched FIFO to futures;
-* commands are encoded straight to bytes (the parts that repeat can be
-  encoded once, :class:`Args`), and commands issued by concurrent callers in one loop
+* commands are encoded straight to bytes (or sent already encoded,
+  :meth:`RespClient.send_packed`), and commands issued by concurrent callers in one loop
   iteration go out in one write (auto-pipelining).  Every command is still one
   request and one reply: pipelining shares syscalls, it adds no command;
 * every command has a deadline (``timeout``); one timer per connection, armed
@@ -34,6 +34,8 @@ Errors: :class:`ReplyError` (a ``-ERR ...`` reply; :class:`NoScriptError` for
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +43,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 
-__all__ = ["RespClient", "Args", "pack", "RespError", "ReplyError", "NoScriptError", "RespConnectionError",
+__all__ = ["RespClient", "pack", "bulk", "RespError", "ReplyError", "NoScriptError", "RespConnectionError",
            "RespTimeoutError", "RespProtocolError", "Address", "parse_url"]
 
 
@@ -119,7 +121,8 @@ def parse_url(url: str) -> Address | None:
 
 # --------------------------------------------------------------------------- encoding
 
-def _bulk(a: Any) -> bytes:
+def bulk(a: Any) -> bytes:
+    """One RESP bulk string (as :func:`pack` encodes each argument)."""
     t = type(a)
     if t is str:
         a = a.encode("utf-8", "surrogatepass")
@@ -134,31 +137,20 @@ def _bulk(a: Any) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(a), a)
 
 
-class Args:
-    """Several arguments encoded once, passed to :meth:`RespClient.execute_command`
-    as one item (they count as ``len(args)`` arguments): the parts of a command
-    that repeat call after call, e.g. a script's SHA and its fixed ARGV."""
-
-    __slots__ = ("data", "n")
-
-    def __init__(self, *args: Any) -> None:
-        self.data = b"".join(map(_bulk, args))
-        self.n = len(args)
-
-    def __repr__(self) -> str:
-        return f"Args({self.data!r})"
-
+_get_ident = threading.get_ident
+_FORK_EPOCH = [0]   # + 1 in a forked child: a client checks its loop again there
+os.register_at_fork(after_in_child=lambda: _FORK_EPOCH.__setitem__(0, _FORK_EPOCH[0] + 1))
 
 _NAMES: dict[Any, bytes] = {}   # encoded command names (a small set)
 
 
 def pack(args: tuple[Any, ...]) -> bytes:
     """RESP array of bulk strings: ``str`` as UTF-8 (surrogates kept), ``bytes``
-    as is, ``int`` and ``float`` as Redis reads them, :class:`Args` spliced in."""
+    as is, ``int`` and ``float`` as Redis reads them."""
     name = args[0]
     e = _NAMES.get(name)
     if e is None:
-        e = _bulk(name)
+        e = bulk(name)
         if len(_NAMES) < 256:
             _NAMES[name] = e
     out = [b"", e]
@@ -166,16 +158,13 @@ def pack(args: tuple[Any, ...]) -> bytes:
     n = len(args)
     for a in args[1:]:
         t = type(a)
-        if t is Args:
-            app(a.data)
-            n += a.n - 1
-        elif t is str:
+        if t is str:
             a = a.encode("utf-8", "surrogatepass")
             app(b"$%d\r\n%b\r\n" % (len(a), a))
         elif t is bytes:
             app(b"$%d\r\n%b\r\n" % (len(a), a))
         else:
-            app(_bulk(a))
+            app(bulk(a))
     out[0] = b"*%d\r\n" % n
     return b"".join(out)
 
@@ -323,6 +312,8 @@ class RespClient:
         if addr.db:
             self._handshake.append((b"SELECT", addr.db))
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._epoch = -1                           # _FORK_EPOCH and thread when _loop was last checked
+        self._tid = -1
         self._conn: _Conn | None = None            # connected (handshake done) and not lost
         self._connecting: asyncio.Task | None = None
         # commands waiting for a connection: (future, deadline, data)
@@ -352,9 +343,15 @@ class RespClient:
 
     def send_packed(self, data: bytes, timeout: float | None = None) -> "asyncio.Future[Any]":
         """Send one already-encoded command (exactly one: its reply resolves the future)."""
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._bind(loop)
+        loop = self._loop
+        # asyncio.get_running_loop() costs a getpid() system call per command on
+        # Python 3.11; the loop this client is bound to, still running in this
+        # thread and process, is the running one
+        if loop is None or self._epoch != _FORK_EPOCH[0] or _get_ident() != self._tid or not loop.is_running():
+            loop = asyncio.get_running_loop()
+            if loop is not self._loop:
+                self._bind(loop)
+            self._epoch, self._tid = _FORK_EPOCH[0], _get_ident()
         fut = loop.create_future()
         deadline = loop.time() + (self.timeout if timeout is None else timeout)
         conn = self._conn

@@ -252,15 +252,15 @@ def test_exactly_one_evalsha_round_trip_per_decision(redis_server):
         r = await admin(redis_server)
         sent: list[str] = []
         client = store.client
-        orig = client.execute_command
+        orig = client.send_packed   # every command goes through it (execute_command too)
 
-        async def counting(*args, **kw):
-            sent.append(str(args[0]).upper())
-            return await orig(*args, **kw)
+        def counting(data, *args, **kw):
+            sent.append(data.split(b"\r\n")[2].decode().upper())   # *N, $len, NAME
+            return orig(data, *args, **kw)
 
         try:
             await store.load_scripts()
-            client.execute_command = counting
+            client.send_packed = counting
             await r.config_resetstat()
             n = 0
             for i in range(30):
@@ -272,7 +272,7 @@ def test_exactly_one_evalsha_round_trip_per_decision(redis_server):
             assert "cmdstat_eval" not in stats and "cmdstat_script" not in stats
             assert sent == ["EVALSHA"] * n  # one command, one round trip, per decision
         finally:
-            client.execute_command = orig
+            client.send_packed = orig
             await store.close()
             await r.aclose()
 
