@@ -583,7 +583,7 @@ class FastCheckProtocol(FastHTTPProtocol):
     but the bodiless decision requests.
     """
 
-    __slots__ = ("sc", "aio", "transport", "buf", "busy", "peer", "last", "paused", "http10")
+    __slots__ = ("sc", "aio", "transport", "buf", "busy", "peer", "last", "paused", "http10", "loop")
 
     def __init__(self, sc: "Sidecar", aio_factory) -> None:
         self.sc = sc
@@ -595,6 +595,7 @@ class FastCheckProtocol(FastHTTPProtocol):
         self.peer = ""
         self.last = time.monotonic()
         self.http10 = False
+        self.loop: asyncio.AbstractEventLoop | None = None   # looked up once (get_running_loop costs a getpid)
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -672,10 +673,16 @@ class FastCheckProtocol(FastHTTPProtocol):
             if reply.delay <= 0:
                 return self._send(reply, keep, method == "HEAD")
             self.busy = True
-            asyncio.get_running_loop().call_later(reply.delay, self._finish, reply, keep, method == "HEAD")
+            self._loop().call_later(reply.delay, self._finish, reply, keep, method == "HEAD")
             return
         self.busy = True
-        asyncio.ensure_future(self._serve_async(_ENDPOINT[kind], descs, deny, keep, method == "HEAD"))
+        self._loop().create_task(self._serve_async(_ENDPOINT[kind], descs, deny, keep, method == "HEAD"))
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
+        return loop
 
     async def _serve_async(self, endpoint, descs, deny, keep, head_only) -> None:
         sc = self.sc

@@ -164,11 +164,13 @@ class UpstreamConn(asyncio.Protocol):
         self.reading_paused = False
         self.timer: asyncio.TimerHandle | None = None
         self.last_rx = 0.0
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()   # once (a getpid() per call on Python 3.11)
         set_nodelay(transport)
 
     def connection_lost(self, exc) -> None:
@@ -222,7 +224,7 @@ class UpstreamConn(asyncio.Protocol):
         self.keep = True
         self.head_only = head_only
         self.last_rx = time.monotonic()
-        self.timer = asyncio.get_running_loop().call_later(self.pool.read_timeout, self._on_timer)
+        self.timer = self.loop.call_later(self.pool.read_timeout, self._on_timer)  # type: ignore[union-attr]
         self.transport.write(data)  # type: ignore[union-attr]
 
     def _on_timer(self) -> None:
@@ -232,7 +234,8 @@ class UpstreamConn(asyncio.Protocol):
             return
         quiet = time.monotonic() - self.last_rx
         if quiet < self.pool.read_timeout:
-            self.timer = asyncio.get_running_loop().call_later(self.pool.read_timeout - quiet, self._on_timer)
+            self.timer = self.loop.call_later(self.pool.read_timeout - quiet,  # type: ignore[union-attr]
+                                             self._on_timer)
             return
         self.client = None
         self.keep = False
