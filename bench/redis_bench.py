@@ -128,8 +128,8 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
     await nl_store.load_scripts()
     lm_storage = LimitsRedis(f"async+redis://127.0.0.1:{port}/0", implementation="redispy")
     _, stream = key_stream(10_000, mode.pick(20_000, 100_000), seed=2)
-    budget = mode.pick(0.25, 1.5)
-    rounds = mode.pick(2, 4)
+    budget = mode.pick(0.25, 1.2)
+    rounds = mode.pick(2, 6)
     counter = _Counter()
     try:
         for alg in PEERS:
