@@ -645,17 +645,16 @@ class FastCheckProtocol(FastHTTPProtocol):
         lim = sc.limiter
         if lim.is_sync:
             result = lim.check_fast(descs)
-            if result.__class__ is tuple:
-                st = result
-            else:   # several descriptors: the reported status, when admitted with no delay
-                st = result.report
-                if st is not None and (result.code == OVER_LIMIT or result.delay > 0):
-                    st = None
-                st = None if st is None else (st.rule, st.decision)
-            if st is not None:
+            if result.__class__ is tuple:   # one descriptor, admitted: (rule, decision)
+                reported = result
+            elif result.code != OVER_LIMIT and result.delay <= 0 and result.report is not None:
+                reported = (result.report.rule, result.report.decision)   # several, admitted
+            else:
+                reported = None
+            if reported is not None:
                 # the common answer (admitted, no delay), formatted straight from the
                 # decision: the same bytes as _send
-                out = ok_response(st[0], st[1], (1 if self.http10 else 0) if keep else 2)
+                out = ok_response(reported[0], reported[1], (1 if self.http10 else 0) if keep else 2)
                 if out is not None:
                     sc.front.requests[_OK[kind]] += 1
                     t = self.transport
