@@ -90,22 +90,97 @@ static const char *find_crlf(const char *p, const char *e)
     return NULL;
 }
 
-/* A new reference: Py_None (the head is incomplete), Py_False (aiohttp must
- * decide) or (end, method, target, http10, fields); NULL with an exception. */
-static PyObject *parse(PyObject *bufobj, PyObject *hs)
+/* What parse() found: the head ends at buf[end] (the blank line follows);
+ * method, target and fields are new references (target is 1-byte kind, from
+ * latin1(); method is one of the interned constants when it is GET, HEAD or
+ * POST). */
+typedef struct {
+    Py_ssize_t end;
+    int http10;
+    PyObject *method, *target, *fields;
+} Head;
+
+enum { P_ERROR = -1, P_INCOMPLETE, P_HANDOFF, P_OK };
+
+static void head_clear(Head *hd)
+{
+    Py_CLEAR(hd->method);
+    Py_CLEAR(hd->target);
+    Py_CLEAR(hd->fields);
+}
+
+/* One field line [p, q): into h (and hs); P_OK, P_HANDOFF or P_ERROR. */
+static int parse_field(const char *p, const char *q, PyObject *h, PyObject *hs)
+{
+    const char *colon = memchr(p, ':', (size_t)(q - p));
+    if (colon == NULL || colon == p)
+        return P_HANDOFF;
+    Py_ssize_t nlen = colon - p;
+    for (Py_ssize_t i = 0; i < nlen; i++)
+        if (!tchar[(unsigned char)p[i]])
+            return P_HANDOFF;
+    const char *vs = colon + 1, *ve = q;
+    while (vs < ve && (*vs == ' ' || *vs == '\t')) vs++;
+    while (ve > vs && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+
+    char low[128], *kbuf = low, *heap = NULL;
+    if (nlen > (Py_ssize_t)sizeof low) {
+        if ((heap = PyMem_Malloc((size_t)nlen)) == NULL) {
+            PyErr_NoMemory();
+            return P_ERROR;
+        }
+        kbuf = heap;
+    }
+    for (Py_ssize_t i = 0; i < nlen; i++) {
+        char c = p[i];
+        kbuf[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
+    }
+    int framing = is_framing(kbuf, nlen);
+    PyObject *key = PyUnicode_FromStringAndSize(kbuf, nlen);   /* tchar: ASCII */
+    PyMem_Free(heap);
+    PyObject *value = key == NULL ? NULL : latin1(vs, ve - vs);
+    int rc = P_ERROR;
+    if (value == NULL)
+        goto out;
+    int has = PyDict_Contains(h, key);
+    if (has < 0 || (!has && PyDict_SetItem(h, key, value) < 0))
+        goto out;
+    if (has && framing) {   /* the first occurrence wins, but not for these */
+        rc = P_HANDOFF;
+        goto out;
+    }
+    if (hs != NULL) {
+        PyObject *name = PyUnicode_FromStringAndSize(p, nlen);
+        PyObject *t = name == NULL ? NULL : PyTuple_Pack(3, name, value, key);
+        Py_XDECREF(name);
+        int failed = t == NULL || PyList_Append(hs, t) < 0;
+        Py_XDECREF(t);
+        if (failed)
+            goto out;
+    }
+    rc = P_OK;
+out:
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    return rc;
+}
+
+/* The head at the start of bufobj (bytes) into *hd; fields also to hs (a list)
+ * when not NULL.  P_OK, P_INCOMPLETE, P_HANDOFF (aiohttp must decide) or
+ * P_ERROR with an exception set; hd holds references only on P_OK. */
+static int parse(PyObject *bufobj, PyObject *hs, Head *hd)
 {
     const char *b = PyBytes_AS_STRING(bufobj);
     Py_ssize_t n = PyBytes_GET_SIZE(bufobj);
+    hd->method = hd->target = hd->fields = NULL;
 
     const char *e = find_blank(b, n);
-    if (e == NULL) {
-        if (n > MAX_HEAD || memmem(b, (size_t)n, "\n\n", 2) || memmem(b, (size_t)n, "\n\r\n", 3))
-            Py_RETURN_FALSE;
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t end = e - b;
-    if (end > MAX_HEAD)
-        Py_RETURN_FALSE;
+    if (e == NULL)
+        return n > MAX_HEAD || memmem(b, (size_t)n, "\n\n", 2) || memmem(b, (size_t)n, "\n\r\n", 3)
+            ? P_HANDOFF : P_INCOMPLETE;
+    hd->end = e - b;
+    if (hd->end > MAX_HEAD)
+        return P_HANDOFF;
     /* inside the head, every CR is followed by LF and every LF preceded by CR */
     for (const char *p = b; p < e; ) {
         const char *cr = memchr(p, '\r', (size_t)(e - p));
@@ -113,7 +188,7 @@ static PyObject *parse(PyObject *bufobj, PyObject *hs)
         if (cr == NULL && lf == NULL)
             break;
         if (cr == NULL || lf != cr + 1)
-            Py_RETURN_FALSE;   /* a bare LF before the next CR, or a CR not followed by LF */
+            return P_HANDOFF;   /* a bare LF before the next CR, or a CR not followed by LF */
         p = lf + 1;
     }
 
@@ -123,118 +198,48 @@ static PyObject *parse(PyObject *bufobj, PyObject *hs)
         le = e;
     const char *sp1 = memchr(b, ' ', (size_t)(le - b));
     if (sp1 == NULL)
-        Py_RETURN_FALSE;
+        return P_HANDOFF;
     const char *sp2 = memchr(sp1 + 1, ' ', (size_t)(le - sp1 - 1));
     if (sp2 == NULL || memchr(sp2 + 1, ' ', (size_t)(le - sp2 - 1)) != NULL)
-        Py_RETURN_FALSE;
+        return P_HANDOFF;
     Py_ssize_t vlen = le - sp2 - 1;
-    int http10;
     if (vlen == 8 && memcmp(sp2 + 1, "HTTP/1.1", 8) == 0)
-        http10 = 0;
+        hd->http10 = 0;
     else if (vlen == 8 && memcmp(sp2 + 1, "HTTP/1.0", 8) == 0)
-        http10 = 1;
+        hd->http10 = 1;
     else
-        Py_RETURN_FALSE;
+        return P_HANDOFF;
 
-    PyObject *h = PyDict_New();
-    if (h == NULL)
-        return NULL;
-    char low[128];
-    const char *p = (le == e) ? e : le + 2;
-    while (p < e) {
+    if ((hd->fields = PyDict_New()) == NULL)
+        return P_ERROR;
+    for (const char *p = (le == e) ? e : le + 2; p < e; ) {
         const char *q = find_crlf(p, e);
         if (q == NULL)
             q = e;
-        const char *colon = memchr(p, ':', (size_t)(q - p));
-        if (colon == NULL || colon == p)
-            goto handoff;
-        Py_ssize_t nlen = colon - p;
-        for (Py_ssize_t i = 0; i < nlen; i++)
-            if (!tchar[(unsigned char)p[i]])
-                goto handoff;
-        const char *vs = colon + 1, *ve = q;
-        while (vs < ve && (*vs == ' ' || *vs == '\t')) vs++;
-        while (ve > vs && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
-
-        char *kbuf = low, *heap = NULL;
-        if (nlen > (Py_ssize_t)sizeof(low)) {
-            heap = PyMem_Malloc((size_t)nlen);
-            if (heap == NULL) {
-                Py_DECREF(h);
-                return PyErr_NoMemory();
-            }
-            kbuf = heap;
+        int rc = parse_field(p, q, hd->fields, hs);
+        if (rc != P_OK) {
+            head_clear(hd);
+            return rc;
         }
-        for (Py_ssize_t i = 0; i < nlen; i++) {
-            char c = p[i];
-            kbuf[i] = (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
-        }
-        int framing = is_framing(kbuf, nlen);
-        PyObject *key = PyUnicode_FromStringAndSize(kbuf, nlen);   /* tchar: ASCII */
-        PyMem_Free(heap);
-        if (key == NULL) {
-            Py_DECREF(h);
-            return NULL;
-        }
-        PyObject *value = latin1(vs, ve - vs);
-        if (value == NULL) {
-            Py_DECREF(key);
-            Py_DECREF(h);
-            return NULL;
-        }
-        int has = PyDict_Contains(h, key);
-        if (has < 0 || (!has && PyDict_SetItem(h, key, value) < 0)) {
-            Py_DECREF(key);
-            Py_DECREF(value);
-            Py_DECREF(h);
-            return NULL;
-        }
-        if (has && framing) {   /* the first occurrence wins, but not for these */
-            Py_DECREF(key);
-            Py_DECREF(value);
-            goto handoff;
-        }
-        if (hs != NULL) {
-            PyObject *name = PyUnicode_FromStringAndSize(p, nlen);
-            PyObject *t = name == NULL ? NULL : PyTuple_Pack(3, name, value, key);
-            Py_XDECREF(name);
-            if (t == NULL || PyList_Append(hs, t) < 0) {
-                Py_XDECREF(t);
-                Py_DECREF(key);
-                Py_DECREF(value);
-                Py_DECREF(h);
-                return NULL;
-            }
-            Py_DECREF(t);
-        }
-        Py_DECREF(key);
-        Py_DECREF(value);
         p = (q == e) ? e : q + 2;
     }
-
-    PyObject *method = method_str(b, sp1 - b);
-    PyObject *target = method == NULL ? NULL : latin1(sp1 + 1, sp2 - sp1 - 1);
-    PyObject *endo = target == NULL ? NULL : PyLong_FromSsize_t(end);
-    PyObject *res = endo == NULL ? NULL : PyTuple_New(5);
-    if (res == NULL) {
-        Py_XDECREF(endo);
-        Py_XDECREF(target);
-        Py_XDECREF(method);
-        Py_DECREF(h);
-        return NULL;
+    hd->method = method_str(b, sp1 - b);
+    hd->target = hd->method == NULL ? NULL : latin1(sp1 + 1, sp2 - sp1 - 1);
+    if (hd->target == NULL) {
+        head_clear(hd);
+        return P_ERROR;
     }
-    PyObject *flag = http10 ? Py_True : Py_False;
-    Py_INCREF(flag);
-    PyTuple_SET_ITEM(res, 0, endo);
-    PyTuple_SET_ITEM(res, 1, method);
-    PyTuple_SET_ITEM(res, 2, target);
-    PyTuple_SET_ITEM(res, 3, flag);
-    PyTuple_SET_ITEM(res, 4, h);
-    return res;
+    return P_OK;
+}
 
-handoff:
-    Py_DECREF(h);
-    Py_RETURN_FALSE;
+/* None, False or NULL for what parse() answered when it is not P_OK */
+static PyObject *verdict(int rc)
+{
+    if (rc == P_INCOMPLETE)
+        Py_RETURN_NONE;
+    if (rc == P_HANDOFF)
+        Py_RETURN_FALSE;
+    return NULL;
 }
 
 static PyObject *parse_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -252,14 +257,21 @@ static PyObject *parse_request(PyObject *self, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "parse_request(): hs must be a list or None");
         return NULL;
     }
-    return parse(args[0], hs);
+    Head hd;
+    int rc = parse(args[0], hs, &hd);
+    if (rc != P_OK)
+        return verdict(rc);
+    PyObject *end = PyLong_FromSsize_t(hd.end);
+    PyObject *out = end == NULL ? NULL
+        : PyTuple_Pack(5, end, hd.method, hd.target, hd.http10 ? Py_True : Py_False, hd.fields);
+    Py_XDECREF(end);
+    head_clear(&hd);
+    return out;
 }
 
-/* ASCII case-insensitive: does s contain the lowercase ASCII word w? */
+/* ASCII case-insensitive: does s (1-byte kind) contain the lowercase ASCII word w? */
 static int contains_lower(PyObject *s, const char *w)
 {
-    if (PyUnicode_KIND(s) != PyUnicode_1BYTE_KIND)
-        return -1;
     const unsigned char *d = PyUnicode_1BYTE_DATA(s);
     Py_ssize_t n = PyUnicode_GET_LENGTH(s), m = (Py_ssize_t)strlen(w);
     for (Py_ssize_t i = 0; i + m <= n; i++) {
@@ -283,103 +295,57 @@ static PyObject *parse_check(PyObject *self, PyObject *bufobj)
         PyErr_Format(PyExc_TypeError, "parse_check() wants bytes, not %.100s", Py_TYPE(bufobj)->tp_name);
         return NULL;
     }
-    PyObject *r = parse(bufobj, NULL);
-    if (r == NULL || !PyTuple_Check(r))
-        return r;
-    PyObject *method = PyTuple_GET_ITEM(r, 1), *target = PyTuple_GET_ITEM(r, 2);
-    PyObject *h = PyTuple_GET_ITEM(r, 4);
-    int http10 = PyTuple_GET_ITEM(r, 3) == Py_True;
-    /* target comes from latin1(): 1-byte kind; method is one of the interned
-     * constants when it is GET or HEAD */
-    const char *t = (const char *)PyUnicode_1BYTE_DATA(target);
-    Py_ssize_t tn = PyUnicode_GET_LENGTH(target);
+    Head hd;
+    int rc = parse(bufobj, NULL, &hd);
+    if (rc != P_OK)
+        return verdict(rc);
+    PyObject *out = NULL, *rest = NULL, *query = NULL;
+    const char *t = (const char *)PyUnicode_1BYTE_DATA(hd.target);
+    Py_ssize_t tn = PyUnicode_GET_LENGTH(hd.target);
     const char *qm = memchr(t, '?', (size_t)tn);
     Py_ssize_t pn = qm == NULL ? tn : qm - t;
-    long kind;
+    PyObject *kind;
     if (pn == 9 && memcmp(t, "/v1/check", 9) == 0) {
-        if (method != s_get && method != s_head)
+        if (hd.method != s_get && hd.method != s_head)
             goto handoff;
-        kind = 0;
+        kind = s_zero;
     } else if (pn >= 9 && memcmp(t, "/v1/authz", 9) == 0 && (pn == 9 || t[9] == '/')) {
-        kind = 1;
+        kind = s_one;
     } else {
         goto handoff;
     }
-    PyObject *cl = PyDict_GetItemWithError(h, k_cl);
+    /* field values come from latin1(): 1-byte kind */
+    PyObject *cl = PyDict_GetItemWithError(hd.fields, k_cl);
     if (cl == NULL && PyErr_Occurred())
-        goto error;
-    if (cl != NULL && !(PyUnicode_GET_LENGTH(cl) == 1 && PyUnicode_READ_CHAR(cl, 0) == '0'))
+        goto done;
+    if (cl != NULL && !(PyUnicode_GET_LENGTH(cl) == 1 && PyUnicode_1BYTE_DATA(cl)[0] == '0'))
         goto handoff;
-    int has_te = PyDict_Contains(h, k_te), has_up = PyDict_Contains(h, k_upgrade);
+    int has_te = PyDict_Contains(hd.fields, k_te), has_up = PyDict_Contains(hd.fields, k_upgrade);
     if (has_te < 0 || has_up < 0)
-        goto error;
+        goto done;
     if (has_te || has_up)
         goto handoff;
-    PyObject *conn = PyDict_GetItemWithError(h, k_connection);
+    PyObject *conn = PyDict_GetItemWithError(hd.fields, k_connection);
     if (conn == NULL && PyErr_Occurred())
-        goto error;
-    int keep;
-    if (conn == NULL)
-        keep = !http10;
-    else if (http10)
-        keep = contains_lower(conn, "keep-alive");
-    else {
-        keep = contains_lower(conn, "close");
-        if (keep >= 0)
-            keep = !keep;
-    }
-    if (keep < 0)
-        goto error;
-    Py_ssize_t after = PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 0)) + 4;
-    Py_ssize_t n = PyBytes_GET_SIZE(bufobj);
-    PyObject *rest = PyBytes_FromStringAndSize(after >= n ? "" : PyBytes_AS_STRING(bufobj) + after,
-                                               after >= n ? 0 : n - after);
-    if (rest == NULL)
-        goto error;
-    PyObject *query;
-    if (qm == NULL) {
-        Py_INCREF(s_empty);
-        query = s_empty;
-    } else {
-        query = latin1(qm + 1, tn - pn - 1);
-        if (query == NULL) {
-            Py_DECREF(rest);
-            goto error;
-        }
-    }
-    PyObject *out = PyTuple_New(8);
-    if (out == NULL) {
-        Py_DECREF(query);
-        Py_DECREF(rest);
-        goto error;
-    }
-    PyObject *kp = keep ? Py_True : Py_False, *hp = http10 ? Py_True : Py_False;
-    PyObject *ko = kind ? s_one : s_zero;
-    Py_INCREF(ko);
-    Py_INCREF(method);
-    Py_INCREF(target);
-    Py_INCREF(kp);
-    Py_INCREF(hp);
-    Py_INCREF(h);
-    PyTuple_SET_ITEM(out, 0, rest);
-    PyTuple_SET_ITEM(out, 1, ko);
-    PyTuple_SET_ITEM(out, 2, method);
-    PyTuple_SET_ITEM(out, 3, target);
-    PyTuple_SET_ITEM(out, 4, query);
-    PyTuple_SET_ITEM(out, 5, kp);
-    PyTuple_SET_ITEM(out, 6, hp);
-    PyTuple_SET_ITEM(out, 7, h);
-    Py_DECREF(r);
-    return out;
-
+        goto done;
+    int keep = conn == NULL ? !hd.http10
+             : hd.http10 ? contains_lower(conn, "keep-alive")
+             : !contains_lower(conn, "close");
+    Py_ssize_t after = hd.end + 4, n = PyBytes_GET_SIZE(bufobj);
+    rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(bufobj) + after, n - after);
+    query = rest == NULL ? NULL : qm == NULL ? (Py_INCREF(s_empty), s_empty) : latin1(qm + 1, tn - pn - 1);
+    if (query != NULL)
+        out = PyTuple_Pack(8, rest, kind, hd.method, hd.target, query, keep ? Py_True : Py_False,
+                           hd.http10 ? Py_True : Py_False, hd.fields);
+    goto done;
 handoff:
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
-error:
-    Py_DECREF(r);
-    if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_SystemError, "parse_check: unexpected field value");
-    return NULL;
+    Py_INCREF(Py_False);
+    out = Py_False;
+done:
+    Py_XDECREF(rest);
+    Py_XDECREF(query);
+    head_clear(&hd);
+    return out;
 }
 
 /* the Date field value, formatted at most once per second, as
