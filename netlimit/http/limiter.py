@@ -280,17 +280,10 @@ class Limiter:
                     if near:
                         stats.near += cost
                     if not r.shadow and dec.delay <= 0.0:
-                        v = _perf() - t0   # Histogram.observe, inlined
-                        h = self.stats.latency
-                        h.counts[_bisect_left(h.bounds, v)] += 1
-                        h.sum += v
-                        h.count += 1
-                        return r, dec
-                    st = DescriptorStatus(OK, r, dec, False, near, SRC_STORE)
-                    if r.shadow:
-                        result = CheckResult(OK, [st])
+                        result = r, dec   # type: ignore[assignment]
                     else:
-                        result = CheckResult(OK, [st], st, dec.delay)
+                        st = DescriptorStatus(OK, r, dec, False, near, SRC_STORE)
+                        result = CheckResult(OK, [st]) if r.shadow else CheckResult(OK, [st], st, dec.delay)
                 else:
                     result = self._evaluate(descriptors, (r,), ((dec, SRC_STORE),), cost)
         else:
