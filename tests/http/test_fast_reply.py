@@ -59,21 +59,44 @@ class FakeTransport:
 
 
 @pytest.fixture(params=["c", "python"])
-def sidecar(request, tmp_path: Path, monkeypatch):
-    """A sidecar whose fast path uses the C helpers, then their Python twins."""
+def impl(request, monkeypatch):
+    """The fast path with the C helpers, then with their Python twins."""
+    names = ("parse_check", "ok_response", "http_date")
     if request.param == "python":
-        impl = {name: getattr(httphead, "py_" + name) for name in ("parse_check", "ok_response", "http_date")}
+        fns = {name: getattr(httphead, "py_" + name) for name in names}
     else:
         try:
             from netlimit.http import _httphead
         except ImportError as e:
             pytest.fail(f"netlimit/http/_httphead.c is not built ({e}); pip install -e . with a C compiler")
-        impl = {name: getattr(_httphead, name) for name in ("parse_check", "ok_response", "http_date")}
-    for name, fn in impl.items():
+        fns = {name: getattr(_httphead, name) for name in names}
+    for name, fn in fns.items():
         monkeypatch.setattr(app_mod, name, fn)
+    return request.param
+
+
+def _sidecar(tmp_path: Path, config: str) -> Sidecar:
     cfg = tmp_path / "n.yaml"
-    cfg.write_text(CONFIG)
+    cfg.write_text(config)
     return Sidecar(str(cfg))
+
+
+@pytest.fixture()
+def sidecar(impl, tmp_path: Path):
+    return _sidecar(tmp_path, CONFIG)
+
+
+def _record_check_fast(monkeypatch, lim) -> list:
+    """What lim.check_fast returns from now on, in order."""
+    seen: list = []
+    real = lim.check_fast
+
+    def recording(*a, **k):
+        seen.append(real(*a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(lim, "check_fast", recording)
+    return seen
 
 
 def _split_date(b: bytes) -> tuple[bytes, bytes]:
@@ -111,14 +134,7 @@ def test_direct_200_equals_the_general_path(sidecar, monkeypatch, version, conn,
     if conn:
         head += f"Connection: {conn}\r\n"
     lim = sidecar.limiter
-    seen = []
-    real = lim.check_fast
-
-    def recording(*a, **k):
-        seen.append(real(*a, **k))
-        return seen[-1]
-
-    monkeypatch.setattr(lim, "check_fast", recording)
+    seen = _record_check_fast(monkeypatch, lim)
     p.data_received((head + "\r\n").encode())
     assert len(t.out) == 1 and t.closed == (not keep)
     (fast,) = seen   # two descriptors (address, path): a CheckResult
@@ -131,25 +147,17 @@ def test_direct_200_equals_the_general_path(sidecar, monkeypatch, version, conn,
                - email.utils.parsedate_to_datetime(date_b.decode()).timestamp()) <= 1
 
 
-def test_one_descriptor_direct_200_equals_the_general_path(tmp_path, monkeypatch):
+def test_one_descriptor_direct_200_equals_the_general_path(impl, tmp_path, monkeypatch):
     """check_fast's (rule, decision) answer (one descriptor) formats as the general path."""
-    cfg = tmp_path / "one.yaml"
-    cfg.write_text(CONFIG.replace("    - [path]\n", ""))
-    sc = Sidecar(str(cfg))
-    lim = sc.limiter
-    seen = []
-    real = lim.check_fast
-    monkeypatch.setattr(lim, "check_fast", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
-    for impl in ("c", "python"):
-        if impl == "python":
-            for name in ("parse_check", "ok_response", "http_date"):
-                monkeypatch.setattr(app_mod, name, getattr(httphead, "py_" + name))
-        p, t = _conn(sc)
-        p.data_received(b"GET /v1/check HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert seen[-1].__class__ is tuple
-        general = _general(sc, lim.as_result(*seen[-1]), True, False)
-        assert _split_date(t.out[0])[0] == _split_date(general)[0]
-        assert b"X-RateLimit-Remaining: " + str(seen[-1][1].remaining).encode() in t.out[0]
+    sc = _sidecar(tmp_path, CONFIG.replace("    - [path]\n", ""))
+    seen = _record_check_fast(monkeypatch, sc.limiter)
+    p, t = _conn(sc)
+    p.data_received(b"GET /v1/check HTTP/1.1\r\nHost: x\r\n\r\n")
+    (fast,) = seen
+    assert fast.__class__ is tuple
+    general = _general(sc, sc.limiter.as_result(*fast), True, False)
+    assert _split_date(t.out[0])[0] == _split_date(general)[0]
+    assert b"X-RateLimit-Remaining: 999\r\n" in t.out[0]
 
 
 def test_what_ok_response_leaves_to_python_takes_the_general_path(sidecar, monkeypatch):
