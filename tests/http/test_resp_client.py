@@ -576,3 +576,52 @@ def test_script_load_returns_the_sha_evalsha_uses(redis_server):
             await c.aclose()
 
     arun(main())
+
+
+# ------------------------------------------------------------------ the loop a client is bound to
+# send_packed does not call asyncio.get_running_loop() per command (a getpid() on
+# Python 3.11): it trusts the loop it is bound to while that loop runs in the
+# calling thread and process. These two tests fail if either check goes.
+
+def test_a_loop_running_in_another_thread_is_not_taken_for_the_callers(redis_server):
+    import threading
+
+    c = RespClient(redis_server.url, timeout=1)
+    other = _loop_factory() if _loop_factory else asyncio.new_event_loop()
+    t = threading.Thread(target=other.run_forever, daemon=True)
+    t.start()
+    try:
+        # bound to `other`, which keeps running in its thread
+        assert asyncio.run_coroutine_threadsafe(c.ping(), other).result(5)
+        assert c._loop is other and other.is_running()
+        # this thread's own loop: the client rebinds instead of using `other`
+        assert arun(c.ping())
+        assert c._loop is not other
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        t.join(5)
+        other.close()
+
+
+def test_a_forked_child_does_not_use_the_parents_connection(redis_server):
+    async def main():
+        c = RespClient(redis_server.url, timeout=1)
+        try:
+            assert await c.ping()
+            pid = os.fork()
+            if pid == 0:   # the child, inside the parent's running loop
+                try:
+                    c.send_packed(b"*1\r\n$4\r\nPING\r\n")
+                    code = 1   # it would have written into the parent's socket
+                except RuntimeError:   # asyncio: no running loop in a forked child
+                    code = 0
+                except BaseException:
+                    code = 2
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.WEXITSTATUS(status) == 0, os.WEXITSTATUS(status)
+            assert await c.ping()   # the parent's connection is untouched
+        finally:
+            await c.aclose()
+
+    arun(main())
