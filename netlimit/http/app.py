@@ -528,9 +528,10 @@ def set_nodelay(transport) -> None:
 
 class FastHTTPProtocol(asyncio.Protocol):
     """What the two fast paths (decision endpoints here, the proxy in proxy.py)
-    share: registration for shutdown and idle sweeps, TCP_NODELAY, and the
-    one-way hand-off of a connection to aiohttp.  Subclasses set ``sc``,
-    ``aio``, ``transport``, ``buf``, ``busy``, ``paused``, ``peer``, ``last``."""
+    share: registration for shutdown and idle sweeps, TCP_NODELAY, the running
+    loop, and the one-way hand-off of a connection to aiohttp.  Subclasses set
+    ``sc``, ``aio``, ``transport``, ``buf``, ``busy``, ``paused``, ``peer``,
+    ``last`` and ``loop`` (None)."""
 
     __slots__ = ()
 
@@ -558,6 +559,14 @@ class FastHTTPProtocol(asyncio.Protocol):
         t.set_protocol(proto)
         if buf:
             proto.data_received(buf)
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, looked up once per connection: asyncio.get_running_loop()
+        (also inside ensure_future) makes a getpid() system call on Python 3.11."""
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
+        return loop
 
     def close_if_idle(self, now: float) -> None:
         if not self.busy and now - self.last > IDLE_TIMEOUT and self.transport is not None:
@@ -595,7 +604,7 @@ class FastCheckProtocol(FastHTTPProtocol):
         self.peer = ""
         self.last = time.monotonic()
         self.http10 = False
-        self.loop: asyncio.AbstractEventLoop | None = None   # looked up once (get_running_loop costs a getpid)
+        self.loop: asyncio.AbstractEventLoop | None = None   # see _loop
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -677,11 +686,6 @@ class FastCheckProtocol(FastHTTPProtocol):
         self.busy = True
         self._loop().create_task(self._serve_async(_ENDPOINT[kind], descs, deny, keep, method == "HEAD"))
 
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        loop = self.loop
-        if loop is None:
-            loop = self.loop = asyncio.get_running_loop()
-        return loop
 
     async def _serve_async(self, endpoint, descs, deny, keep, head_only) -> None:
         sc = self.sc

@@ -434,6 +434,7 @@ class FastProxyProtocol(FastHTTPProtocol):
         self.busy = False
         self.peer = ""
         self.last = time.monotonic()
+        self.loop: asyncio.AbstractEventLoop | None = None   # FastHTTPProtocol._loop
         self.paused = 0          # reasons reading is paused: 1 buffer full, 2 upstream busy, 4 waiting
         self.write_paused = False
         # the request in flight
@@ -586,7 +587,7 @@ class FastProxyProtocol(FastHTTPProtocol):
         if lim.is_sync:
             self._decided(lim.check_nowait(lim.rules.domain, descs), fwd, body)
         else:
-            asyncio.ensure_future(self._decide_async(descs, fwd, body))
+            self._loop().create_task(self._decide_async(descs, fwd, body))
 
     async def _decide_async(self, descs, fwd, body) -> None:
         lim = self.sc.limiter
@@ -618,7 +619,7 @@ class FastProxyProtocol(FastHTTPProtocol):
         self.pending_size += len(fwd) + len(body)
         self.replayable = self.body_left == 0 and self.method in IDEMPOTENT
         if result.delay > 0:
-            asyncio.get_running_loop().call_later(min(result.delay, MAX_DELAY), self._go)
+            self._loop().call_later(min(result.delay, MAX_DELAY), self._go)
         else:
             self._go()
 
@@ -628,7 +629,7 @@ class FastProxyProtocol(FastHTTPProtocol):
         up = self.pool.take()
         if up is not None:
             return self._attach(up)
-        asyncio.ensure_future(self._connect())
+        self._loop().create_task(self._connect())
 
     async def _connect(self) -> None:
         try:
@@ -769,7 +770,7 @@ class FastProxyProtocol(FastHTTPProtocol):
             self.retried = True
             self.pending = [self.sent]
             self.pending_size = len(self.sent)
-            asyncio.ensure_future(self._connect())
+            self._loop().create_task(self._connect())
             return
         self.up_failed(UpstreamError(502, "the upstream application closed the connection before answering"
                                      if not head_done else "the upstream application broke off its response"),
@@ -846,7 +847,7 @@ class FastProxyProtocol(FastHTTPProtocol):
         except (OSError, RuntimeError, NotImplementedError):
             t.close()
             return
-        asyncio.get_running_loop().call_later(LINGER, t.close)
+        self._loop().call_later(LINGER, t.close)
 
 
 _REASON = {502: "Bad Gateway", 504: "Gateway Timeout", 429: "Too Many Requests", 500: "Internal Server Error"}
