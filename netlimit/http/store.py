@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from time import monotonic as _monotonic
 from array import array
@@ -340,6 +341,9 @@ def _decode(res: Any, limit: Limit) -> Decision:
         d.reset = (int(res[2]) + 2) * limit.period - float(res[3])
     elif limit._bk:   # token bucket, leaky bucket without a queue delay: x is the room left
         d.reset = (limit._cap - float(res[2])) / limit._rate
+    elif alg == "sliding_window_log":  # the newest entry is the one just added, at now
+        now = float(res[3])
+        d.reset = now + limit.period - now
     else:
         raise ValueError(f"no compact reply for {alg}")
     d.delay = 0.0
@@ -354,9 +358,14 @@ def _evalsha_frame(algorithm: str, argv: tuple[bytes, ...]) -> tuple[bytes, byte
 
 
 def _limit_argv(limit: Limit) -> tuple[bytes, bytes, bytes, bytes]:
-    """ARGV 1-4 of every script (_prelude.lua): limit, period, capacity, queue mode."""
-    return (b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity,
-            b"1" if limit.delay else b"0")
+    """ARGV 1-4 of every script (_prelude.lua): limit, period, capacity, and the
+    algorithm's own: the queue mode (leaky bucket), the key's TTL in ms (sliding
+    log: formatted here once, not inside Redis per call), else unused."""
+    if limit.algorithm == "sliding_window_log":
+        a4 = b"%d" % (math.ceil(limit.period * 1000) + 1000)
+    else:
+        a4 = b"1" if limit.delay else b"0"
+    return (b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity, a4)
 
 
 class RedisStore:

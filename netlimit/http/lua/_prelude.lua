@@ -23,6 +23,7 @@ local now = tonumber(nowstr)
 local key = KEYS[1]
 local lim = tonumber(ARGV[1])
 local period = tonumber(ARGV[2])
-local cap = tonumber(ARGV[3])
-local cost = tonumber(ARGV[5])
+-- tonumber is a strtod inside Redis: the capacity is parsed only by the bucket
+-- scripts that use it, and the usual cost of 1 is recognised without a parse
+local cost = ARGV[5] == '1' and 1 or tonumber(ARGV[5])
 local dry = ARGV[7] == '1'

@@ -10,7 +10,8 @@
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
 -- strings), or for an admission without a queue delay {1, remaining, room, nowstr}
 -- with room as '%.17g' (_prelude.lua).
--- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cap, cost, dry)
+-- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cost, dry)
+local cap = tonumber(ARGV[3])
 local queue = ARGV[4] == '1'
 
 local rate = lim / period

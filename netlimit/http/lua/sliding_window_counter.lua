@@ -5,7 +5,7 @@
 --       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
 -- strings), or for an admission {1, remaining, w, nowstr} (_prelude.lua).
--- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cap, cost, dry)
+-- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cost, dry)
 
 local w = math.floor(now / period)
 local prev, curr = 0, 0
