@@ -686,7 +686,6 @@ class FastCheckProtocol(FastHTTPProtocol):
         self.busy = True
         self._loop().create_task(self._serve_async(_ENDPOINT[kind], descs, deny, keep, method == "HEAD"))
 
-
     async def _serve_async(self, endpoint, descs, deny, keep, head_only) -> None:
         sc = self.sc
         try:

@@ -5,7 +5,8 @@
 -- Each such format is costly inside Redis (a quarter of a fixed window call), so
 -- integers are written with '%d', and an admission answers in the compact form
 -- {1, remaining, x, nowstr} from which store.py computes reset exactly as the
--- script would (x: the window index, or the bucket's '%.17g' room); every other
+-- script would (x: the window index, the bucket's '%.17g' room, or 0 for the
+-- sliding log, whose reset is now + period - now); every other
 -- answer is {allowed, limit, remaining, retry_after, reset, delay}.
 local function fmt(x) return string.format('%.17g', x) end
 -- nowstr: a decimal string whose value is exactly now (tonumber and Redis both
