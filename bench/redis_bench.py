@@ -140,7 +140,7 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
 
     url = f"redis://127.0.0.1:{port}/0"
     nl_store = RedisStore(url, timeout_ms=2000)
-    await nl_store.load_scripts()
+    await nl_store.load_scripts(*(Limit(alg, LIMIT, 60.0) for alg in PEERS))
     lm_storage = LimitsRedis(f"async+redis://127.0.0.1:{port}/0", implementation="redispy")
     sync_storage = LimitsSyncRedis(f"redis://127.0.0.1:{port}/0")
     _, stream = key_stream(10_000, mode.pick(20_000, 100_000), seed=2)

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from .resp import NoScriptError, RespClient, RespError, RespTimeoutError, bulk, parse_url
 from .algorithms import _INF, _J, _LIMIT_BY_NS, ALGORITHMS, DENIED, Decision, Limit, _deny_all, _floor, _new, is_idle
 
-__all__ = ["Store", "StoreError", "MemoryStore", "RedisStore", "hash_key", "load_lua"]
+__all__ = ["Store", "StoreError", "MemoryStore", "RedisStore", "hash_key", "limit_lua", "load_lua"]
 
 
 class StoreError(Exception):
@@ -296,12 +296,16 @@ class MemoryStore:
 _STORE_FAILURES = (RedisError, RespError, OSError, TimeoutError)
 
 _LUA_CACHE: dict[str, str] = {}
-_SHA_CACHE: dict[str, bytes] = {}
+# by Limit._sig: (the limit's script, its SHA1 as EVALSHA wants it, pack or None)
+_LIMIT_LUA: dict[str, tuple[str, bytes, int | None]] = {}
+# scripts that store or score now as text (so TIME is read as a decimal string)
+_NOWSTR = frozenset({"sliding_window_log", "token_bucket", "leaky_bucket"})
 
 
 def load_lua(algorithm: str) -> str:
-    """Source of the Lua script for ``algorithm``: ``lua/_prelude.lua`` (argument and
-    time handling every script shares) followed by ``lua/<algorithm>.lua``."""
+    """The script body for ``algorithm``: ``lua/_prelude.lua`` (argument and time
+    handling every script shares) followed by ``lua/<algorithm>.lua``.  It runs
+    only behind the first line :func:`limit_lua` writes for a limit."""
     src = _LUA_CACHE.get(algorithm)
     if src is None:
         if algorithm not in ALGORITHMS:
@@ -312,60 +316,70 @@ def load_lua(algorithm: str) -> str:
     return src
 
 
-def _sha(algorithm: str) -> bytes:
-    """SHA1 of the script, as EVALSHA wants it (what SCRIPT LOAD answers)."""
-    sha = _SHA_CACHE.get(algorithm)
-    if sha is None:
-        sha = _SHA_CACHE[algorithm] = hashlib.sha1(load_lua(algorithm).encode("utf-8")).hexdigest().encode()
-    return sha
+def limit_lua(limit: Limit) -> str:
+    """The Lua script for one limit: its constants as Lua literals in a first line
+    (parsed once, when Redis compiles the script, instead of from ARGV on every
+    call), then :func:`load_lua`.  Limits with the same parameters share it."""
+    return _limit_script(limit)[0]
 
 
-def _decode(res: Any, limit: Limit) -> Decision:
+def _pack(limit: Limit) -> int | None:
+    """The power of two an admission packs its reset (µs) under (``admit`` in
+    _prelude.lua): above the longest reset an admission reports in steady use (two
+    periods for the sliding counter, a full bucket's refill), with ``(cap + 1) *
+    pack <= 2**53`` so the integer is exact in Lua's doubles; None if no such
+    power exists (an admission then answers the full table)."""
+    if not limit.limit:
+        return None
+    most = 2.0 * max(limit.period, limit._cap / limit._rate)
+    pack = 1 << (math.ceil(most * 1e6) + 1).bit_length()
+    return pack if (limit._cap + 1) * pack <= 2 ** 53 else None
+
+
+def _limit_script(limit: Limit) -> tuple[str, bytes, int | None]:
+    s = _LIMIT_LUA.get(limit._sig)
+    if s is None:
+        alg = limit.algorithm
+        pack = _pack(limit)
+        head = ("local lim, period, cap, ttl, queue, pack, nowstr_needed = "
+                f"{limit.limit}, {limit.period!r}, {limit._cap}, '{math.ceil(limit.period * 1000) + 1000}', "
+                f"{'true' if limit.delay else 'false'}, {pack or 'nil'}, {'true' if alg in _NOWSTR else 'false'}\n")
+        src = head + load_lua(alg)
+        s = _LIMIT_LUA[limit._sig] = (src, hashlib.sha1(src.encode("utf-8")).hexdigest().encode(), pack)
+    return s
+
+
+def _decode(res: Any, limit: Limit, pack: int | None) -> Decision:
     """A script's reply as a Decision: ``{allowed, limit, remaining, retry_after,
-    reset, delay}``, or an admission's compact ``{1, remaining, x, now}``
-    (_prelude.lua) whose reset is computed here with the very operations the
-    script and algorithms.py use, so the result is the same float."""
-    if len(res) != 4:
-        return Decision(res[0] == 1, int(res[1]), int(res[2]), float(res[3]), float(res[4]), float(res[5]))
-    if res[0] != 1:
-        raise ValueError("a compact reply is an admission")
-    d = _new(Decision)
-    d.allowed = True
-    d.limit = limit._cap
-    d.remaining = int(res[1])
-    d.retry_after = 0.0
-    alg = limit.algorithm
-    if alg == "fixed_window":
-        d.reset = (int(res[2]) + 1) * limit.period - float(res[3])
-    elif alg == "sliding_window_counter":
-        d.reset = (int(res[2]) + 2) * limit.period - float(res[3])
-    elif limit._bk:   # token bucket, leaky bucket without a queue delay: x is the room left
-        d.reset = (limit._cap - float(res[2])) / limit._rate
-    elif alg == "sliding_window_log":  # the newest entry is the one just added, at now
-        now = float(res[3])
-        d.reset = now + limit.period - now
-    else:
-        raise ValueError(f"no compact reply for {alg}")
-    d.delay = 0.0
-    return d
+    reset, delay}``, or an admission packed into one integer, ``remaining * pack
+    + reset in µs`` (``admit`` in _prelude.lua)."""
+    if res.__class__ is int:
+        if pack is None or res < 0:
+            raise ValueError("a packed admission from a limit that has none")
+        d = _new(Decision)
+        d.allowed = True
+        d.limit = limit._cap
+        d.remaining, r = divmod(res, pack)
+        d.retry_after = 0.0
+        d.reset = r / 1e6
+        d.delay = 0.0
+        return d
+    return Decision(res[0] == 1, int(res[1]), int(res[2]), float(res[3]), float(res[4]), float(res[5]))
 
 
-def _evalsha_frame(algorithm: str, argv: tuple[bytes, ...]) -> tuple[bytes, bytes]:
+def _evalsha_frame(sha: bytes, argv: tuple[bytes, ...]) -> tuple[bytes, bytes]:
     """RESP for ``EVALSHA <sha> 1 <key> <argv...>`` in two parts: before the key
     and after it."""
-    head = b"*%d\r\n" % (4 + len(argv)) + b"".join(map(bulk, (b"EVALSHA", _sha(algorithm), b"1")))
+    head = b"*%d\r\n" % (4 + len(argv)) + b"".join(map(bulk, (b"EVALSHA", sha, b"1")))
     return head, b"".join(map(bulk, argv))
 
 
-def _limit_argv(limit: Limit) -> tuple[bytes, bytes, bytes, bytes]:
-    """ARGV 1-4 of every script (_prelude.lua): limit, period, capacity, and the
-    algorithm's own: the queue mode (leaky bucket), the key's TTL in ms (sliding
-    log: formatted here once, not inside Redis per call), else unused."""
-    if limit.algorithm == "sliding_window_log":
-        a4 = b"%d" % (math.ceil(limit.period * 1000) + 1000)
-    else:
-        a4 = b"1" if limit.delay else b"0"
-    return (b"%d" % limit.limit, repr(limit.period).encode(), b"%d" % limit.capacity, a4)
+def _argv(cost: int, now: float | None, dry: bytes) -> tuple[bytes, ...]:
+    """ARGV of a call (_prelude.lua): none for the usual one (cost 1, the server's
+    clock, a real hit), else cost, now ('' = the server's) and the dry-run flag."""
+    if cost == 1 and now is None and dry == b"0":
+        return ()
+    return (b"%d" % cost, b"" if now is None else repr(float(now)).encode(), dry)
 
 
 class RedisStore:
@@ -426,11 +440,10 @@ class RedisStore:
         else:
             self._client = url_or_client
             self._owns_client = False
-        self._shas: dict[str, str] = {}
-        self._args: dict[str, tuple[bytes, bytes, bytes, bytes]] = {}  # by Limit._ns
-        # lean client, by Limit._ns: (key head "<prefix>:{<sig>:", ARGV 1-4,
-        # {(cost, dry): the EVALSHA's RESP before and after the key (_evalsha_frame)})
-        self._lean_args: dict[str, tuple[str, tuple[bytes, ...], dict[tuple[int, bytes], tuple[bytes, bytes]]]] = {}
+        self._shas: dict[str, str] = {}   # redis-py path, by Limit._ns: loaded scripts
+        # lean client, by Limit._ns: (key head "<prefix>:{<sig>:", the script's SHA1,
+        # its pack, {(cost, dry): the EVALSHA's RESP before and after the key (_evalsha_frame)})
+        self._lean_args: dict[str, tuple[str, bytes, int | None, dict[tuple[int, bytes], tuple[bytes, bytes]]]] = {}
 
     @property
     def client(self) -> Any:
@@ -444,17 +457,20 @@ class RedisStore:
             key = hash_key(key)
         return [f"{self._prefix}:{{{limit._sig}:{key}}}"]
 
-    async def load_scripts(self) -> None:
-        """SCRIPT LOAD every algorithm's script now (otherwise each one is loaded
-        on its first use; after a SCRIPT FLUSH or a restart, on NOSCRIPT)."""
+    async def load_scripts(self, *limits: Limit) -> None:
+        """SCRIPT LOAD the script of each of ``limits`` now (otherwise each one is
+        loaded on its first use, and after a SCRIPT FLUSH or a restart, on NOSCRIPT:
+        one more round trip)."""
         budget = max(self._timeout, 1.0)
         try:
             async with asyncio.timeout(budget):
-                for alg in ALGORITHMS:
+                for limit in limits:
+                    if not limit.limit:
+                        continue
                     if self._lean:
-                        self._shas[alg] = await self._client.script_load(load_lua(alg), timeout=budget)
+                        self._shas[limit._ns] = await self._client.script_load(limit_lua(limit), timeout=budget)
                     else:
-                        self._shas[alg] = await self._client.script_load(load_lua(alg))
+                        self._shas[limit._ns] = await self._client.script_load(limit_lua(limit))
         except _STORE_FAILURES as e:
             raise StoreError(f"redis: cannot load scripts: {e!r}") from e
 
@@ -474,9 +490,10 @@ class RedisStore:
             return _deny_all(cost)
         la = self._lean_args.get(limit._ns)
         if la is None:
-            la = (f"{self._prefix}:{{{limit._sig}:", _limit_argv(limit), {})
+            _, sha, pack = _limit_script(limit)
+            la = (f"{self._prefix}:{{{limit._sig}:", sha, pack, {})
             self._lean_args[limit._ns] = la
-        head, fixed, frames = la
+        head, sha, pack, frames = la
         rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}") \
             .encode("utf-8", "surrogatepass")
         # the whole EVALSHA but the key, encoded once per (cost, dry run) when the
@@ -484,22 +501,22 @@ class RedisStore:
         if now is None:
             frame = frames.get((cost, _dry))
             if frame is None:
-                frame = _evalsha_frame(limit.algorithm, (*fixed, b"%d" % cost, b"", _dry))
+                frame = _evalsha_frame(sha, _argv(cost, None, _dry))
                 if len(frames) < 64:
                     frames[(cost, _dry)] = frame
         else:
-            frame = _evalsha_frame(limit.algorithm, (*fixed, b"%d" % cost, repr(float(now)).encode(), _dry))
+            frame = _evalsha_frame(sha, _argv(cost, now, _dry))
         data = b"%b$%d\r\n%b\r\n%b" % (frame[0], len(rkey), rkey, frame[1])
         t0 = _monotonic()
         try:
             try:
                 res = await self._client.send_packed(data)
             except NoScriptError:  # SCRIPT FLUSH or a restarted / failed-over server
-                res = await self._reload_and_retry(limit.algorithm, data, self._timeout - (_monotonic() - t0))
+                res = await self._reload_and_retry(limit, data, self._timeout - (_monotonic() - t0))
         except _STORE_FAILURES as e:
             raise StoreError(f"redis {limit.algorithm} for {key!r}: {e!r}") from e
         try:
-            return _decode(res, limit)
+            return _decode(res, limit, pack)
         except (TypeError, ValueError, IndexError, KeyError) as e:
             raise StoreError(f"redis {limit.algorithm} for {key!r}: unexpected reply {res!r:.200}") from e
 
@@ -510,17 +527,18 @@ class RedisStore:
         if self._owns_client:
             await self._client.aclose()
 
-    async def _reload_and_retry(self, alg: str, data: bytes, budget: float) -> Any:
+    async def _reload_and_retry(self, limit: Limit, data: bytes, budget: float) -> Any:
         """SCRIPT LOAD and the EVALSHA (``data``, encoded) again, sent back to back
         (one more round trip), within what is left of the call's timeout."""
         if budget <= 0:
-            raise RespTimeoutError(f"NOSCRIPT for {alg} and no time left to reload it")
+            raise RespTimeoutError(f"NOSCRIPT for {limit.algorithm} and no time left to reload it")
         client = self._client
-        loaded, res = await asyncio.gather(client.execute_command(b"SCRIPT", b"LOAD", load_lua(alg), timeout=budget),
-                                           client.send_packed(data, timeout=budget), return_exceptions=True)
+        loaded, res = await asyncio.gather(
+            client.execute_command(b"SCRIPT", b"LOAD", limit_lua(limit), timeout=budget),
+            client.send_packed(data, timeout=budget), return_exceptions=True)
         if isinstance(loaded, BaseException):
             raise loaded
-        self._shas[alg] = loaded.decode()
+        self._shas[limit._ns] = loaded.decode()
         if isinstance(res, BaseException):
             raise res
         return res
@@ -531,27 +549,22 @@ class RedisStore:
             raise ValueError(f"cost must be >= 0, got {cost}")
         if limit.limit == 0:
             return _deny_all(cost)
-        args = self._args.get(limit._ns)
-        if args is None:
-            args = _limit_argv(limit)
-            self._args[limit._ns] = args
         keys = self.redis_keys(key, limit)
-        alg = limit.algorithm
-        argv = (*args, b"%d" % cost, b"" if now is None else repr(float(now)).encode(), dry)
-
+        src, _, pack = _limit_script(limit)
+        argv = _argv(cost, now, dry)
         try:
             async with asyncio.timeout(self._timeout):
-                sha = self._shas.get(alg)
+                sha = self._shas.get(limit._ns)
                 if sha is None:
-                    sha = self._shas[alg] = await self._client.script_load(load_lua(alg))
+                    sha = self._shas[limit._ns] = await self._client.script_load(src)
                 try:
                     res = await self._client.evalsha(sha, len(keys), *keys, *argv)
                 except _RedisNoScriptError:  # SCRIPT FLUSH or a restarted / failed-over server
-                    self._shas[alg] = sha = await self._client.script_load(load_lua(alg))
+                    self._shas[limit._ns] = sha = await self._client.script_load(src)
                     res = await self._client.evalsha(sha, len(keys), *keys, *argv)
         except _STORE_FAILURES as e:
-            raise StoreError(f"redis {alg} for {key!r}: {e!r}") from e
+            raise StoreError(f"redis {limit.algorithm} for {key!r}: {e!r}") from e
         try:
-            return _decode(res, limit)
+            return _decode(res, limit, pack)
         except (TypeError, ValueError, IndexError, KeyError) as e:
-            raise StoreError(f"redis {alg} for {key!r}: unexpected reply {res!r:.200}") from e
+            raise StoreError(f"redis {limit.algorithm} for {key!r}: unexpected reply {res!r:.200}") from e

@@ -58,7 +58,7 @@ def make_store(request):
 
         async def make():
             store = RedisStore(server.url, timeout_ms=2000, key_prefix=f"t{uuid.uuid4().hex[:8]}")
-            await store.load_scripts()
+            await store.load_scripts(*LIMITS.values())
             return store
     make.kind = request.param
     return make

@@ -15,10 +15,12 @@ from array import array
 
 import pytest
 import redis.asyncio as aioredis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.crc import key_slot
 
 from netlimit.http.algorithms import ALGORITHMS, Limit, decide
-from netlimit.http.store import RedisStore, StoreError, hash_key, load_lua
+from netlimit.http.store import RedisStore, StoreError, _pack, hash_key, limit_lua
 
 # Slack for event-loop scheduling on a busy CI box on top of timeout_ms.
 SLACK = 0.03
@@ -237,9 +239,9 @@ def test_scripts_are_loaded_under_their_sha1(redis_server):
     async def main():
         store = RedisStore(redis_server.url, timeout_ms=1000)
         try:
-            await store.load_scripts()
-            for alg in ALGORITHMS:
-                assert store._shas[alg] == hashlib.sha1(load_lua(alg).encode()).hexdigest()
+            await store.load_scripts(*LIMITS.values())
+            for limit in LIMITS.values():
+                assert store._shas[limit._ns] == hashlib.sha1(limit_lua(limit).encode()).hexdigest()
         finally:
             await store.close()
 
@@ -259,7 +261,7 @@ def test_exactly_one_evalsha_round_trip_per_decision(redis_server):
             return orig(data, *args, **kw)
 
         try:
-            await store.load_scripts()
+            await store.load_scripts(*LIMITS.values())
             client.send_packed = counting
             await r.config_resetstat()
             n = 0
@@ -295,6 +297,134 @@ def test_noscript_after_script_flush_recovers_and_keeps_state(redis_server):
                 else stats["cmdstat_script"]["calls"] == 1
             assert stats["cmdstat_evalsha"]["calls"] == 2
             assert not (await store.hit("f", limit, 1, now=12.0)).allowed
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+# ------------------------------------------------------------------ per-limit scripts, packed admissions
+
+def test_the_usual_call_sends_no_argv_and_others_send_cost_now_and_dry(redis_server):
+    """The limit's constants are in its script: cost 1 on the server's clock is
+    EVALSHA sha 1 key and nothing more; anything else adds cost, now, dry run."""
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        limit = LIMITS["fixed_window"]
+        sent: list[bytes] = []
+        client = store.client
+        orig = client.send_packed
+
+        def counting(data, *args, **kw):
+            sent.append(data)
+            return orig(data, *args, **kw)
+
+        try:
+            await store.load_scripts(limit)
+            client.send_packed = counting
+            await store.hit("a", limit)
+            await store.hit("a", limit, 2)
+            await store.peek("a", limit)
+            await store.hit("a", limit, now=100.0)
+            argvs = [d.split(b"\r\n")[10:-1:2] for d in sent]  # *N $7 EVALSHA $40 sha $1 1 $n key, then ARGV
+            assert argvs == [[], [b"2", b"", b"0"], [b"1", b"", b"1"], [b"1", b"100.0", b"0"]]
+            assert all(d.split(b"\r\n")[4] == hashlib.sha1(limit_lua(limit).encode()).hexdigest().encode()
+                       for d in sent)
+        finally:
+            client.send_packed = orig
+            await store.close()
+
+    arun(main())
+
+
+def test_packed_admissions_decode_to_the_same_decision_as_the_full_reply(redis_server):
+    """An admission is one integer (remaining * pack + reset in µs) where the
+    limit allows it, else the full table.  Both sides of one limit, on the
+    server's clock: same remaining, resets within a microsecond of what the
+    window arithmetic says."""
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        try:
+            for limit in (Limit("fixed_window", 100, 60), Limit("fixed_window", 4_000_000_000, 3600)):
+                src = limit_lua(limit)
+                packs = src.splitlines()[0].split("=")[1].split(", ")[5]
+                assert (packs == "nil") == (limit.limit > 2 ** 20)  # (cap + 1) * pack <= 2**53
+                (k,) = store.redis_keys("p", limit)
+                raw = await r.eval(src, 1, k)  # the script as EVALSHA runs it, reply undecoded
+                assert isinstance(raw, int) if packs != "nil" else raw[:3] == [1, limit.limit, limit.limit - 1]
+                sec, usec = await r.time()
+                d = await store.hit("p", limit)
+                assert d.allowed and d.remaining == limit.limit - 2 and d.limit == limit.limit
+                now = sec + usec / 1e6
+                want = (math.floor(now / limit.period) + 1) * limit.period - now
+                assert want - 0.5 <= d.reset <= want + 1e-6, (limit, d.reset, want)
+                assert d.retry_after == 0 and d.delay == 0
+        finally:
+            await store.close()
+            await r.aclose()
+
+    arun(main())
+
+
+def test_a_reset_beyond_the_packed_range_answers_the_full_table(redis_server):
+    """A clock that steps far back keeps the later window: the reset is then
+    longer than any packed one, and the script answers the full table, the
+    same decision as the reference."""
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        limit = Limit("fixed_window", 5, 1)
+        state = None
+        try:
+            for i, (now, cost) in enumerate(((1_000_000.5, 1), (10.25, 1), (10.25, 2), (10.5, 3))):
+                want, state = decide(limit, state, now, cost)
+                got = await store.hit("b", limit, cost, now=now)
+                assert (got.allowed, got.remaining) == (want.allowed, want.remaining)
+                assert abs(got.reset - want.reset) <= 1e-6
+                assert got.reset > 999_990 if i else got.reset == 0.5
+        finally:
+            await store.close()
+
+    arun(main())
+
+
+@settings(max_examples=300, deadline=None)
+@given(alg=st.sampled_from(ALGORITHMS), limit=st.integers(1, 0xFFFFFFFF),
+       period=st.floats(1e-3, 1e7, allow_nan=False), burst=st.none() | st.integers(1, 0xFFFFFFFF))
+def test_pack_leaves_room_for_every_remaining_and_a_steady_reset(alg, limit, period, burst):
+    bucket = alg in ("token_bucket", "leaky_bucket")
+    lim = Limit(alg, limit, period, burst=burst if bucket else None)
+    pack = _pack(lim)
+    steady_us = 2e6 * max(lim.period, lim.capacity / lim.rate)  # the longest steady reset, in µs
+    if pack is None:  # the full table instead: only when no power of two fits
+        assert (lim.capacity + 1) * (steady_us + 2) > 2 ** 52
+        return
+    assert pack & (pack - 1) == 0
+    assert (lim.capacity + 1) * pack <= 2 ** 53  # exact in Lua's doubles
+    assert pack > steady_us
+
+
+@pytest.mark.parametrize("alg", ["fixed_window", "sliding_window_counter"])
+def test_window_ttls_are_set_once_per_window(redis_server, alg):
+    """The first write in a window sets the TTL (window end + 1 s); later writes in
+    that window keep it (KEEPTTL) instead of parsing and setting a new one."""
+    async def main():
+        store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
+        r = await admin(redis_server)
+        limit = Limit(alg, 1000, 3600)
+        try:
+            (k,) = store.redis_keys("w", limit)
+            await store.hit("w", limit)
+            first = await r.pexpiretime(k)
+            await asyncio.sleep(0.02)
+            for _ in range(3):
+                await store.hit("w", limit)
+            assert await r.pexpiretime(k) == first
+            sec, usec = await r.time()
+            now_ms = sec * 1000 + usec // 1000
+            end_ms = (now_ms // 3_600_000 + (2 if alg == "sliding_window_counter" else 1)) * 3_600_000
+            assert end_ms + 1000 <= first <= end_ms + 1002, (first, end_ms)
         finally:
             await store.close()
             await r.aclose()
@@ -419,7 +549,7 @@ def test_nothing_listening_raises_store_error(redis_factory):
         try:
             elapsed, _ = await timed(store.hit("k", Limit("fixed_window", 1, 1)))
             assert elapsed <= 0.05 + SLACK
-            elapsed, _ = await timed(store.load_scripts())
+            elapsed, _ = await timed(store.load_scripts(*LIMITS.values()))
             assert elapsed <= 1.0 + SLACK
         finally:
             await store.close()

@@ -30,7 +30,7 @@ import redis.asyncio as aioredis
 from netlimit.http.algorithms import Limit
 from netlimit.http.resp import (Address, NoScriptError, ReplyError, RespClient, RespConnectionError,
                                 RespProtocolError, RespTimeoutError, parse_url)
-from netlimit.http.store import RedisStore, StoreError, load_lua
+from netlimit.http.store import RedisStore, StoreError, limit_lua
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -235,7 +235,7 @@ def test_concurrent_decisions_one_evalsha_each_and_the_right_answers(redis_serve
         limit = Limit("fixed_window", 10_000, 3600)
         got: dict[str, list[int]] = {f"k{i}": [] for i in range(32)}
         try:
-            await store.load_scripts()
+            await store.load_scripts(limit)
             await r.config_resetstat()
             sent0 = store.client.commands_sent
 
@@ -316,7 +316,7 @@ def test_noscript_after_script_flush_recovers_under_concurrency(redis_server):
         r = await admin(redis_server.url)
         limit = Limit("sliding_window_log", 100, 3600)
         try:
-            await store.load_scripts()
+            await store.load_scripts(limit)
             await r.script_flush()
             await r.config_resetstat()
             ds = await asyncio.gather(*(store.hit(f"k{i % 4}", limit, now=50.0) for i in range(40)))
@@ -570,7 +570,7 @@ def test_script_load_returns_the_sha_evalsha_uses(redis_server):
         c = RespClient(redis_server.url, timeout=1)
         try:
             import hashlib
-            src = load_lua("fixed_window")
+            src = limit_lua(Limit("fixed_window", 5, 60))
             assert await c.script_load(src) == hashlib.sha1(src.encode()).hexdigest()
         finally:
             await c.aclose()

@@ -1,30 +1,51 @@
--- Shared by every netlimit script: store.load_lua prepends it to <algorithm>.lua.
--- KEYS[1] state key; ARGV: 1 limit, 2 period (s), 3 capacity, 4 algorithm-specific,
--- 5 cost, 6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write).
--- Floats go back as '%.17g' strings because Redis truncates Lua numbers to integers.
--- Each such format is costly inside Redis (a quarter of a fixed window call), so
--- integers are written with '%d', and an admission answers in the compact form
--- {1, remaining, x, nowstr} from which store.py computes reset exactly as the
--- script would (x: the window index, the bucket's '%.17g' room, or 0 for the
--- sliding log, whose reset is now + period - now); every other
--- answer is {allowed, limit, remaining, retry_after, reset, delay}.
+-- Shared by every netlimit script.  A script is per limit: store.limit_lua writes
+-- the limit's constants as Lua literals in a first line (no ARGV to parse per call)
+--   local lim, period, cap, ttl, queue, pack, nowstr_needed = ...
+-- (lim, period: the rule; cap: the capacity, reported as Decision.limit; ttl: the
+-- sliding log's key TTL in ms, as a string; queue: leaky bucket queue mode; pack:
+-- see admit below, or nil; nowstr_needed: the script stores or scores now as text)
+-- and then this prelude and <algorithm>.lua.
+-- KEYS[1] state key.  ARGV, all optional: 1 cost (default '1'), 2 now (seconds;
+-- '' or absent = the server's TIME), 3 dry run ('1' = never write).  The usual
+-- call (cost 1, the server's clock, a real hit) passes none.
+-- Floats go back as '%.17g' strings because Redis truncates Lua numbers to
+-- integers; each such format is costly inside Redis, so an admission answers
+-- with one integer where it can (admit), and every other answer is the table
+-- {allowed, limit, remaining, retry_after, reset, delay}.
 local function fmt(x) return string.format('%.17g', x) end
--- nowstr: a decimal string whose value is exactly now (tonumber and Redis both
--- read it with strtod), so it can go to Redis as a score without fmt(now);
--- TIME gives '<seconds>.<microseconds, zero-padded to 6 digits>'.
-local nowstr = ARGV[6]
-if nowstr == '' then
+local key = KEYS[1]
+local cost, dry = 1, false
+local nowstr = ARGV[2]
+if ARGV[1] then
+  -- tonumber is a strtod inside Redis: the usual cost of 1 is recognised without one
+  if ARGV[1] ~= '1' then cost = tonumber(ARGV[1]) end
+  dry = ARGV[3] == '1'
+end
+local now
+if nowstr and nowstr ~= '' then
+  now = tonumber(nowstr)
+else
   -- TIME before writes needs effects replication on Redis < 5; it is the only mode
   -- from 7.0 (which has REDIS_VERSION_NUM), where the call is only a cost
   if not redis.REDIS_VERSION_NUM and redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
-  nowstr = t[1] .. '.' .. string.sub('00000', #t[2]) .. t[2]
+  if nowstr_needed then
+    -- a decimal string whose value is exactly now (tonumber and Redis both read it
+    -- with strtod): stored or scored as is, never formatted from the float
+    nowstr = t[1] .. '.' .. string.sub('00000', #t[2]) .. t[2]
+    now = tonumber(nowstr)
+  else
+    now = t[1] + t[2] / 1000000
+  end
 end
-local now = tonumber(nowstr)
-local key = KEYS[1]
-local lim = tonumber(ARGV[1])
-local period = tonumber(ARGV[2])
--- tonumber is a strtod inside Redis: the capacity is parsed only by the bucket
--- scripts that use it, and the usual cost of 1 is recognised without a parse
-local cost = ARGV[5] == '1' and 1 or tonumber(ARGV[5])
-local dry = ARGV[7] == '1'
+-- An admission: {1, cap, remaining, '0', reset, '0'}, or when the limit allows it
+-- (pack, a power of two set by store.limit_lua so that (cap + 1) * pack <= 2^53)
+-- the one integer remaining * pack + reset in microseconds (rounded), which
+-- Redis passes on exactly and store._decode splits with divmod.
+local function admit(remaining, reset)
+  if pack then
+    local r = math.floor(reset * 1000000 + 0.5)
+    if r >= 0 and r < pack then return remaining * pack + r end
+  end
+  return {1, cap, remaining, '0', fmt(reset), '0'}
+end

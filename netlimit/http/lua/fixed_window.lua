@@ -1,13 +1,13 @@
 -- netlimit fixed window; mirrors algorithms.fixed_window.
--- KEYS[1] state key (string: "<window index> <count>")
--- ARGV: 1 limit, 2 period (s), 3 capacity (= limit), 4 unused, 5 cost,
---       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
+-- KEYS[1] state key (string: "<window index> <count>"); cap = lim
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
--- strings), or for an admission {1, remaining, w, nowstr} (_prelude.lua).
--- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cost, dry)
+-- strings), or for an admission admit() (_prelude.lua).
+-- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, admit, now,
+-- key, cost, dry)
 
 local w = math.floor(now / period)
 local count = 0
+local same = false
 local v = redis.call('GET', key)
 if v then
   local a, b = string.match(v, '^(%S+) (%S+)$')
@@ -15,6 +15,7 @@ if v then
   if sw >= w then -- same window (or the clock stepped back: keep the later one)
     w = sw
     count = tonumber(b)
+    same = true
   end
 end
 local reset = (w + 1) * period - now
@@ -28,6 +29,12 @@ if new > lim then
   return {0, lim, remaining, fmt(reset), fmt(reset), '0'}
 end
 if cost > 0 and not dry then
-  redis.call('SET', key, string.format('%d %d', w, new), 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
+  if same and redis.REDIS_VERSION_NUM then
+    -- the window's first write set the TTL (its end + 1 s), which does not move
+    -- (KEEPTTL, Redis >= 6.0; REDIS_VERSION_NUM, 7.0): no expiry to parse and set
+    redis.call('SET', key, string.format('%d %d', w, new), 'KEEPTTL')
+  else
+    redis.call('SET', key, string.format('%d %d', w, new), 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
+  end
 end
-return {1, lim - new, w, nowstr} -- compact: reset = (w + 1) * period - now
+return admit(lim - new, reset)

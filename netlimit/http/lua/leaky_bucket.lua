@@ -2,17 +2,13 @@
 -- operation for operation.  The state is the room left in the bucket
 -- (capacity - level), which keeps integer boundaries exact, exactly as the
 -- token bucket's tokens.  Meter mode: admitted if it fits.  Queue mode
--- (ARGV[4] = '1', ARGV[3] is then capacity + 1, nginx burst semantics):
+-- (queue = true; cap is then capacity + 1, nginx burst semantics):
 -- admitted if it fits, delay = level / rate.
 -- KEYS[1] state key (string: "<room> <last update time>")
--- ARGV: 1 limit, 2 period (s), 3 capacity, 4 queue flag, 5 cost,
---       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
--- strings), or for an admission without a queue delay {1, remaining, room, nowstr}
--- with room as '%.17g' (_prelude.lua).
--- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cost, dry)
-local cap = tonumber(ARGV[3])
-local queue = ARGV[4] == '1'
+-- strings), or for an admission in meter mode admit() (_prelude.lua).
+-- (store.limit_lua and _prelude.lua define lim, period, cap, queue, fmt, admit,
+-- now, nowstr, key, cost, dry)
 
 local rate = lim / period
 local free, last
@@ -47,12 +43,11 @@ if cost == 0 then
   return {1, cap, math.floor(free), '0', fmt((cap - free) / rate), fmt(delay)}
 end
 free = free - cost
-local fs = fmt(free)
 local reset = (cap - free) / rate
 if not dry then
-  redis.call('SET', key, fs .. ' ' .. lasts, 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
+  redis.call('SET', key, fmt(free) .. ' ' .. lasts, 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
 end
 if not queue then
-  return {1, math.floor(free), fs, nowstr} -- compact: reset = (cap - free) / rate
+  return admit(math.floor(free), reset)
 end
 return {1, cap, math.floor(free), '0', fmt(reset), fmt(delay)}

@@ -1,14 +1,14 @@
 -- netlimit sliding window counter (Cloudflare's approximation);
 -- mirrors algorithms.sliding_window_counter.
--- KEYS[1] state key (string: "<window index> <previous count> <current count>")
--- ARGV: 1 limit, 2 period (s), 3 capacity (= limit), 4 unused, 5 cost,
---       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
+-- KEYS[1] state key (string: "<window index> <previous count> <current count>"); cap = lim
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
--- strings), or for an admission {1, remaining, w, nowstr} (_prelude.lua).
--- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cost, dry)
+-- strings), or for an admission admit() (_prelude.lua).
+-- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, admit, now,
+-- key, cost, dry)
 
 local w = math.floor(now / period)
 local prev, curr = 0, 0
+local same = false
 local v = redis.call('GET', key)
 if v then
   local a, b, c = string.match(v, '^(%S+) (%S+) (%S+)$')
@@ -17,6 +17,7 @@ if v then
     w = sw
     prev = tonumber(b)
     curr = tonumber(c)
+    same = true
   elseif sw == w - 1 then
     prev = tonumber(c)
   end
@@ -67,8 +68,14 @@ end
 if cost == 0 then
   return {1, lim, hold - n, '0', fmt(reset_of(prev, curr)), '0'}
 end
+local reset = (w + 2) * period - now
 if not dry then
-  local reset = (w + 2) * period - now
-  redis.call('SET', key, string.format('%d %d %d', w, prev, n), 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
+  if same and redis.REDIS_VERSION_NUM then
+    -- the window's first write set the TTL (the next window's end + 1 s), which
+    -- does not move (KEEPTTL, Redis >= 6.0; REDIS_VERSION_NUM, 7.0)
+    redis.call('SET', key, string.format('%d %d %d', w, prev, n), 'KEEPTTL')
+  else
+    redis.call('SET', key, string.format('%d %d %d', w, prev, n), 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
+  end
 end
-return {1, hold - n, w, nowstr} -- compact: reset = (w + 2) * period - now
+return admit(hold - n, reset)

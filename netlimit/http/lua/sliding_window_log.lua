@@ -1,14 +1,12 @@
 -- netlimit sliding window log; mirrors algorithms.sliding_window_log.
 -- KEYS[1] sorted set of admitted timestamps: one member per unit of cost,
 --         scored by its timestamp and named '<timestamp>:<n>' so it is unique
--- ARGV: 1 limit, 2 period (s), 3 capacity (= limit), 4 the key's TTL in ms
---       (ceil(period * 1000) + 1000, from store._limit_argv), 5 cost,
---       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay}; floats as
--- '%.17g' strings because Redis truncates Lua numbers to integers.  An admission
--- whose newest entry is the one it added answers {1, remaining, 0, nowstr}
--- (_prelude.lua): its reset is now + period - now.
--- (_prelude.lua, prepended at load, defines fmt, now, nowstr, key, lim, period, cost, dry)
+-- '%.17g' strings because Redis truncates Lua numbers to integers; an admission
+-- answers admit() (_prelude.lua).  cap = lim; ttl is the key's TTL in ms,
+-- ceil(period * 1000) + 1000, as text (store.limit_lua).
+-- (store.limit_lua and _prelude.lua define lim, period, cap, ttl, fmt, admit,
+-- now, nowstr, key, cost, dry)
 -- Earlier versions numbered the members from a second key '<KEYS[1]>:seq'
 -- (INCRBY); one left behind by an upgrade is never touched again and expires by
 -- its TTL.  Their members (bare numbers) cannot collide with '<timestamp>:<n>'.
@@ -89,9 +87,6 @@ if not dry then
     n = n + 1
     added = added + redis.call('ZADD', key, 'NX', nowstr, string.format('%s:%d', nowstr, n))
   end
-  redis.call('PEXPIRE', key, ARGV[4]) -- ceil(period in ms) + 1000
+  redis.call('PEXPIRE', key, ttl) -- ceil(period in ms) + 1000
 end
-if last == now then
-  return {1, lim - count - cost, 0, nowstr} -- compact: reset = now + period - now
-end
-return {1, lim, lim - count - cost, '0', fmt(last + period - now), '0'}
+return admit(lim - count - cost, last + period - now)

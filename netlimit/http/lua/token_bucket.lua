@@ -1,12 +1,9 @@
 -- netlimit token bucket; mirrors algorithms.token_bucket operation for operation.
 -- KEYS[1] state key (string: "<tokens> <last update time>")
--- ARGV: 1 limit, 2 period (s), 3 capacity (burst), 4 unused, 5 cost,
---       6 now (seconds; '' = use the server's TIME), 7 dry run ('1' = never write)
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
--- strings), or for an admission without a queue delay {1, remaining, room, nowstr}
--- with room as '%.17g' (_prelude.lua).
--- (_prelude.lua, prepended at load, defines fmt, now, key, lim, period, cost, dry)
-local cap = tonumber(ARGV[3])
+-- strings), or for an admission admit() (_prelude.lua).  cap is the burst.
+-- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, admit, now,
+-- nowstr, key, cost, dry)
 
 local rate = lim / period
 local tokens, last
@@ -39,9 +36,8 @@ if cost == 0 then
   return {1, cap, math.floor(tokens), '0', fmt((cap - tokens) / rate), '0'}
 end
 tokens = tokens - cost
-local ts = fmt(tokens)
+local reset = (cap - tokens) / rate
 if not dry then
-  local reset = (cap - tokens) / rate
-  redis.call('SET', key, ts .. ' ' .. lasts, 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
+  redis.call('SET', key, fmt(tokens) .. ' ' .. lasts, 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
 end
-return {1, math.floor(tokens), ts, nowstr} -- compact: reset = (cap - tokens) / rate
+return admit(math.floor(tokens), reset)
