@@ -12,12 +12,14 @@
 -- its TTL.  Their members (bare numbers) cannot collide with '<timestamp>:<n>'.
 -- An admission runs TIME, ZREMRANGEBYSCORE, ZCARD, ZCOUNT (if the log is not
 -- empty), ZADD and PEXPIRE.
--- Integers go to redis.call as strings: Lua would format numbers with '%.14g'.
+-- A number passed to redis.call is formatted by Redis with '%.17g' (exact, read
+-- back to the same double); integers go as '%d' strings, which costs less.
 
 -- entries stamped t expire when t <= now - period (window is (now - period, now]);
 -- a dry run leaves them (it never writes: a later call whose now steps back
 -- before this cutoff must still count them) and skips them by rank instead
-local cutoff = fmt(now - period)
+-- (a number: Redis's own '%.17g' costs less than fmt() in Lua)
+local cutoff = now - period
 local count, off = 0, 0
 if dry then
   off = redis.call('ZCOUNT', key, '-inf', cutoff)
