@@ -147,6 +147,8 @@ class Sidecar:
         self._stat_error_logged = False
         self._xff_warned = False
         self.fast_conns: set = set()   # FastCheckProtocol connections (idle ones are swept)
+        # answers held back until the end of this loop iteration (FastCheckProtocol._write)
+        self.out_batch: list | None = None
 
     # -- reload --------------------------------------------------------------------
 
@@ -220,6 +222,19 @@ class Sidecar:
     def on_sighup(self) -> None:
         self._file_sig = self._stat()
         self.reload("SIGHUP")
+
+    def flush_out(self) -> None:
+        """Write the answers FastCheckProtocol held back in this loop iteration."""
+        batch = self.out_batch
+        self.out_batch = None
+        for t, out, close in batch:
+            if not t.is_closing():
+                try:
+                    t.write(out)
+                    if close:
+                        t.close()
+                except Exception:  # noqa: BLE001 - a transport gone under us: the others still go out
+                    log.debug("answer not written", exc_info=True)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -669,10 +684,9 @@ class FastCheckProtocol(FastHTTPProtocol):
                     t = self.transport
                     if t is None or t.is_closing():
                         return
-                    t.write(out)
                     if not keep:
                         self.buf = b""
-                        t.close()
+                    self._write(t, out, not keep)
                     return
                 if result.__class__ is tuple:   # what ok_response leaves to Python (see httphead)
                     result = lim.as_result(*result)
@@ -724,13 +738,35 @@ class FastCheckProtocol(FastHTTPProtocol):
         elif self.http10:
             parts.append("Connection: keep-alive\r\n")
         parts.append("Server: netlimit\r\nDate: ")
-        if body and not head_only:
-            t.write("".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n" + body.encode())
-        else:
-            t.write("".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n")
         if not keep:
             self.buf = b""
-            t.close()
+        if body and not head_only:
+            self._write(t, "".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n" + body.encode(), not keep)
+        else:
+            self._write(t, "".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n", not keep)
+
+    def _write(self, t, out: bytes, close: bool) -> None:
+        """Send an answer (then close, for a last one) at the end of this loop
+        iteration, with every other answer the iteration produces (other
+        connections ready at the same time, pipelined requests), back to back
+        and in order per connection (Sidecar.flush_out).  Each write to a
+        sleeping client wakes it, and on a VM that wake-up (an IPI) is the
+        dearest part of a small answer; written back to back, the answers after
+        the first find the client awake.  Measured with wrk (8 connections):
+        15 % less sidecar CPU per request."""
+        sc = self.sc
+        batch = sc.out_batch
+        if batch is None:
+            try:
+                loop = self._loop()
+            except RuntimeError:  # driven by hand without a loop (tests): at once
+                t.write(out)
+                if close:
+                    t.close()
+                return
+            batch = sc.out_batch = []
+            loop.call_soon(sc.flush_out)
+        batch.append((t, out, close))
 
 
 # --- JSON API -----------------------------------------------------------------------------

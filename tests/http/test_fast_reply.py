@@ -231,3 +231,39 @@ def test_no_running_loop_needed_for_sync_answers(sidecar):
         asyncio.get_running_loop()
     p.data_received(b"GET /v1/authz/x HTTP/1.1\r\nHost: x\r\n\r\n")
     assert t.out[0].startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_the_answers_of_one_loop_iteration_go_out_together_at_its_end(sidecar):
+    """With a loop running, data_received writes nothing itself: the answers of
+    the iteration (several connections, pipelined requests, a last answer that
+    closes) are written back to back by Sidecar.flush_out once the iteration's
+    callbacks are done, in order per connection.  A connection closed meanwhile
+    gets nothing, and a transport whose write raises holds back no other."""
+    ok = b"GET /v1/authz/x HTTP/1.1\r\nHost: x\r\n\r\n"
+    bad = b"GET /v1/check?deny_status=200 HTTP/1.1\r\nHost: x\r\n\r\n"   # 400, the general path
+
+    async def main():
+        (p1, t1), (p2, t2), (p3, t3), (p4, t4) = [_conn(sidecar) for _ in range(4)]
+
+        def boom(data):
+            raise RuntimeError("transport gone")
+
+        t4.write = boom
+        p4.data_received(ok)
+        p1.data_received(ok + bad)
+        p2.data_received(ok.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+        p3.data_received(ok)
+        t3.closed = True   # the client went away before the end of the iteration
+        assert t1.out == t2.out == t3.out == [] and not t2.closed
+        await asyncio.sleep(0)
+        assert [o.split(b"\r\n", 1)[0] for o in t1.out] == [b"HTTP/1.1 200 OK", b"HTTP/1.1 400 Bad Request"]
+        assert len(t2.out) == 1 and t2.out[0].startswith(b"HTTP/1.1 200 OK\r\n") and t2.closed
+        assert t3.out == []
+        # the next iteration starts a new batch
+        assert not t1.closed
+        p1.data_received(ok)
+        assert len(t1.out) == 2
+        await asyncio.sleep(0)
+        assert len(t1.out) == 3 and t1.out[2].startswith(b"HTTP/1.1 200 OK\r\n")
+
+    asyncio.run(main())
