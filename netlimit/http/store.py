@@ -383,9 +383,9 @@ def _argv(cost: int, now: float | None, dry: bytes) -> tuple[bytes, ...]:
 
 
 class RedisStore:
-    """Shared state in Redis: one Lua script per algorithm, one EVALSHA round trip
-    per decision, time from the Redis server (``TIME``) so that sidecars with
-    skewed clocks agree.
+    """Shared state in Redis: one Lua script per limit (its constants compiled
+    in, :func:`limit_lua`), one EVALSHA round trip per decision, time from the
+    Redis server (``TIME``) so that sidecars with skewed clocks agree.
 
     ``url_or_client`` is a URL (the store then owns its client) or a
     ``redis.asyncio.Redis`` / ``RedisCluster`` instance (left open by
