@@ -440,7 +440,6 @@ class RedisStore:
         else:
             self._client = url_or_client
             self._owns_client = False
-        self._shas: dict[str, str] = {}   # redis-py path, by Limit._ns: loaded scripts
         # lean client, by Limit._ns: (key head "<prefix>:{<sig>:", the script's SHA1,
         # its pack, {(cost, dry): the EVALSHA's RESP before and after the key (_evalsha_frame)})
         self._lean_args: dict[str, tuple[str, bytes, int | None, dict[tuple[int, bytes], tuple[bytes, bytes]]]] = {}
@@ -468,9 +467,9 @@ class RedisStore:
                     if not limit.limit:
                         continue
                     if self._lean:
-                        self._shas[limit._ns] = await self._client.script_load(limit_lua(limit), timeout=budget)
+                        await self._client.script_load(limit_lua(limit), timeout=budget)
                     else:
-                        self._shas[limit._ns] = await self._client.script_load(limit_lua(limit))
+                        await self._client.script_load(limit_lua(limit))
         except _STORE_FAILURES as e:
             raise StoreError(f"redis: cannot load scripts: {e!r}") from e
 
@@ -538,7 +537,6 @@ class RedisStore:
             client.send_packed(data, timeout=budget), return_exceptions=True)
         if isinstance(loaded, BaseException):
             raise loaded
-        self._shas[limit._ns] = loaded.decode()
         if isinstance(res, BaseException):
             raise res
         return res
@@ -550,17 +548,14 @@ class RedisStore:
         if limit.limit == 0:
             return _deny_all(cost)
         keys = self.redis_keys(key, limit)
-        src, _, pack = _limit_script(limit)
+        src, sha, pack = _limit_script(limit)
         argv = _argv(cost, now, dry)
         try:
             async with asyncio.timeout(self._timeout):
-                sha = self._shas.get(limit._ns)
-                if sha is None:
-                    sha = self._shas[limit._ns] = await self._client.script_load(src)
                 try:
                     res = await self._client.evalsha(sha, len(keys), *keys, *argv)
-                except _RedisNoScriptError:  # SCRIPT FLUSH or a restarted / failed-over server
-                    self._shas[limit._ns] = sha = await self._client.script_load(src)
+                except _RedisNoScriptError:  # first use, SCRIPT FLUSH, or a restarted / failed-over server
+                    await self._client.script_load(src)
                     res = await self._client.evalsha(sha, len(keys), *keys, *argv)
         except _STORE_FAILURES as e:
             raise StoreError(f"redis {limit.algorithm} for {key!r}: {e!r}") from e

@@ -239,9 +239,11 @@ def test_scripts_are_loaded_under_their_sha1(redis_server):
     async def main():
         store = RedisStore(redis_server.url, timeout_ms=1000)
         try:
+            shas = [hashlib.sha1(limit_lua(limit).encode()).hexdigest() for limit in LIMITS.values()]
+            await store.client.execute_command(b"SCRIPT", b"FLUSH")
+            assert not any(await store.client.execute_command(b"SCRIPT", b"EXISTS", *shas))
             await store.load_scripts(*LIMITS.values())
-            for limit in LIMITS.values():
-                assert store._shas[limit._ns] == hashlib.sha1(limit_lua(limit).encode()).hexdigest()
+            assert all(await store.client.execute_command(b"SCRIPT", b"EXISTS", *shas))
         finally:
             await store.close()
 
@@ -575,10 +577,16 @@ def test_corrupt_state_is_a_store_error_not_a_crash(redis_server):
 
 
 def test_a_client_passed_in_is_left_open(redis_server):
+    """Through redis-py too: a script Redis does not have (first use, or flushed)
+    is loaded on NOSCRIPT and the decision goes through."""
     async def main():
         client = aioredis.Redis.from_url(redis_server.url)
         store = RedisStore(client, key_prefix=prefix(), timeout_ms=1000)
-        assert (await store.hit("k", Limit("fixed_window", 1, 1))).allowed
+        limit = Limit("fixed_window", 1, 60)
+        await client.script_flush()
+        assert (await store.hit("k", limit)).allowed
+        assert await client.script_exists(hashlib.sha1(limit_lua(limit).encode()).hexdigest()) == [True]
+        assert not (await store.hit("k", limit)).allowed
         await store.close()
         assert await client.ping()
         await client.aclose()
