@@ -38,6 +38,17 @@ else
     now = t[1] + t[2] / 1000000
   end
 end
+-- Write the state; it matters for `reset` more seconds, and its key outlives
+-- that by one.  A window's state written again in the window its TTL was set
+-- for (same) keeps that TTL (KEEPTTL, Redis >= 6.0; REDIS_VERSION_NUM, 7.0):
+-- the end does not move, and there is no expiry to format and parse.
+local function save(value, reset, same)
+  if same and redis.REDIS_VERSION_NUM then
+    redis.call('SET', key, value, 'KEEPTTL')
+  else
+    redis.call('SET', key, value, 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
+  end
+end
 -- An admission: {1, cap, remaining, '0', reset, '0'}, or when the limit allows it
 -- (pack, a power of two set by store.limit_lua so that (cap + 1) * pack <= 2^53)
 -- the one integer remaining * pack + reset in microseconds (rounded), which

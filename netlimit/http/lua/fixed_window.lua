@@ -2,7 +2,7 @@
 -- KEYS[1] state key (string: "<window index> <count>"); cap = lim
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
 -- strings), or for an admission admit() (_prelude.lua).
--- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, admit, now,
+-- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, save, admit, now,
 -- key, cost, dry)
 
 local w = math.floor(now / period)
@@ -29,12 +29,6 @@ if new > lim then
   return {0, lim, remaining, fmt(reset), fmt(reset), '0'}
 end
 if cost > 0 and not dry then
-  if same and redis.REDIS_VERSION_NUM then
-    -- the window's first write set the TTL (its end + 1 s), which does not move
-    -- (KEEPTTL, Redis >= 6.0; REDIS_VERSION_NUM, 7.0): no expiry to parse and set
-    redis.call('SET', key, string.format('%d %d', w, new), 'KEEPTTL')
-  else
-    redis.call('SET', key, string.format('%d %d', w, new), 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
-  end
+  save(string.format('%d %d', w, new), reset, same)
 end
 return admit(lim - new, reset)

@@ -7,7 +7,7 @@
 -- KEYS[1] state key (string: "<room> <last update time>")
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
 -- strings), or for an admission in meter mode admit() (_prelude.lua).
--- (store.limit_lua and _prelude.lua define lim, period, cap, queue, fmt, admit,
+-- (store.limit_lua and _prelude.lua define lim, period, cap, queue, fmt, save, admit,
 -- now, nowstr, key, cost, dry)
 
 local rate = lim / period
@@ -45,7 +45,7 @@ end
 free = free - cost
 local reset = (cap - free) / rate
 if not dry then
-  redis.call('SET', key, fmt(free) .. ' ' .. lasts, 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
+  save(fmt(free) .. ' ' .. lasts, reset)
 end
 if not queue then
   return admit(math.floor(free), reset)

@@ -3,7 +3,7 @@
 -- KEYS[1] state key (string: "<window index> <previous count> <current count>"); cap = lim
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
 -- strings), or for an admission admit() (_prelude.lua).
--- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, admit, now,
+-- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, save, admit, now,
 -- key, cost, dry)
 
 local w = math.floor(now / period)
@@ -70,12 +70,6 @@ if cost == 0 then
 end
 local reset = (w + 2) * period - now
 if not dry then
-  if same and redis.REDIS_VERSION_NUM then
-    -- the window's first write set the TTL (the next window's end + 1 s), which
-    -- does not move (KEEPTTL, Redis >= 6.0; REDIS_VERSION_NUM, 7.0)
-    redis.call('SET', key, string.format('%d %d %d', w, prev, n), 'KEEPTTL')
-  else
-    redis.call('SET', key, string.format('%d %d %d', w, prev, n), 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
-  end
+  save(string.format('%d %d %d', w, prev, n), reset, same)
 end
 return admit(hold - n, reset)

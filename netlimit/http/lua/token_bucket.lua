@@ -2,7 +2,7 @@
 -- KEYS[1] state key (string: "<tokens> <last update time>")
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
 -- strings), or for an admission admit() (_prelude.lua).  cap is the burst.
--- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, admit, now,
+-- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, save, admit, now,
 -- nowstr, key, cost, dry)
 
 local rate = lim / period
@@ -38,6 +38,6 @@ end
 tokens = tokens - cost
 local reset = (cap - tokens) / rate
 if not dry then
-  redis.call('SET', key, fmt(tokens) .. ' ' .. lasts, 'PX', string.format('%d', math.ceil(reset * 1000) + 1000))
+  save(fmt(tokens) .. ' ' .. lasts, reset)
 end
 return admit(math.floor(tokens), reset)
