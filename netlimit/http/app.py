@@ -226,6 +226,8 @@ class Sidecar:
     def flush_out(self) -> None:
         """Write the answers FastCheckProtocol held back in this loop iteration."""
         batch = self.out_batch
+        if batch is None:   # already written (a connection handed to aiohttp)
+            return
         self.out_batch = None
         for t, out, close in batch:
             if not t.is_closing():
@@ -563,6 +565,8 @@ class FastHTTPProtocol(asyncio.Protocol):
     def _handoff(self, buf: bytes) -> None:
         """Give the connection to aiohttp (with the unparsed bytes) for good."""
         t = self.transport
+        if self.sc.out_batch:   # answers of earlier requests first (aiohttp writes the next ones)
+            self.sc.flush_out()
         self.sc.fast_conns.discard(self)
         self.buf = b""
         self.busy = True  # nothing more for this protocol
@@ -684,9 +688,7 @@ class FastCheckProtocol(FastHTTPProtocol):
                     t = self.transport
                     if t is None or t.is_closing():
                         return
-                    if not keep:
-                        self.buf = b""
-                    self._write(t, out, not keep)
+                    self._write(out, not keep)
                     return
                 if result.__class__ is tuple:   # what ok_response leaves to Python (see httphead)
                     result = lim.as_result(*result)
@@ -738,14 +740,10 @@ class FastCheckProtocol(FastHTTPProtocol):
         elif self.http10:
             parts.append("Connection: keep-alive\r\n")
         parts.append("Server: netlimit\r\nDate: ")
-        if not keep:
-            self.buf = b""
-        if body and not head_only:
-            self._write(t, "".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n" + body.encode(), not keep)
-        else:
-            self._write(t, "".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n", not keep)
+        out = "".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n"
+        self._write(out + body.encode() if body and not head_only else out, not keep)
 
-    def _write(self, t, out: bytes, close: bool) -> None:
+    def _write(self, out: bytes, close: bool) -> None:
         """Send an answer (then close, for a last one) at the end of this loop
         iteration, with every other answer the iteration produces (other
         connections ready at the same time, pipelined requests), back to back
@@ -754,6 +752,9 @@ class FastCheckProtocol(FastHTTPProtocol):
         dearest part of a small answer; written back to back, the answers after
         the first find the client awake.  Measured with wrk (8 connections):
         15 % less sidecar CPU per request."""
+        t = self.transport
+        if close:
+            self.buf = b""   # nothing after a last answer is read
         sc = self.sc
         batch = sc.out_batch
         if batch is None:

@@ -267,3 +267,33 @@ def test_the_answers_of_one_loop_iteration_go_out_together_at_its_end(sidecar):
         assert len(t1.out) == 3 and t1.out[2].startswith(b"HTTP/1.1 200 OK\r\n")
 
     asyncio.run(main())
+
+
+def test_answers_held_back_go_out_before_a_handoff_to_aiohttp(sidecar):
+    """A pipelined request the fast path does not serve hands the connection to
+    aiohttp; the answers to the requests before it, held back for the end of the
+    iteration, are written first, so they cannot fall behind aiohttp's."""
+    async def main():
+        seen = []
+        t = FakeTransport()
+
+        class FakeAio:
+            def connection_made(self, tr):
+                pass
+
+            def data_received(self, data):
+                seen.append(list(t.out))
+
+        t.set_protocol = lambda proto: None
+        p = FastCheckProtocol(sidecar, FakeAio)
+        p.connection_made(t)
+        other, t2 = _conn(sidecar)
+        other.data_received(b"GET /v1/authz/x HTTP/1.1\r\nHost: x\r\n\r\n")   # another connection's answer
+        p.data_received(b"GET /v1/authz/x HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        (before,) = seen
+        assert len(before) == 1 and before[0].startswith(b"HTTP/1.1 200 OK\r\n")
+        assert len(t2.out) == 1   # the whole batch went out
+        await asyncio.sleep(0)    # the scheduled flush finds nothing left
+        assert len(t.out) == 1 and len(t2.out) == 1
+
+    asyncio.run(main())
