@@ -149,7 +149,7 @@ def bursty_trace(n: int, sources: int, seed: int = 7) -> list[tuple[float, int]]
 
 
 def swc_error(n: int, sources: int, limit: int = 10, period: float = 60.0) -> dict[str, float]:
-    from netlimit.http.algorithms import Limit, sliding_window_counter, sliding_window_log
+    from netlimit.limit.algorithms import Limit, sliding_window_counter, sliding_window_log
 
     trace = bursty_trace(n, sources)
     swc_l, log_l = Limit("sliding_window_counter", limit, period), Limit("sliding_window_log", limit, period)

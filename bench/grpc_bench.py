@@ -173,7 +173,7 @@ async def _measure(targets: dict[str, int], rounds: int, seconds: float) -> dict
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from netlimit.http.grpc.proto import envoy_ratelimit_pb2, rls_pb2, rls_pb2_grpc
+    from netlimit.rls.proto import envoy_ratelimit_pb2, rls_pb2, rls_pb2_grpc
 
     D = envoy_ratelimit_pb2.RateLimitDescriptor
     reqs = [rls_pb2.RateLimitRequest(domain="bench", descriptors=[

@@ -78,8 +78,8 @@ class _Timed:
 
 
 def _netlimit(alg: str, keys: list[str]):
-    from netlimit.http.algorithms import Limit
-    from netlimit.http.store import MemoryStore
+    from netlimit.limit.algorithms import Limit
+    from netlimit.limit.stores import MemoryStore
 
     lim = Limit(alg, LIMIT, float(PERIOD))
     out = []

@@ -30,8 +30,8 @@ def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
 if impl == "netlimit":
-    from netlimit.http.algorithms import Limit
-    from netlimit.http.store import MemoryStore
+    from netlimit.limit.algorithms import Limit
+    from netlimit.limit.stores import MemoryStore
     lim = Limit(alg, %(limit)d, period)
     store = MemoryStore(max_keys=n)
     hit = store.hit_sync

@@ -7,7 +7,7 @@ key stream (10,000 keys, limit 1,000/minute, so admissions) and 1 or 16
 concurrent clients (asyncio tasks, each awaiting its decision before the
 next).  netlimit returns a full Decision, limits a bool.  Clients: netlimit's
 RedisStore built from a ``redis://`` URL uses its own lean asyncio client
-(``netlimit/http/resp.py``: one connection, hiredis parsing, concurrent
+(``netlimit/limit/stores/resp.py``: one connection, hiredis parsing, concurrent
 commands auto-pipelined); limits uses redis-py's asyncio client
 (``implementation="redispy"``, a connection pool).  With one client, limits'
 sync RedisStorage (redis-py's blocking client) runs in the same rounds as a
@@ -135,8 +135,8 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
     from limits.aio.storage import RedisStorage as LimitsRedis
     from limits.storage import RedisStorage as LimitsSyncRedis
 
-    from netlimit.http.algorithms import Limit
-    from netlimit.http.store import RedisStore
+    from netlimit.limit.algorithms import Limit
+    from netlimit.limit.stores import RedisStore
 
     url = f"redis://127.0.0.1:{port}/0"
     nl_store = RedisStore(url, timeout_ms=2000)

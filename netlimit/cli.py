@@ -2,7 +2,7 @@
 
 This module holds the frame and the config commands (validate, schema).
 Each layer adds its own commands through a `register(app)` function in its
-package (netlimit.kernel.cli, netlimit.http.cli, netlimit.daemon), so heavy
+package (netlimit.kernel.cli, netlimit.sidecar.cli, netlimit.daemon), so heavy
 imports (python-iptables, pyroute2, aiohttp) happen only when a command runs.
 """
 
@@ -113,7 +113,7 @@ def schema(
 
 # Layers register their commands here (each import is cheap: heavy modules
 # are imported inside the command functions).
-_LAYERS = ("netlimit.kernel.cli", "netlimit.http.cli", "netlimit.daemon")
+_LAYERS = ("netlimit.kernel.cli", "netlimit.sidecar.cli", "netlimit.daemon")
 for _mod in _LAYERS:
     try:
         _m = importlib.import_module(_mod)

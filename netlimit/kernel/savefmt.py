@@ -18,7 +18,7 @@ render.py writes in a few places; both sides of a diff go through `canon`:
   `ipv6-icmp`);
 * values that were quoted come back double-quoted (comment, log prefix).
 
-tests/netns/test_restore_backend.py checks `canon(render line) == -save line`
+tests/kernel/test_restore_backend.py checks `canon(render line) == -save line`
 for every rule in rules/*.yaml and a wide file of every match kind, IPv4 and
 IPv6, against the real kernel.
 """

@@ -8,8 +8,8 @@ from array import array
 
 import pytest
 
-from netlimit.http.algorithms import ALGORITHMS, DENIED, Limit, admit, decide
-from netlimit.http.store import MemoryStore
+from netlimit.limit.algorithms import ALGORITHMS, DENIED, Limit, admit, decide
+from netlimit.limit.stores import MemoryStore
 
 
 def _limits(alg: str) -> list[Limit]:

@@ -1,0 +1,443 @@
+"""The limiter core: descriptors in, a decision per descriptor out.
+
+Transport-free on purpose: the HTTP sidecar (app.py) and, later, an Envoy RLS
+gRPC front door call the same :meth:`Limiter.check`::
+
+    result = await limiter.check("api", [[("remote_address", "10.0.0.1")],
+                                         [("path", "/login"), ("remote_address", "10.0.0.1")]],
+                                 cost=1)
+    result.code            # OK (1) or OVER_LIMIT (2), Lyft's numbering
+    result.statuses        # one DescriptorStatus per descriptor, in order
+    result.report          # the most constraining enforced status (for headers)
+
+Semantics
+---------
+* Every descriptor that matches a rule is charged (also when another one is
+  over the limit), as Lyft does; ``replaces`` removes the replaced limits
+  first.  ``unlimited`` rules match and are never charged.
+* The request is over the limit when any non-shadow rule says so.  The
+  reported status is, among the enforced (non-shadow) rules, the denied one
+  with the longest ``retry_after``; when all allow, the one with the fewest
+  ``remaining`` (then the smallest limit).
+* ``shadow_mode`` rules are charged and counted exactly like the others, but
+  their denials become OK with ``shadow_over = True``; they never appear in
+  ``report`` (clients never see a dark-launched limit) nor delay a request.
+* Store failures (:class:`StoreError`, or anything a store raises) open a
+  circuit breaker: for ``retry_interval`` seconds decisions skip the primary
+  store; then one request probes it, and success closes the breaker.  While
+  open, ``on_store_failure`` decides: ``local`` (default) uses a process-local
+  :class:`MemoryStore`, ``open`` allows (no decision, no headers), ``closed``
+  denies with ``retry_after = retry_interval``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .algorithms import Decision
+from .rules import Entry, Rule, RuleSet
+from .stores import MemoryStore, StoreError
+
+log = logging.getLogger("netlimit.sidecar")
+_perf = time.perf_counter
+_bisect_left = bisect_left
+_new = object.__new__
+
+# Lyft's RateLimitResponse.Code numbering
+UNKNOWN = 0
+OK = 1
+OVER_LIMIT = 2
+CODE_NAMES = {UNKNOWN: "UNKNOWN", OK: "OK", OVER_LIMIT: "OVER_LIMIT"}
+
+# DescriptorStatus.source
+SRC_NONE = ""          # no rule matched, or unlimited
+SRC_STORE = "store"    # the configured store decided
+SRC_LOCAL = "local"    # the local fallback store decided (primary unavailable)
+SRC_OPEN = "open"      # primary unavailable, on_store_failure: open
+SRC_CLOSED = "closed"  # primary unavailable, on_store_failure: closed
+
+
+@dataclass(slots=True)
+class DescriptorStatus:
+    code: int
+    rule: Rule | None = None
+    decision: Decision | None = None
+    shadow_over: bool = False   # over the limit, but the rule is in shadow mode
+    near: bool = False          # allowed with >= 80% of the limit used
+    source: str = SRC_NONE
+
+
+@dataclass(slots=True)
+class CheckResult:
+    code: int
+    statuses: list[DescriptorStatus]
+    report: DescriptorStatus | None = None
+    delay: float = 0.0          # leaky bucket queue mode: hold the request this long
+
+    @property
+    def allowed(self) -> bool:
+        return self.code != OVER_LIMIT
+
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Histogram:
+    """A Prometheus-style histogram as plain numbers (no locks: one event loop)."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)   # last = above every bound
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.sum += v
+        self.count += 1
+
+
+class CoreStats:
+    """Counters of the core besides the per-rule ones (Rule.stats)."""
+
+    __slots__ = ("store_errors", "fallbacks", "latency")
+
+    def __init__(self) -> None:
+        self.store_errors = {"timeout": 0, "connection": 0, "error": 0}
+        self.fallbacks = {"local": 0, "open": 0, "closed": 0}
+        self.latency = Histogram()
+
+
+class _LogEvery:
+    """At most one log line per key per interval; counts the ones held back."""
+
+    __slots__ = ("interval", "clock", "_next", "_held")
+
+    def __init__(self, interval: float, clock: Callable[[], float]):
+        self.interval = interval
+        self.clock = clock
+        self._next: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def due(self, key: str) -> int:
+        """-1 when this event should not be logged; else how many were held back."""
+        now = self.clock()
+        if now < self._next.get(key, 0.0):
+            self._held[key] = self._held.get(key, 0) + 1
+            return -1
+        if len(self._next) > 10_000:  # keys are rule paths; bounded anyway
+            self._next.clear()
+            self._held.clear()
+        self._next[key] = now + self.interval
+        return self._held.pop(key, 0)
+
+
+def _reason(exc: BaseException) -> str:
+    """A bounded label for a store failure: timeout | connection | error."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 5:
+        if isinstance(e, (TimeoutError, asyncio.TimeoutError)) or type(e).__name__ == "TimeoutError":
+            return "timeout"
+        if isinstance(e, (ConnectionError, OSError)) or type(e).__name__ == "ConnectionError":
+            return "connection"
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return "error"
+
+
+class Limiter:
+    """Charge every matching descriptor; report the most constraining.
+
+    ``store`` is the primary store (a :class:`MemoryStore` is called
+    synchronously; anything else, e.g. RedisStore, through the breaker).
+    ``local`` is the fallback store (created when not given).
+    """
+
+    def __init__(self, rules: RuleSet, store: Any = None, *, local: MemoryStore | None = None,
+                 on_store_failure: str = "local", retry_interval: float = 1.0, log_interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
+        if on_store_failure not in ("open", "local", "closed"):
+            raise ValueError(f"on_store_failure must be open, local or closed, not {on_store_failure!r}")
+        self.stats = CoreStats()
+        cfg = rules.config
+        if store is None:
+            store = MemoryStore(max_keys=cfg.max_keys if cfg else 100_000,
+                                max_key_length=cfg.max_key_length if cfg else 256)
+        self.store = store
+        self._mem: MemoryStore | None = store if isinstance(store, MemoryStore) else None
+        #: True when the primary store is in-process: :meth:`check_nowait` can decide
+        #: (a plain attribute: the fast paths read it per request)
+        self.is_sync = self._mem is not None
+        if local is None and self._mem is None:
+            local = MemoryStore(max_keys=cfg.max_keys if cfg else 100_000,
+                                max_key_length=cfg.max_key_length if cfg else 256)
+        self.local = local
+        self.on_store_failure = on_store_failure
+        self.retry_interval = float(retry_interval)
+        self._clock = clock
+        self._down_until = 0.0       # breaker open until (clock time); 0 = closed
+        self._down_since = 0.0
+        self._probing = False
+        self._fallbacks = 0          # decisions made without the primary since it went down
+        self._fail_log = _LogEvery(log_interval, clock)
+        self._rule_log = _LogEvery(log_interval, clock)
+        self.rules = rules
+
+    # -- configuration -------------------------------------------------------
+
+    def set_rules(self, rules: RuleSet, on_store_failure: str | None = None) -> None:
+        """Swap the rules (hot reload); one attribute store, so atomic for check().
+        Rules keep their counters across reloads (matched by domain and name)."""
+        old = {(r.domain, r.name): r.stats for r in self.rules.rules}
+        for r in rules.rules:
+            st = old.get((r.domain, r.name))
+            if st is not None:
+                r.stats = st
+        self.rules = rules
+        if on_store_failure is not None:
+            self.on_store_failure = on_store_failure
+
+    @property
+    def store_available(self) -> bool:
+        """False while the breaker is open (the primary store is skipped)."""
+        return self._down_until == 0.0
+
+    async def close(self) -> None:
+        await self.store.close()
+        if self.local is not None and self.local is not self.store:
+            await self.local.close()
+
+    # -- the decision ----------------------------------------------------------
+
+    def _match(self, rs: RuleSet, descriptors: Sequence[Sequence[Entry]]) -> list[Rule | None]:
+        match = rs.match
+        rules = [match(d) for d in descriptors]
+        if rs.has_replaces:
+            replaced = {name for r in rules if r is not None for name in r.replaces}
+            if replaced:
+                rules = [None if r is not None and r.name in replaced else r for r in rules]
+        return rules
+
+    def check_nowait(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:
+        """:meth:`check` without a coroutine, for an in-process primary store
+        (``is_sync``); front doors that run outside a task use it."""
+        if domain != self.rules.domain:
+            return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
+        res = self.check_fast(descriptors, cost)
+        return self.as_result(*res) if res.__class__ is tuple else res  # type: ignore[misc,return-value]
+
+    @staticmethod
+    def as_result(r: Rule, dec: Decision) -> CheckResult:
+        """The CheckResult of check_fast's ``(rule, decision)``."""
+        # DescriptorStatus(OK, r, dec, False, near, SRC_STORE) and its CheckResult,
+        # filled in place (no __init__ frames)
+        st = _new(DescriptorStatus)
+        st.code = OK
+        st.rule = r
+        st.decision = dec
+        st.shadow_over = False
+        st.near = dec.remaining <= r.near_threshold
+        st.source = SRC_STORE
+        result = _new(CheckResult)
+        result.code = OK
+        result.statuses = [st]
+        result.report = st
+        result.delay = 0.0
+        return result
+
+    def check_fast(self, descriptors: Sequence[Sequence[Entry]],
+                   cost: int = 1) -> tuple[Rule, Decision] | CheckResult:
+        """:meth:`check_nowait` in the rules' own domain, for the fast paths:
+        ``(rule, decision)`` for the common answer -- one descriptor, admitted by
+        an enforced rule with no delay, counted as check_nowait counts it, but no
+        DescriptorStatus or CheckResult built -- else check_nowait's CheckResult."""
+        t0 = _perf()
+        rs = self.rules
+        mem = self._mem
+        if mem is None:
+            raise RuntimeError("check_nowait needs an in-process store; use check()")
+        if len(descriptors) == 1 and not rs.has_replaces:
+            # one descriptor, without list machinery; the same result and counters as _evaluate
+            d = descriptors[0]
+            r = rs.match(d)
+            if r is None or r.limit is None:
+                result = CheckResult(OK, [DescriptorStatus(OK, r)])
+            else:
+                dec = mem.hit_sync(rs.store_key(r, d), r.limit, cost)
+                if dec.allowed:
+                    stats = r.stats
+                    stats.hits += cost
+                    stats.within += cost
+                    near = dec.remaining <= r.near_threshold
+                    if near:
+                        stats.near += cost
+                    if not r.shadow and dec.delay <= 0.0:
+                        result = r, dec   # type: ignore[assignment]
+                    else:
+                        st = DescriptorStatus(OK, r, dec, False, near, SRC_STORE)
+                        result = CheckResult(OK, [st]) if r.shadow else CheckResult(OK, [st], st, dec.delay)
+                else:
+                    result = self._evaluate(descriptors, (r,), ((dec, SRC_STORE),), cost)
+        else:
+            rules = self._match(rs, descriptors)
+            hit = mem.hit_sync
+            key = rs.store_key
+            decided = [None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
+                       for d, r in zip(descriptors, rules)]
+            result = self._evaluate(descriptors, rules, decided, cost)
+        v = _perf() - t0   # Histogram.observe, inlined
+        h = self.stats.latency
+        h.counts[_bisect_left(h.bounds, v)] += 1
+        h.sum += v
+        h.count += 1
+        return result
+
+    async def check(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:
+        """Decide one request.  ``descriptors`` are lists of (key, value) entries;
+        ``cost`` (>= 0) is charged to every matching rule."""
+        if self._mem is not None:
+            return self.check_nowait(domain, descriptors, cost)
+        t0 = _perf()
+        rs = self.rules
+        if domain != rs.domain:
+            return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
+        rules = self._match(rs, descriptors)
+        pending = [(i, r, rs.store_key(r, d)) for i, (d, r) in enumerate(zip(descriptors, rules))
+                   if r is not None and r.limit is not None]
+        decided: list[Any] = [None] * len(rules)
+        if len(pending) == 1:
+            i, r, k = pending[0]
+            decided[i] = await self._hit(k, r, cost)
+        elif pending:
+            res = await asyncio.gather(*[self._hit(k, r, cost) for _, r, k in pending])
+            for (i, _, _), dr in zip(pending, res):
+                decided[i] = dr
+        result = self._evaluate(descriptors, rules, decided, cost)
+        self.stats.latency.observe(_perf() - t0)
+        return result
+
+    def _evaluate(self, descriptors, rules, decided, cost: int) -> CheckResult:
+        """Statuses, per-rule counters, the overall code and the reported status."""
+        statuses: list[DescriptorStatus] = []
+        report: DescriptorStatus | None = None
+        code = OK
+        delay = 0.0
+        for d, rule, dd in zip(descriptors, rules, decided):
+            if dd is None:
+                statuses.append(DescriptorStatus(OK, rule))
+                continue
+            dec, src = dd
+            stats = rule.stats
+            stats.hits += cost
+            if dec is None:  # on_store_failure: open
+                stats.within += cost
+                statuses.append(DescriptorStatus(OK, rule, None, False, False, src))
+                continue
+            if dec.allowed:
+                stats.within += cost
+                near = dec.remaining <= rule.near_threshold
+                if near:
+                    stats.near += cost
+                st = DescriptorStatus(OK, rule, dec, False, near, src)
+                statuses.append(st)
+                if rule.shadow or code != OK:
+                    continue
+                if dec.delay > delay:
+                    delay = dec.delay
+                if report is None:
+                    report = st
+                else:
+                    rd = report.decision
+                    if dec.remaining < rd.remaining or (dec.remaining == rd.remaining and dec.limit < rd.limit):
+                        report = st
+                continue
+            stats.over += cost
+            if rule.shadow:
+                stats.shadow += cost
+                self._log_rule("shadow", rule, d, dec)
+                statuses.append(DescriptorStatus(OK, rule, dec, True, False, src))
+                continue
+            self._log_rule("over", rule, d, dec)
+            st = DescriptorStatus(OVER_LIMIT, rule, dec, False, False, src)
+            statuses.append(st)
+            if code != OVER_LIMIT or dec.retry_after > report.decision.retry_after:  # type: ignore[union-attr]
+                report = st
+            code = OVER_LIMIT
+        return CheckResult(code, statuses, report, delay if code == OK else 0.0)
+
+    # -- store access with the breaker ------------------------------------------
+
+    async def _hit(self, key: str, rule: Rule, cost: int) -> tuple[Decision | None, str]:
+        probe = False
+        if self._down_until:
+            if self._clock() < self._down_until or self._probing:
+                return self._fallback(key, rule, cost)
+            self._probing = probe = True
+        try:
+            dec = await self.store.hit(key, rule.limit, cost)
+        except Exception as exc:  # noqa: BLE001 - StoreError or a store bug: either way the store is sick
+            self._failed(exc)
+            return self._fallback(key, rule, cost)
+        finally:
+            if probe:
+                self._probing = False
+        if self._down_until:
+            self._recovered()
+        return dec, SRC_STORE
+
+    def _fallback(self, key: str, rule: Rule, cost: int) -> tuple[Decision | None, str]:
+        mode = self.on_store_failure
+        self._fallbacks += 1
+        self.stats.fallbacks[mode] += 1
+        if mode == "local":
+            return self.local.hit_sync(key, rule.limit, cost), SRC_LOCAL  # type: ignore[union-attr]
+        if mode == "open":
+            return None, SRC_OPEN
+        ri = self.retry_interval
+        return Decision(False, rule.limit.capacity, 0, ri, ri), SRC_CLOSED  # type: ignore[union-attr]
+
+    def _failed(self, exc: BaseException) -> None:
+        now = self._clock()
+        reason = _reason(exc)
+        self.stats.store_errors[reason] += 1
+        if not self._down_until:
+            self._down_since = now
+            self._fallbacks = 0
+        self._down_until = now + self.retry_interval
+        held = self._fail_log.due("store")
+        if held >= 0:
+            what = {"local": "deciding with the local in-memory store",
+                    "open": "allowing every request",
+                    "closed": "denying every limited request"}[self.on_store_failure]
+            msg = exc.args[0] if isinstance(exc, StoreError) and exc.args else repr(exc)
+            log.warning("store failure (%s): %s; %s (on_store_failure: %s), retrying every %gs%s",
+                        reason, msg, what, self.on_store_failure, self.retry_interval,
+                        f"; {held} more failures since the last report" if held else "")
+
+    def _recovered(self) -> None:
+        down_for = self._clock() - self._down_since
+        log.warning("store is back after %.1fs; %d decisions were made without it (on_store_failure: %s)",
+                    down_for, self._fallbacks, self.on_store_failure)
+        self._down_until = 0.0
+        self._fallbacks = 0
+
+    def _log_rule(self, kind: str, rule: Rule, entries, dec: Decision) -> None:
+        held = self._rule_log.due(kind + "|" + rule.path)
+        if held < 0:
+            return
+        desc = ", ".join(f"{k}={v!r}" for k, v in entries)
+        more = f"; {held} more since the last report" if held else ""
+        if kind == "shadow":
+            log.info("shadow_mode rule %r (domain %s, %s) would have limited %s, retry after %.3gs%s",
+                     rule.name, rule.domain, rule.description, desc, dec.retry_after, more)
+        else:
+            log.info("rule %r (domain %s, %s) over limit for %s, retry after %.3gs%s",
+                     rule.name, rule.domain, rule.description, desc, dec.retry_after, more)

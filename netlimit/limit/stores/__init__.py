@@ -1,0 +1,9 @@
+"""Where limiter state lives: in process (:class:`MemoryStore`, the default) or
+in Redis shared by many servers (:class:`RedisStore`, atomic Lua).  Both
+implement :class:`Store` and decide identically for identical inputs."""
+
+from .base import Store, StoreError, hash_key
+from .memory import MemoryStore
+from .redis import RedisStore, limit_lua, load_lua
+
+__all__ = ["MemoryStore", "RedisStore", "Store", "StoreError", "hash_key", "limit_lua", "load_lua"]

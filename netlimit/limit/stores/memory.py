@@ -1,0 +1,246 @@
+"""The in-process store: bounded, one asyncio loop / thread, the default.
+
+It runs the algorithms of :mod:`netlimit.limit.algorithms` directly and returns
+the same :class:`Decision` objects the Redis store does for the same inputs
+(``tests/limit/test_conformance.py`` holds them to that).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from typing import Any, Callable
+
+from ..algorithms import _INF, _J, _LIMIT_BY_NS, ALGORITHMS, DENIED, Decision, Limit, _floor, _new, is_idle
+from .base import hash_key
+
+class MemoryStore:
+    """Bounded in-process store (one asyncio loop / thread; not thread-safe).
+
+    Memory is bounded by ``max_keys`` states in total, whatever clients send:
+
+    * Eviction is a two-generation approximation of LRU: new and recently used
+      states live in ``young`` (at most ``max_keys // 2`` insertions); when it is
+      full it becomes ``old`` and the previous ``old`` is dropped whole.  A state used
+      again while in ``old`` moves back to ``young``.  So any key used within the
+      last ``max_keys // 2`` new keys is kept, and a hit costs one plain-dict
+      lookup -- no reordering.  (An exact LRU ``OrderedDict`` costs ~55 more bytes
+      per key and a ``move_to_end`` per hit; this store stays under ~150 B/key
+      including the key string, see the report in the tests.)
+    * Idle states (ones that decide exactly like no state, ``algorithms.is_idle``)
+      are equivalent to absent, so they are simply left to age out;
+      :meth:`purge_idle` drops them all at once if wanted.
+    * Keys longer than ``max_key_length`` are hashed (:func:`hash_key`).
+    * ``clock`` gives "now" in seconds.  The default, ``time.time``, keeps fixed
+      windows aligned to the epoch (minute windows start at :00) and agrees with
+      Redis' ``TIME``; a clock that steps back is handled conservatively.
+    """
+
+    __slots__ = ("_young", "_old", "_n_young", "_young_cap", "_keep_old", "_max_keys",
+                 "_max_key_length", "_clock", "evictions")
+
+    # Each generation is {limit namespace: {key: state}}: nesting instead of
+    # concatenating "<ns><key>" saves an allocation and a hash per call and lets
+    # a stored key share the caller's string.
+
+    def __init__(self, max_keys: int = 100_000, max_key_length: int = 256,
+                 clock: Callable[[], float] = time.time) -> None:
+        if max_keys < 1:
+            raise ValueError("max_keys must be >= 1")
+        if max_key_length < 1:
+            raise ValueError("max_key_length must be >= 1")
+        self._young: dict[str, dict[str, Any]] = {}
+        self._old: dict[str, dict[str, Any]] = {}
+        self._n_young = 0
+        self._young_cap = max(1, max_keys // 2)
+        self._keep_old = 2 * self._young_cap <= max_keys  # False only for max_keys == 1
+        self._max_keys = max_keys
+        self._max_key_length = max_key_length
+        self._clock = clock
+        self.evictions = 0  # states dropped because the store was full
+
+    def __len__(self) -> int:
+        return sum(map(len, self._young.values())) + sum(map(len, self._old.values()))
+
+    def __contains__(self, key: str) -> bool:
+        """Whether some state is held for ``key`` (under any limit); for tests/ops."""
+        if len(key) > self._max_key_length:
+            key = hash_key(key)
+        return any(key in t for gen in (self._young, self._old) for t in gen.values())
+
+    def stored_keys(self) -> list[str]:
+        """Every key (as stored: long ones hashed) holding state; for tests/ops."""
+        return [k for gen in (self._young, self._old) for t in gen.values() for k in t]
+
+    def hit_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> Decision:
+        """Decide for ``key`` under ``limit`` and consume ``cost`` when allowed."""
+        if now is None:
+            now = self._clock()
+        if len(key) > self._max_key_length:
+            key = hash_key(key)
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost}")
+        table = self._young.get(limit._ns)
+        if table is not None:
+            state = table.get(key)
+            if state is not None:
+                if limit._fw:
+                    # algorithms.fixed_window inlined (Lyft's default, the most used):
+                    # the same operations without a call and a tuple per decision
+                    lim = limit.limit
+                    period = limit.period
+                    w = _floor(now / period)
+                    b = limit._cb
+                    sw = state >> b
+                    if sw >= w:
+                        w = sw
+                        count = state & limit._cm
+                    else:
+                        count = 0
+                    new = count + cost
+                    reset = (w + 1) * period - now
+                    d = _new(Decision)
+                    d.limit = lim
+                    d.reset = reset
+                    d.delay = 0.0
+                    if new > lim:
+                        d.allowed = False
+                        d.remaining = lim - count if count < lim else 0
+                        d.retry_after = _INF if cost > lim else reset
+                        return d
+                    if cost:
+                        table[key] = (w << b) | new
+                    d.allowed = True
+                    d.remaining = lim - new
+                    d.retry_after = 0.0
+                    return d
+                if limit._bk and cost:
+                    # algorithms._bucket's admit path inlined (the denial and cost-0
+                    # paths below): same operations, no call, no tuple
+                    cap = limit._cap
+                    rate = limit._rate
+                    free = state.real
+                    last = state.imag
+                    if now > last:
+                        free = free + (now - last) * rate
+                        if free > cap:
+                            free = cap
+                        last = now
+                    if cost <= free:
+                        d = _new(Decision)
+                        d.allowed = True
+                        d.limit = cap
+                        d.retry_after = 0.0
+                        d.delay = (cap - free) / rate if limit.delay else 0.0
+                        free = free - cost
+                        d.remaining = _floor(free)
+                        d.reset = (cap - free) / rate
+                        table[key] = free + _J * last
+                        return d
+                decision, new_state = limit._fn(limit, state, now, cost)
+                if new_state is not state:
+                    table[key] = new_state
+                return decision
+        state = self._take_old(key, limit)
+        decision, new_state = limit._fn(limit, state, now, cost)
+        if new_state is not None:  # a new key, or one coming back from the old generation
+            self._insert(key, limit, new_state, table)
+        return decision
+
+    def allow_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> bool:
+        """:meth:`hit_sync` for callers that need only the verdict (no Decision is
+        built): the same state change, True when admitted."""
+        if now is None:
+            now = self._clock()
+        if len(key) > self._max_key_length:
+            key = hash_key(key)
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost}")
+        table = self._young.get(limit._ns)
+        if table is not None:
+            state = table.get(key)
+            if state is not None:
+                new_state = limit._admit(limit, state, now, cost)
+                if new_state is DENIED:
+                    return False
+                if new_state is not state:
+                    table[key] = new_state
+                return True
+        state = self._take_old(key, limit)
+        new_state = limit._admit(limit, state, now, cost)
+        allowed = new_state is not DENIED
+        if not allowed:
+            new_state = state
+        if new_state is not None:
+            self._insert(key, limit, new_state, table)
+        return allowed
+
+    def _take_old(self, key: str, limit: Limit) -> Any:
+        """The state of ``key`` in the old generation, removed from it (or None)."""
+        if self._old:
+            old = self._old.get(limit._ns)
+            if old:
+                return old.pop(key, None)
+        return None
+
+    def _insert(self, key: str, limit: Limit, state: Any, table: dict[str, Any] | None) -> None:
+        """Store a state that is not in the young generation (``table`` is the
+        limit's young table, or None if it has none yet)."""
+        if self._n_young >= self._young_cap:
+            self._rotate()
+            table = None
+        if table is None:
+            table = self._young.setdefault(limit._ns, {})
+        table[key] = state
+        self._n_young += 1
+
+    def peek_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> Decision:
+        """The decision ``hit_sync`` would return, without changing anything."""
+        if now is None:
+            now = self._clock()
+        if len(key) > self._max_key_length:
+            key = hash_key(key)
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost}")
+        state = self._young.get(limit._ns, {}).get(key)
+        if state is None:
+            state = self._old.get(limit._ns, {}).get(key)
+        if isinstance(state, array):  # the sliding log updates its array in place
+            state = array("d", state)
+        return limit._fn(limit, state, now, cost)[0]
+
+    async def hit(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
+        return self.hit_sync(key, limit, cost, now)
+
+    async def peek(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
+        return self.peek_sync(key, limit, cost, now)
+
+    async def close(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self._young = {}
+        self._old = {}
+        self._n_young = 0
+
+    def purge_idle(self, now: float | None = None) -> int:
+        """Drop every idle state (O(n)); returns how many were dropped."""
+        if now is None:
+            now = self._clock()
+        dropped = 0
+        for gen in (self._young, self._old):
+            for ns, table in gen.items():
+                limit = _LIMIT_BY_NS[ns]
+                idle = [k for k, state in table.items() if is_idle(limit, state, now)]
+                for k in idle:
+                    del table[k]
+                dropped += len(idle)
+                if gen is self._young:
+                    self._n_young -= len(idle)
+        return dropped
+
+    def _rotate(self) -> None:
+        self.evictions += sum(map(len, self._old.values()))
+        self._old = self._young if self._keep_old else {}
+        self._young = {}
+        self._n_young = 0

@@ -1,0 +1,84 @@
+"""The gRPC server of the sidecar: Envoy's RateLimitService plus the standard
+health service (``grpc.health.v1.Health``), on grpc.aio in the sidecar's own
+event loop (the limiter core is single-threaded: one loop, no locks).
+
+``netlimit sidecar --grpc HOST:PORT`` runs it beside the HTTP front doors
+(:func:`serve_with_grpc`); tests and the benchmark start it on its own
+(:class:`GrpcServer`).
+
+Health: ``""`` and ``envoy.service.ratelimit.v3.RateLimitService`` are SERVING
+while the server runs, NOT_SERVING once it stops (so a load balancer drains it
+before the port closes).  A Redis outage does not make it unhealthy: decisions
+go on through ``on_store_failure`` (the store's state is in /metrics and
+/healthz).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ..limit.limiter import Limiter
+from ..listen import format_hostport
+from .proto import rls_pb2, rls_pb2_grpc
+from .servicer import RateLimitServicer
+
+log = logging.getLogger("netlimit.sidecar")
+
+SERVICE_NAME = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
+#: Envoy's rate limit requests are a few hundred bytes; anything this large is not one
+MAX_MESSAGE = 64 * 1024
+
+
+class GrpcServer:
+    """RateLimitService + Health on ``host:port`` (port 0: any free port, see
+    :attr:`port` after :meth:`start`)."""
+
+    def __init__(self, limiter: Limiter, host: str = "127.0.0.1", port: int = 0, *, front: Any = None,
+                 max_delay: float = 60.0):
+        self.host = host
+        self.requested_port = port
+        self.port = 0
+        self.servicer = RateLimitServicer(limiter, front, max_delay=max_delay)
+        self.health = health_async.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+
+    @property
+    def address(self) -> str:
+        return format_hostport(self.host, self.port)
+
+    async def start(self) -> int:
+        server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 0),   # a second sidecar on the same port must fail, not share it
+            ("grpc.max_receive_message_length", MAX_MESSAGE),
+        ])
+        rls_pb2_grpc.add_RateLimitServiceServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        target = format_hostport(self.host, self.requested_port)
+        try:
+            port = server.add_insecure_port(target)
+        except RuntimeError as exc:   # grpcio raises on a failed bind
+            raise OSError(f"cannot listen for gRPC on {target}: {exc}") from None
+        if port == 0:  # older grpcio report a failed bind as port 0
+            raise OSError(f"cannot listen for gRPC on {target}: the address is in use or not available")
+        self.port = port
+        await server.start()
+        self._server = server
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return port
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """NOT_SERVING, then finish in-flight calls (at most ``grace`` seconds)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        try:
+            await self.health.enter_graceful_shutdown()
+        except Exception:  # noqa: BLE001 - health is best effort on the way out
+            pass
+        await server.stop(grace)

@@ -1,0 +1,117 @@
+"""Fixtures every test directory shares.
+
+The tests mirror the package (tests/limit, tests/sidecar, tests/rls,
+tests/kernel, tests/daemon, tests/config, ...); what they need from the
+environment is a marker (netns, redis, nginx, envoy, systemd, vagrant).
+Helpers that start real programs live in tests/helpers, which is put on
+sys.path here: ``from redis_proc import RedisServer``.
+
+No mocks stand in for a program a user runs, and nothing skips: a missing
+tool fails with a message that says how to install it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+HELPERS = Path(__file__).resolve().parent / "helpers"
+if str(HELPERS) not in sys.path:
+    sys.path.insert(0, str(HELPERS))
+
+from netns_topo import REQUIRED, Topo, _setup, _sh, _seq, require  # noqa: E402 - after the sys.path entry
+from redis_proc import RedisServer, _free_port, _require_redis_server  # noqa: E402
+
+
+# --- Redis ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One real redis-server for the whole session (tests use distinct keys/prefixes)."""
+    _require_redis_server()
+    with tempfile.TemporaryDirectory(prefix="netlimit-redis-") as d:
+        server = RedisServer(_free_port(), Path(d))
+        try:
+            server.start()
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def redis_factory():
+    """Start extra throw-away servers (for tests that pause or kill them)."""
+    _require_redis_server()
+    servers: list[RedisServer] = []
+    dirs: list[tempfile.TemporaryDirectory] = []
+
+    def make() -> RedisServer:
+        d = tempfile.TemporaryDirectory(prefix="netlimit-redis-")
+        dirs.append(d)
+        s = RedisServer(_free_port(), Path(d.name))
+        servers.append(s)
+        return s.start()
+
+    try:
+        yield make
+    finally:
+        for s in servers:
+            s.stop()
+        for d in dirs:
+            d.cleanup()
+
+
+# --- network namespaces ---------------------------------------------------------------
+
+
+BACKENDS = ("restore", "python-iptables")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, monkeypatch):
+    """Run the test once per iptables backend: the in-process reconcile calls and the
+    CLI subprocesses both follow $NETLIMIT_BACKEND (tests without it use the default)."""
+    monkeypatch.setenv("NETLIMIT_BACKEND", request.param)
+    return request.param
+
+
+@pytest.fixture
+def topo():
+    if os.geteuid() != 0:
+        pytest.fail("netns tests need root (they create network namespaces)", pytrace=False)
+    require(*REQUIRED)
+    n = next(_seq)
+    base = f"nlt-{os.getpid()}-{n}"
+    t = Topo(srv=f"{base}-s", cli=f"{base}-c")
+    try:
+        _setup(t)
+        yield t
+    finally:
+        for ns in (t.srv, t.cli):
+            _sh("ip", "netns", "del", ns, check=False)
+
+
+def _root_snapshot() -> str:
+    parts = []
+    for cmd in (["iptables-legacy-save"], ["ip6tables-legacy-save"], ["tc", "qdisc", "show"], ["ip", "-br", "link"]):
+        if shutil.which(cmd[0]):
+            parts.append(_sh(*cmd, check=False).stdout)
+    return "\n".join(parts)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def root_namespace_untouched():
+    """Fail loudly if anything of netlimit's appears in the machine's own namespace."""
+    yield
+    if os.geteuid() != 0:
+        return
+    snap = _root_snapshot()
+    for marker in ("netlimit", "NETLIMIT", "nlifb-", "4e4c:"):
+        assert marker not in snap, f"{marker!r} found in the ROOT namespace:\n{snap}"
+    leftovers = [n for n in _sh("ip", "netns", "list").stdout.split() if n.startswith(f"nlt-{os.getpid()}-")]
+    assert not leftovers, f"namespaces left behind: {leftovers}"

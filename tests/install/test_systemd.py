@@ -1,0 +1,160 @@
+"""The systemd units: verified, and run under a real systemd (systemd-nspawn).
+
+The container boots in a network namespace this test creates, so netlimitd
+inside it configures that namespace only; we read the kernel from outside
+with `ip netns exec`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from netlimit.install import UNITS, render_unit
+
+from nspawn import Container
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _need(tool: str) -> str:
+    path = shutil.which(tool)
+    if not path:
+        pytest.fail(f"{tool} is not installed: apt-get install systemd systemd-container debootstrap")
+    return path
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_unit_verifies_without_any_output(tmp_path, unit):
+    """systemd-analyze verify exits 0 even for misspelt directives: any output is a failure."""
+    _need("systemd-analyze")
+    dest = tmp_path / unit
+    dest.write_text(render_unit((ROOT / "systemd" / unit).read_text(), BIN))
+    res = subprocess.run(["systemd-analyze", "verify", str(dest)], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout + res.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("unit,limit", [("netlimitd.service", 4.0), ("netlimit-sidecar.service", 2.0)])
+def test_unit_security_exposure(tmp_path, unit, limit):
+    _need("systemd-analyze")
+    dest = tmp_path / unit
+    dest.write_text(render_unit((ROOT / "systemd" / unit).read_text(), BIN))
+    res = subprocess.run(["systemd-analyze", "security", "--offline=true", str(dest)], capture_output=True,
+                         text=True, timeout=60)
+    line = [x for x in res.stdout.splitlines() if "Overall exposure level" in x]
+    assert line, res.stdout + res.stderr
+    score = float(line[0].split(":")[1].split()[0])
+    print(f"{unit}: exposure {score}")
+    assert score <= limit
+
+
+CONFIG = """\
+version: 1
+exempt: [127.0.0.0/8]
+network:
+  - name: udp-flood
+    protocol: udp
+    ports: [5000]
+    limit: 100/second
+    burst: 10
+{extra}http:
+  domain: api
+  actions:
+    - [remote_address]
+  descriptors:
+    - key: remote_address
+      rate_limit: {{unit: second, requests_per_unit: 2}}
+"""
+EXTRA = """\
+  - name: ssh-guard
+    protocol: tcp
+    ports: [22]
+    new_connections: true
+    limit: 3/minute
+    method: recent
+"""
+
+
+def owned(ns: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "exec", ns, "iptables-legacy-save"], capture_output=True, text=True,
+                         timeout=30).stdout
+    return [x for x in out.splitlines() if x.startswith("-A") and "netlimit" in x]
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def container():
+    for tool in ("systemd-nspawn", "debootstrap", "nsenter"):
+        _need(tool)
+    ns = f"nlt-sd{os.getpid() % 100000}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+    c = Container(f"nlt-sd{os.getpid() % 100000}", ns)
+    try:
+        c.prepare()
+        c.boot()
+        yield c
+    finally:
+        try:
+            c.close()
+        finally:
+            subprocess.run(["ip", "netns", "del", ns], timeout=30)
+
+
+@pytest.mark.netns
+@pytest.mark.systemd
+@pytest.mark.timeout(1500)  # the first run builds the cached root file system (about 3 minutes)
+def test_netlimitd_and_sidecar_under_systemd(container):
+    c = container
+    assert "installed /etc/systemd/system/netlimitd.service (ExecStart from /opt/netlimit/bin)" in c.install_output
+    c.write("/etc/netlimit/netlimit.yaml", CONFIG.format(extra=""))
+    c.run(["systemctl", "daemon-reload"])
+
+    c.run(["systemctl", "start", "netlimitd"], timeout=90)
+    assert c.run(["systemctl", "is-active", "netlimitd"], check=False).stdout.strip() == "active", \
+        c.journal("netlimitd")
+    assert any('"netlimit:udp-flood"' in r for r in owned(c.netns)), c.journal("netlimitd")
+    show = c.run(["systemctl", "show", "netlimitd", "-p", "StatusText", "-p", "NoNewPrivileges",
+                  "-p", "ProtectSystem", "-p", "CapabilityBoundingSet"]).stdout
+    assert "StatusText=1 rules from /etc/netlimit/netlimit.yaml" in show
+    assert "ProtectSystem=strict" in show and "NoNewPrivileges=yes" in show
+    assert "CapabilityBoundingSet=cap_net_admin cap_net_raw" in show
+    status = c.run(["/opt/netlimit/bin/netlimit", "status"]).stdout
+    assert "config:      /etc/netlimit/netlimit.yaml" in status and "udp-flood" in status
+
+    # edit + systemctl reload -> the new rule is live
+    c.write("/etc/netlimit/netlimit.yaml", CONFIG.format(extra=EXTRA))
+    c.run(["systemctl", "reload", "netlimitd"], timeout=60)
+    wait_for(lambda: any('"netlimit:ssh-guard"' in r for r in owned(c.netns)), 10, "the reloaded rule")
+
+    # the sidecar: no capabilities, a dynamic user, answers on loopback
+    c.run(["systemctl", "start", "netlimit-sidecar"], timeout=60)
+    probe = ("import urllib.request,time\n"
+             "for i in range(100):\n"
+             "    try:\n"
+             "        print(urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=2).status); break\n"
+             "    except OSError: time.sleep(0.1)\n")
+    out = c.run(["/opt/netlimit/bin/python", "-c", probe], timeout=60).stdout.strip()
+    assert out == "200", c.journal("netlimit-sidecar")
+    user = c.run(["systemctl", "show", "netlimit-sidecar", "-p", "DynamicUser", "-p", "CapabilityBoundingSet"]).stdout
+    assert "DynamicUser=yes" in user and "CapabilityBoundingSet=\n" in user + "\n"
+
+    # stop -> flushed
+    c.run(["systemctl", "stop", "netlimitd"], timeout=60)
+    assert owned(c.netns) == [], c.journal("netlimitd")
+    journal = c.journal("netlimitd", 200)
+    assert "netlimitd: start: applied" in journal and "on_stop flush" in journal
