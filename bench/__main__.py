@@ -27,8 +27,14 @@ from pathlib import Path
 from .common import REPO, Mode, Section
 
 SECTIONS = ("inproc", "redis", "http", "memory", "kernel", "accuracy")
-MODULES = {"inproc": "inproc", "redis": "redis_bench", "http": "http_bench", "memory": "memory",
-           "kernel": "kernel_apply", "accuracy": "accuracy"}
+MODULES = {
+    "inproc": "inproc",
+    "redis": "redis_bench",
+    "http": "http_bench",
+    "memory": "memory",
+    "kernel": "kernel_apply",
+    "accuracy": "accuracy",
+}
 
 
 def _machine() -> dict:
@@ -38,10 +44,16 @@ def _machine() -> dict:
         load = None
     import subprocess
 
-    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip()
-    return {"python": platform.python_version(), "kernel": platform.release(), "cpus": os.cpu_count(),
-            "loadavg_at_start": load, "git": rev or None}
+    rev = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": load,
+        "git": rev or None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     doc.setdefault("sections", {})
     doc["mode"] = "quick" if args.quick else "full"
     doc["machine"] = _machine()
-    doc["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    doc["started"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     t_all = time.perf_counter()
     import importlib
 
@@ -74,14 +86,17 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         try:
             sec: Section = importlib.import_module(f".{MODULES[name]}", __package__).run(mode)
-        except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
+        except Exception as exc:  # reported in the results, the run goes on
             failed = True
             traceback.print_exc()
             sec = Section(name, name, error=f"{type(exc).__name__}: {exc}")
         sec.seconds = time.perf_counter() - t0
         doc["sections"][name] = sec.to_json()
-        print(f"[bench] {name}: {sec.seconds:.1f} s{' (FAILED: ' + sec.error + ')' if sec.error else ''}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench] {name}: {sec.seconds:.1f} s{' (FAILED: ' + sec.error + ')' if sec.error else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
     doc["seconds"] = round(time.perf_counter() - t_all, 1)
     tmp = out / "latest.json.tmp"
     tmp.write_text(json.dumps(doc, indent=1, default=float) + "\n")

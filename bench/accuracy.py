@@ -58,8 +58,27 @@ def _sh(*cmd: str) -> None:
 
 def _counter(ns: str, port: int) -> str:
     comment = f"bench-count-{port}"
-    _sh("ip", "netns", "exec", ns, "iptables-legacy", "-A", "INPUT", "-s", CLI4, "-p", "udp", "--dport", str(port),
-        "-m", "comment", "--comment", comment, "-j", "ACCEPT")
+    _sh(
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "iptables-legacy",
+        "-A",
+        "INPUT",
+        "-s",
+        CLI4,
+        "-p",
+        "udp",
+        "--dport",
+        str(port),
+        "-m",
+        "comment",
+        "--comment",
+        comment,
+        "-j",
+        "ACCEPT",
+    )
     return comment
 
 
@@ -92,10 +111,19 @@ def kernel_rows(mode: Mode, sec: Section) -> None:
             got = traffic.counter_by_comment(srv, counts[port])
             expected = rate * r.duration + 10
             err = got / expected - 1
-            sec.rows.append(row(f"hashlimit {rate}/s burst 10, {pps} pkt/s offered for {r.duration:.1f} s",
-                                got, expected, unit="packets delivered", peer_name="configured (rate x t + burst)",
-                                ratio=got / expected, goal="within 2 %", met=abs(err) <= 0.02,
-                                note=f"{got} of {r.sent} sent; error {100 * err:+.2f} %"))
+            sec.rows.append(
+                row(
+                    f"hashlimit {rate}/s burst 10, {pps} pkt/s offered for {r.duration:.1f} s",
+                    got,
+                    expected,
+                    unit="packets delivered",
+                    peer_name="configured (rate x t + burst)",
+                    ratio=got / expected,
+                    goal="within 2 %",
+                    met=abs(err) <= 0.02,
+                    note=f"{got} of {r.sent} sent; error {100 * err:+.2f} %",
+                )
+            )
         l1 = traffic.tcp_listener(srv, SRV4, 2222, seconds=30)
         l2 = traffic.tcp_listener(srv, SRV4, 8081, seconds=30)
         try:
@@ -105,21 +133,52 @@ def kernel_rows(mode: Mode, sec: Section) -> None:
             for lp in (l1, l2):
                 lp.kill()
                 lp.wait()
-        sec.rows.append(row("recent 3 new connections/minute, 5 attempts", sum(nc), 3, unit="accepted",
-                            peer_name="configured", ratio=sum(nc) / 3, goal="exactly 3, the first three",
-                            met=nc == [True, True, True, False, False], note=str(nc)))
-        sec.rows.append(row("connlimit 2 concurrent, 4 attempts", sum(mc), 2, unit="open",
-                            peer_name="configured", ratio=sum(mc) / 2, goal="exactly 2, the first two",
-                            met=mc == [True, True, False, False], note=str(mc)))
-        for name, port, reverse, bits in (("egress HTB 10 mbit (sport 5201)", 5201, True, 10e6),
-                                          ("ingress IFB + HTB 20 mbit (dport 5202)", 5202, False, 20e6)):
+        sec.rows.append(
+            row(
+                "recent 3 new connections/minute, 5 attempts",
+                sum(nc),
+                3,
+                unit="accepted",
+                peer_name="configured",
+                ratio=sum(nc) / 3,
+                goal="exactly 3, the first three",
+                met=nc == [True, True, True, False, False],
+                note=str(nc),
+            )
+        )
+        sec.rows.append(
+            row(
+                "connlimit 2 concurrent, 4 attempts",
+                sum(mc),
+                2,
+                unit="open",
+                peer_name="configured",
+                ratio=sum(mc) / 2,
+                goal="exactly 2, the first two",
+                met=mc == [True, True, False, False],
+                note=str(mc),
+            )
+        )
+        for name, port, reverse, bits in (
+            ("egress HTB 10 mbit (sport 5201)", 5201, True, 10e6),
+            ("ingress IFB + HTB 20 mbit (dport 5202)", 5202, False, 20e6),
+        ):
             r = traffic.iperf3(srv, cli, SRV4, port=port, seconds=max(1, int(secs)), reverse=reverse)
             conf = bits * PAYLOAD
             err = r.bits_per_second / conf - 1
-            sec.rows.append(row(f"bandwidth {name}", r.bits_per_second / 1e6, conf / 1e6, unit="mbit/s goodput",
-                                peer_name="configured x 1448/1514", ratio=r.bits_per_second / conf,
-                                goal="within 3 %", met=abs(err) <= 0.03,
-                                note=f"error {100 * err:+.2f} %, {r.retransmits} retransmits"))
+            sec.rows.append(
+                row(
+                    f"bandwidth {name}",
+                    r.bits_per_second / 1e6,
+                    conf / 1e6,
+                    unit="mbit/s goodput",
+                    peer_name="configured x 1448/1514",
+                    ratio=r.bits_per_second / conf,
+                    goal="within 3 %",
+                    met=abs(err) <= 0.03,
+                    note=f"error {100 * err:+.2f} %, {r.retransmits} retransmits",
+                )
+            )
     finally:
         for ns in (srv, cli):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
@@ -192,17 +251,27 @@ def swc_error(n: int, sources: int, limit: int = 10, period: float = 60.0) -> di
         err_n += 1
         if (est > limit) != (exact > limit):  # Cloudflare's way: over the limit by the counts of all requests
             cf_differ += 1
-    return {"requests": len(trace), "sources": sources, "limit": limit, "period": period,
-            "over_limit_by_all_requests_differently": cf_differ, "share_over_limit_differently": cf_differ / len(trace),
-            "decided_differently": differ, "share_differently": differ / len(trace),
-            "wrongly_allowed": wrongly_allowed, "wrongly_denied": wrongly_denied,
-            "mean_rate_error": err_sum / err_n,
-            "span_seconds": trace[-1][0] - trace[0][0]}
+    return {
+        "requests": len(trace),
+        "sources": sources,
+        "limit": limit,
+        "period": period,
+        "over_limit_by_all_requests_differently": cf_differ,
+        "share_over_limit_differently": cf_differ / len(trace),
+        "decided_differently": differ,
+        "share_differently": differ / len(trace),
+        "wrongly_allowed": wrongly_allowed,
+        "wrongly_denied": wrongly_denied,
+        "mean_rate_error": err_sum / err_n,
+        "span_seconds": trace[-1][0] - trace[0][0],
+    }
 
 
 def run(mode: Mode) -> Section:
-    sec = Section("accuracy", "Accuracy: configured vs measured (kernel, real traffic); sliding window counter vs "
-                              "exact sliding log")
+    sec = Section(
+        "accuracy",
+        "Accuracy: configured vs measured (kernel, real traffic); sliding window counter vs exact sliding log",
+    )
     kernel_rows(mode, sec)
     n, sources = mode.pick((30_000, 1_000), (1_000_000, 10_000))
     t0 = time.perf_counter()
@@ -210,16 +279,38 @@ def run(mode: Mode) -> Section:
     e["seconds"] = round(time.perf_counter() - t0, 1)
     sec.details["sliding_window_counter"] = e
     trace_desc = f"{e['requests']:,} requests, {sources:,} sources, limit {e['limit']}/{e['period']:g}s"
-    sec.rows.append(row(f"sliding window counter vs exact sliding count, over the limit or not, counting every "
-                        f"request (Cloudflare's method; {trace_desc})", 100 * e["share_over_limit_differently"],
-                        0.003, unit="% of requests", better="lower", peer_name="Cloudflare's reported 0.003 %"))
-    sec.rows.append(row("sliding window counter: mean rate error vs the exact sliding count",
-                        100 * e["mean_rate_error"], 6.0, unit="%", better="lower",
-                        peer_name="Cloudflare's reported 6 %"))
-    sec.rows.append(row("netlimit sliding_window_counter vs sliding_window_log limiters, decided differently "
-                        "(each counts only what it admitted, so one difference can cause more)",
-                        100 * e["share_differently"], None, unit="% of requests", better="lower",
-                        peer_name="(exact log = 0 by definition)",
-                        note=f"{e['wrongly_allowed']} wrongly allowed, {e['wrongly_denied']} wrongly denied"))
+    sec.rows.append(
+        row(
+            f"sliding window counter vs exact sliding count, over the limit or not, counting every "
+            f"request (Cloudflare's method; {trace_desc})",
+            100 * e["share_over_limit_differently"],
+            0.003,
+            unit="% of requests",
+            better="lower",
+            peer_name="Cloudflare's reported 0.003 %",
+        )
+    )
+    sec.rows.append(
+        row(
+            "sliding window counter: mean rate error vs the exact sliding count",
+            100 * e["mean_rate_error"],
+            6.0,
+            unit="%",
+            better="lower",
+            peer_name="Cloudflare's reported 6 %",
+        )
+    )
+    sec.rows.append(
+        row(
+            "netlimit sliding_window_counter vs sliding_window_log limiters, decided differently "
+            "(each counts only what it admitted, so one difference can cause more)",
+            100 * e["share_differently"],
+            None,
+            unit="% of requests",
+            better="lower",
+            peer_name="(exact log = 0 by definition)",
+            note=f"{e['wrongly_allowed']} wrongly allowed, {e['wrongly_denied']} wrongly denied",
+        )
+    )
     sec.details["what"] = __doc__.split("\n\n", 1)[1].strip()
     return sec

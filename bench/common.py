@@ -16,9 +16,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -38,22 +39,45 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def row(case: str, netlimit: float | None, peer: float | None, *, unit: str, peer_name: str,
-        better: str = "higher", goal: str = "", met: bool | None = None, note: str = "",
-        ratio: float | None = None, **extra: Any) -> dict[str, Any]:
+def row(
+    case: str,
+    netlimit: float | None,
+    peer: float | None,
+    *,
+    unit: str,
+    peer_name: str,
+    better: str = "higher",
+    goal: str = "",
+    met: bool | None = None,
+    note: str = "",
+    ratio: float | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
     """One comparison: netlimit's figure, the peer's, their ratio (netlimit / peer
     for "higher is better", peer / netlimit for "lower is better" -- so a ratio
     above 1 always means netlimit is ahead), the goal and whether it was met."""
     if ratio is None and netlimit is not None and peer is not None and netlimit > 0 and peer > 0:
         ratio = netlimit / peer if better == "higher" else peer / netlimit
-    r = {"case": case, "netlimit": netlimit, "peer": peer, "peer_name": peer_name, "unit": unit,
-         "better": better, "ratio": ratio, "goal": goal, "met": met, "note": note}
+    r = {
+        "case": case,
+        "netlimit": netlimit,
+        "peer": peer,
+        "peer_name": peer_name,
+        "unit": unit,
+        "better": better,
+        "ratio": ratio,
+        "goal": goal,
+        "met": met,
+        "note": note,
+    }
     r.update(extra)
     return r
 
 
-def interleaved_rates(runners: dict[str, Callable[[int], tuple[int, float]]], rounds: int,
-                      ) -> dict[str, Any]:
+def interleaved_rates(
+    runners: dict[str, Callable[[int], tuple[int, float]]],
+    rounds: int,
+) -> dict[str, Any]:
     """Run each runner once per round, alternating (and reversing the order every
     other round so that neither always goes first).  A runner takes the round
     number and returns (operations, seconds).  Returns per-runner rates of every
@@ -124,5 +148,10 @@ class Section:
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"title": self.title, "rows": self.rows, "details": self.details,
-                "seconds": round(self.seconds, 2), "error": self.error}
+        return {
+            "title": self.title,
+            "rows": self.rows,
+            "details": self.details,
+            "seconds": round(self.seconds, 2),
+            "error": self.error,
+        }

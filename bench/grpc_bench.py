@@ -64,8 +64,7 @@ class _Proc:
     """A child process with its stderr drained by a thread (lines kept, bounded)."""
 
     def __init__(self, argv: list[str]):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     bufsize=1)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1)
         self.lines: list[str] = []
         self._cv = threading.Condition()
         threading.Thread(target=self._drain, daemon=True).start()
@@ -91,8 +90,9 @@ class _Proc:
                         return m
                 left = deadline - time.monotonic()
                 if left <= 0 or self.proc.poll() is not None:
-                    raise RuntimeError(f"no line matching {pattern!r} (exit {self.proc.poll()}): "
-                                       + "\n".join(self.lines[-20:]))
+                    raise RuntimeError(
+                        f"no line matching {pattern!r} (exit {self.proc.poll()}): " + "\n".join(self.lines[-20:])
+                    )
                 self._cv.wait(min(left, 0.2))
 
     def stop(self) -> None:
@@ -106,13 +106,33 @@ class _Proc:
 
 
 def _start_redis(tmp: Path) -> tuple[_Proc | None, str | None, str]:
-    exe = os.environ.get("NETLIMIT_REDIS_SERVER") or shutil.which("redis-server") or (
-        "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+    exe = (
+        os.environ.get("NETLIMIT_REDIS_SERVER")
+        or shutil.which("redis-server")
+        or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+    )
     if exe is None:
         return None, None, "redis-server is not installed (apt-get install redis-server)"
     port = _free_port()
-    p = _Proc([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp), "--save", "",
-               "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no"])
+    p = _Proc(
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(tmp),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--daemonize",
+            "no",
+        ]
+    )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
@@ -127,8 +147,7 @@ def _start_redis(tmp: Path) -> tuple[_Proc | None, str | None, str]:
 
 
 def _start_sidecar(config: Path, redis_url: str | None) -> tuple[_Proc, int]:
-    argv = [*_netlimit_cmd(), "sidecar", "--config", str(config), "--listen", "127.0.0.1:0",
-            "--grpc", "127.0.0.1:0"]
+    argv = [*_netlimit_cmd(), "sidecar", "--config", str(config), "--listen", "127.0.0.1:0", "--grpc", "127.0.0.1:0"]
     if redis_url:
         argv += ["--redis", redis_url]
     p = _Proc(argv)
@@ -176,8 +195,12 @@ async def _measure(targets: dict[str, int], rounds: int, seconds: float) -> dict
     from netlimit.rls.proto import envoy_ratelimit_pb2, rls_pb2, rls_pb2_grpc
 
     D = envoy_ratelimit_pb2.RateLimitDescriptor
-    reqs = [rls_pb2.RateLimitRequest(domain="bench", descriptors=[
-        D(entries=[D.Entry(key="remote_address", value=f"10.0.{k // 250}.{k % 250}")])]) for k in range(KEYS)]
+    reqs = [
+        rls_pb2.RateLimitRequest(
+            domain="bench", descriptors=[D(entries=[D.Entry(key="remote_address", value=f"10.0.{k // 250}.{k % 250}")])]
+        )
+        for k in range(KEYS)
+    ]
     health_req = health_pb2.HealthCheckRequest(service="")
     channels = {name: grpc.aio.insecure_channel(f"127.0.0.1:{port}") for name, port in targets.items()}
     calls: dict[str, Any] = {}
@@ -190,7 +213,7 @@ async def _measure(targets: dict[str, int], rounds: int, seconds: float) -> dict
             calls[name] = rls_pb2_grpc.RateLimitServiceStub(ch).ShouldRateLimit
             makers[name] = lambda i: reqs[i % KEYS]
     try:
-        for name in calls:   # connect and warm up
+        for name in calls:  # connect and warm up
             await _round(calls[name], makers[name], min(0.5, seconds), [])
         rates: dict[str, list[float]] = {n: [] for n in calls}
         lats: dict[str, list[float]] = {n: [] for n in calls}
@@ -213,20 +236,25 @@ async def _measure(targets: dict[str, int], rounds: int, seconds: float) -> dict
         def pct(p: float) -> float:
             return round(xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1000, 3) if xs else float("nan")
 
-        out[name] = {"decisions_per_s" if name != "health" else "calls_per_s": round(statistics.median(rates[name])),
-                     "rounds": [round(x) for x in rates[name]], "p50_ms": pct(50), "p99_ms": pct(99),
-                     "calls": totals[name][0], "errors": totals[name][1]}
+        out[name] = {
+            "decisions_per_s" if name != "health" else "calls_per_s": round(statistics.median(rates[name])),
+            "rounds": [round(x) for x in rates[name]],
+            "p50_ms": pct(50),
+            "p99_ms": pct(99),
+            "calls": totals[name][0],
+            "errors": totals[name][1],
+        }
     return out
 
 
 def run(quick: bool) -> dict:
     """Measure; returns::
 
-        {"streams": 16, "keys": 1000, "rounds": R, "seconds_per_round": S,
-         "memory": {"decisions_per_s", "rounds", "p50_ms", "p99_ms", "calls", "errors"},
-         "redis":  {... same ...} or {"skipped": reason},
-         "health": {"calls_per_s", ...},      # gRPC stack ceiling, no decision
-         "cpus": N, "loadavg": [1, 5, 15 min] before the run}
+    {"streams": 16, "keys": 1000, "rounds": R, "seconds_per_round": S,
+     "memory": {"decisions_per_s", "rounds", "p50_ms", "p99_ms", "calls", "errors"},
+     "redis":  {... same ...} or {"skipped": reason},
+     "health": {"calls_per_s", ...},      # gRPC stack ceiling, no decision
+     "cpus": N, "loadavg": [1, 5, 15 min] before the run}
     """
     rounds, seconds = (3, 1.0) if quick else (5, 4.0)
     load = [round(x, 2) for x in os.getloadavg()]
@@ -252,8 +280,15 @@ def run(quick: bool) -> dict:
                 p.stop()
     if "redis" not in results:
         results["redis"] = {"skipped": why}
-    return {"streams": STREAMS, "keys": KEYS, "rounds": rounds, "seconds_per_round": seconds,
-            "cpus": os.cpu_count(), "loadavg": load, **results}
+    return {
+        "streams": STREAMS,
+        "keys": KEYS,
+        "rounds": rounds,
+        "seconds_per_round": seconds,
+        "cpus": os.cpu_count(),
+        "loadavg": load,
+        **results,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,9 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
-    print(f"gRPC ShouldRateLimit, {res['streams']} concurrent streams on one connection, "
-          f"{res['rounds']} rounds x {res['seconds_per_round']} s, {res['cpus']} CPUs, "
-          f"load average {res['loadavg'][0]} before the run")
+    print(
+        f"gRPC ShouldRateLimit, {res['streams']} concurrent streams on one connection, "
+        f"{res['rounds']} rounds x {res['seconds_per_round']} s, {res['cpus']} CPUs, "
+        f"load average {res['loadavg'][0]} before the run"
+    )
     print(f"{'store':<8} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}")
     for name in ("memory", "redis", "health"):
         r = res[name]

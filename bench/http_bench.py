@@ -117,8 +117,13 @@ def wrk(url: str, conns: int, seconds: float, headers: dict[str, str] | None = N
     pct = {int(a): _ms(b) for a, b in re.findall(r"^\s+(50|75|90|99)%\s+(\S+)", out, re.M)}
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
-    return {"rps": rps, "p50_ms": pct[50], "p99_ms": pct[99], "non2xx": int(non2xx.group(1)) if non2xx else 0,
-            "socket_errors": errors.group(1) if errors else ""}
+    return {
+        "rps": rps,
+        "p50_ms": pct[50],
+        "p99_ms": pct[99],
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errors.group(1) if errors else "",
+    }
 
 
 def _get(sock: socket.socket, req: bytes) -> None:
@@ -147,6 +152,7 @@ def paired_latency(port_a: int, port_b: int, pairs: int) -> tuple[list[float], l
     b, ... from one client: both sides meet the same moments of machine load, so
     their difference is the time the second one adds (the client's own cost is in
     both)."""
+
     def conn(port: int) -> socket.socket:
         c = socket.create_connection(("127.0.0.1", port), timeout=10)
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -166,13 +172,13 @@ def paired_latency(port_a: int, port_b: int, pairs: int) -> tuple[list[float], l
                 t1 = clock()
                 _get(cb, req_b)
                 t2 = clock()
-            except ConnectionError:   # a server ended the keep-alive connection: this pair is void
+            except ConnectionError:  # a server ended the keep-alive connection: this pair is void
                 ca.close()
                 cb.close()
                 ca, cb = conn(port_a), conn(port_b)
                 continue
             i += 1
-            if i > 200:   # warm-up
+            if i > 200:  # warm-up
                 ra.append((t1 - t0) / 1e6)
                 rb.append((t2 - t1) / 1e6)
     finally:
@@ -191,8 +197,11 @@ def _sidecar(cfg: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
     argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "netlimit.cli"]
     fh = open(log, "w")
     try:
-        p = subprocess.Popen(argv + ["sidecar", "--config", str(cfg), "--listen", f"127.0.0.1:{port}",
-                                     "--log-level", "warning", *extra], stdout=subprocess.DEVNULL, stderr=fh)
+        p = subprocess.Popen(
+            argv + ["sidecar", "--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=fh,
+        )
     finally:
         fh.close()
     try:
@@ -209,7 +218,7 @@ def run(mode: Mode) -> Section:
     need("wrk")
     conns = 8
     seconds = mode.pick(1, 2)
-    rounds = mode.pick(1, 9)   # many short interleaved rounds: the median ratio resists the host's bursts
+    rounds = mode.pick(1, 9)  # many short interleaved rounds: the median ratio resists the host's bursts
     d = Path(tempfile.mkdtemp(prefix="nlbench-http-"))
     procs: list[subprocess.Popen] = []
     try:
@@ -217,8 +226,9 @@ def run(mode: Mode) -> Section:
         (d / "nginx.conf").write_text(_nginx_conf(d, p_limit, p_static))
         cfg = d / "netlimit.yaml"
         cfg.write_text(SIDECAR_YAML)
-        ng = subprocess.Popen([nginx, "-p", str(d), "-c", str(d / "nginx.conf")], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
+        ng = subprocess.Popen(
+            [nginx, "-p", str(d), "-c", str(d / "nginx.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         procs.append(ng)
         wait_port(p_limit, ng)
         wait_port(p_static, ng)
@@ -234,11 +244,11 @@ def run(mode: Mode) -> Section:
         runs: dict[str, list[dict]] = {"netlimit": [], "nginx": [], "direct": [], "proxy": []}
         for r in range(rounds):
             pair = [("netlimit", dec_url), ("nginx", ng_url)]
-            for name, url in (pair if r % 2 == 0 else pair[::-1]):
+            for name, url in pair if r % 2 == 0 else pair[::-1]:
                 runs[name].append(wrk(url, conns, seconds, hdr))
         for r in range(rounds):
             pair = [("direct", f"http://127.0.0.1:{p_static}/"), ("proxy", f"http://127.0.0.1:{p_proxy}/")]
-            for name, url in (pair if r % 2 == 0 else pair[::-1]):
+            for name, url in pair if r % 2 == 0 else pair[::-1]:
                 runs[name].append(wrk(url, 1, seconds))
         load_after = os.getloadavg()
         load = f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
@@ -248,38 +258,76 @@ def run(mode: Mode) -> Section:
         spread = f"ratio per round {min(ratios):.2f}-{max(ratios):.2f}"
         bad = sum(x["non2xx"] for v in runs.values() for x in v)
         nl, ngx = med["netlimit"], med["nginx"]
-        sec.rows.append(row(f"decision endpoint, {conns} connections: requests/s", nl["rps"], ngx["rps"],
-                            unit="requests/s", peer_name="nginx limit_req (1 worker)", ratio=ratio,
-                            goal=f">= {GOAL_RATIO:g}x", met=ratio >= GOAL_RATIO,
-                            note=f"{spread}; non-2xx responses in all runs: {bad}; {load}"))
-        sec.rows.append(row(f"decision endpoint, {conns} connections: p99 latency", nl["p99_ms"], ngx["p99_ms"],
-                            unit="ms", better="lower", peer_name="nginx limit_req (1 worker)",
-                            goal=f"<= {GOAL_P99_MS:g} ms", met=nl["p99_ms"] <= GOAL_P99_MS,
-                            note=f"p50 {nl['p50_ms']:.3f} vs {ngx['p50_ms']:.3f} ms; p99 per round "
-                                 f"{', '.join(format(x['p99_ms'], '.2f') for x in runs['netlimit'])} vs "
-                                 f"{', '.join(format(x['p99_ms'], '.2f') for x in runs['nginx'])} ms"))
+        sec.rows.append(
+            row(
+                f"decision endpoint, {conns} connections: requests/s",
+                nl["rps"],
+                ngx["rps"],
+                unit="requests/s",
+                peer_name="nginx limit_req (1 worker)",
+                ratio=ratio,
+                goal=f">= {GOAL_RATIO:g}x",
+                met=ratio >= GOAL_RATIO,
+                note=f"{spread}; non-2xx responses in all runs: {bad}; {load}",
+            )
+        )
+        sec.rows.append(
+            row(
+                f"decision endpoint, {conns} connections: p99 latency",
+                nl["p99_ms"],
+                ngx["p99_ms"],
+                unit="ms",
+                better="lower",
+                peer_name="nginx limit_req (1 worker)",
+                goal=f"<= {GOAL_P99_MS:g} ms",
+                met=nl["p99_ms"] <= GOAL_P99_MS,
+                note=f"p50 {nl['p50_ms']:.3f} vs {ngx['p50_ms']:.3f} ms; p99 per round "
+                f"{', '.join(format(x['p99_ms'], '.2f') for x in runs['netlimit'])} vs "
+                f"{', '.join(format(x['p99_ms'], '.2f') for x in runs['nginx'])} ms",
+            )
+        )
         added = [a["p99_ms"] - b["p99_ms"] for a, b in zip(runs["proxy"], runs["direct"])]
         added_p99 = median(added)
         added_p50 = median([a["p50_ms"] - b["p50_ms"] for a, b in zip(runs["proxy"], runs["direct"])])
-        sec.rows.append(row("proxy mode, 1 connection: p99 latency (added = through sidecar - direct)",
-                            med["proxy"]["p99_ms"], med["direct"]["p99_ms"], unit="ms", better="lower",
-                            peer_name="the same nginx upstream, direct", ratio=None,
-                            goal=f"added <= {GOAL_ADDED_P99_MS:g} ms", met=added_p99 <= GOAL_ADDED_P99_MS,
-                            note=f"added p99 {added_p99:.3f} ms (per round "
-                                 f"{', '.join(format(x, '.2f') for x in added)}), added p50 {added_p50:.3f} ms; "
-                                 f"{med['proxy']['rps']:,.0f} vs {med['direct']['rps']:,.0f} requests/s",
-                            added_p99_ms=added_p99, added_p50_ms=added_p50))
+        sec.rows.append(
+            row(
+                "proxy mode, 1 connection: p99 latency (added = through sidecar - direct)",
+                med["proxy"]["p99_ms"],
+                med["direct"]["p99_ms"],
+                unit="ms",
+                better="lower",
+                peer_name="the same nginx upstream, direct",
+                ratio=None,
+                goal=f"added <= {GOAL_ADDED_P99_MS:g} ms",
+                met=added_p99 <= GOAL_ADDED_P99_MS,
+                note=f"added p99 {added_p99:.3f} ms (per round "
+                f"{', '.join(format(x, '.2f') for x in added)}), added p50 {added_p50:.3f} ms; "
+                f"{med['proxy']['rps']:,.0f} vs {med['direct']['rps']:,.0f} requests/s",
+                added_p99_ms=added_p99,
+                added_p50_ms=added_p50,
+            )
+        )
         sec.details["load_average"] = {"before": load_before, "after": load_after}
         # the same question with paired samples: direct and proxied requests alternate
         pd, pp = paired_latency(p_static, p_proxy, mode.pick(2000, 20000))
         d50, d99, x50, x99 = _pct(pd, 50), _pct(pd, 99), _pct(pp, 50), _pct(pp, 99)
-        sec.rows.append(row("proxy mode, paired samples (one client alternating direct and proxied requests): "
-                            "p99 latency", x99, d99, unit="ms", better="lower",
-                            peer_name="the same nginx upstream, direct", ratio=None,
-                            goal="diagnostic", met=None,
-                            note=f"added p99 {x99 - d99:.3f} ms, added p50 {x50 - d50:.3f} ms "
-                                 f"({len(pd):,} pairs; client in Python, its time is in both)",
-                            added_p99_ms=x99 - d99, added_p50_ms=x50 - d50))
+        sec.rows.append(
+            row(
+                "proxy mode, paired samples (one client alternating direct and proxied requests): p99 latency",
+                x99,
+                d99,
+                unit="ms",
+                better="lower",
+                peer_name="the same nginx upstream, direct",
+                ratio=None,
+                goal="diagnostic",
+                met=None,
+                note=f"added p99 {x99 - d99:.3f} ms, added p50 {x50 - d50:.3f} ms "
+                f"({len(pd):,} pairs; client in Python, its time is in both)",
+                added_p99_ms=x99 - d99,
+                added_p50_ms=x50 - d50,
+            )
+        )
         sec.details["runs"] = runs
         sec.details["connections"] = conns
         sec.details["what"] = __doc__.split("\n\n", 1)[1].strip()

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .common import Mode, Section, interleaved_rates, round_ratio, row
 
@@ -64,7 +65,7 @@ class _Timed:
         end = t0 + self.budget
         while True:
             p = self.pos
-            chunk = stream[p:p + block]
+            chunk = stream[p : p + block]
             if len(chunk) < block:
                 p = 0
                 chunk = stream[:block]
@@ -119,8 +120,7 @@ def run(mode: Mode) -> Section:
     rounds = mode.pick(2, 5)
     for nkeys in key_counts:
         keys, stream = key_stream(nkeys, n_stream)
-        for alg in ("fixed_window", "sliding_window_counter", "sliding_window_log",
-                    "token_bucket", "leaky_bucket"):
+        for alg in ("fixed_window", "sliding_window_counter", "sliding_window_log", "token_bucket", "leaky_bucket"):
             allow, full = _netlimit(alg, keys)
             runners = {"netlimit": _Timed(allow, stream, budget), "netlimit_decision": _Timed(full, stream, budget)}
             storage = None
@@ -140,19 +140,37 @@ def run(mode: Mode) -> Section:
             if alg in PEERS:
                 ratio = round_ratio(rates, "netlimit", "limits")
                 full_ratio = round_ratio(rates, "netlimit_decision", "limits")
-                sec.rows.append(row(case, med["netlimit"], med["limits"], unit="decisions/s",
-                                    peer_name=f"limits {PEERS[alg]}.hit", ratio=ratio, goal=f">= {GOAL:g}x",
-                                    met=ratio >= GOAL,
-                                    note=f"with a full Decision (hit_sync): {med['netlimit_decision']:,.0f}/s = "
-                                         f"{full_ratio:.1f}x",
-                                    netlimit_decision=med["netlimit_decision"], ratio_decision=full_ratio))
+                sec.rows.append(
+                    row(
+                        case,
+                        med["netlimit"],
+                        med["limits"],
+                        unit="decisions/s",
+                        peer_name=f"limits {PEERS[alg]}.hit",
+                        ratio=ratio,
+                        goal=f">= {GOAL:g}x",
+                        met=ratio >= GOAL,
+                        note=f"with a full Decision (hit_sync): {med['netlimit_decision']:,.0f}/s = {full_ratio:.1f}x",
+                        netlimit_decision=med["netlimit_decision"],
+                        ratio_decision=full_ratio,
+                    )
+                )
             else:
-                sec.rows.append(row(case, med["netlimit"], None, unit="decisions/s",
-                                    peer_name="(no equivalent in limits)",
-                                    note=f"with a full Decision (hit_sync): {med['netlimit_decision']:,.0f}/s",
-                                    netlimit_decision=med["netlimit_decision"]))
-    sec.details["what"] = ("netlimit MemoryStore.allow_sync and limits <Strategy>.hit both return a bool "
-                           "(like for like); hit_sync (a full Decision) is reported beside. "
-                           f"Limit {LIMIT}/minute; stores pre-filled with every key; ratio = median of "
-                           "per-round ratios (rounds interleaved)")
+                sec.rows.append(
+                    row(
+                        case,
+                        med["netlimit"],
+                        None,
+                        unit="decisions/s",
+                        peer_name="(no equivalent in limits)",
+                        note=f"with a full Decision (hit_sync): {med['netlimit_decision']:,.0f}/s",
+                        netlimit_decision=med["netlimit_decision"],
+                    )
+                )
+    sec.details["what"] = (
+        "netlimit MemoryStore.allow_sync and limits <Strategy>.hit both return a bool "
+        "(like for like); hit_sync (a full Decision) is reported beside. "
+        f"Limit {LIMIT}/minute; stores pre-filled with every key; ratio = median of "
+        "per-round ratios (rounds interleaved)"
+    )
     return sec

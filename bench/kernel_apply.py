@@ -37,13 +37,15 @@ GOALS = {"full_1000": 1.0, "noop_1000": 0.2, "change_1000": 0.3}
 
 
 def rules_yaml(n: int, changed: int | None = None) -> str:
-    out = ["version: 1", "exempt: [127.0.0.0/8, \"::1/128\"]", "network:"]
+    out = ["version: 1", 'exempt: [127.0.0.0/8, "::1/128"]', "network:"]
     for i in range(n):
         port = 10000 + i
         if i % 2 == 0:
             rate = 101 if i == changed else 100
-            out.append(f"  - {{name: r{i}, protocol: tcp, ports: [{port}], limit: {rate}/second, burst: 10, "
-                       f"per: source, htable_size: 256}}")
+            out.append(
+                f"  - {{name: r{i}, protocol: tcp, ports: [{port}], limit: {rate}/second, burst: 10, "
+                f"per: source, htable_size: 256}}"
+            )
         else:
             conns = 21 if i == changed else 20
             out.append(f"  - {{name: r{i}, protocol: tcp, ports: [{port}], max_connections: {conns}}}")
@@ -122,8 +124,9 @@ def run(mode: Mode) -> Section:
     from netlimit.kernel.render import iptables_save_text
 
     backend = reconcile.backend_name()
-    sec = Section("kernel", f"Kernel apply: netlimit apply (backend {backend}) vs iptables-legacy-restore "
-                            "--noflush (seconds)")
+    sec = Section(
+        "kernel", f"Kernel apply: netlimit apply (backend {backend}) vs iptables-legacy-restore --noflush (seconds)"
+    )
     if os.geteuid() != 0:
         raise RuntimeError("the kernel section needs root (it creates network namespaces)")
     for tool in ("ip", "iptables-legacy-restore", "ip6tables-legacy-restore", "iptables-legacy-save"):
@@ -143,9 +146,20 @@ def run(mode: Mode) -> Section:
             # a reload must not insert the jumps from INPUT a second time (--noflush keeps INPUT)
             c4, c6 = (_no_jumps(iptables_save_text(d1, f, headers=False)) for f in (4, 6))
             r4, r6 = _no_jumps(v4), _no_jumps(v6)
-            t: dict[str, list[float]] = {k: [] for k in ("nl_full", "nl_noop", "nl_change", "peer_full",
-                                                           "peer_reload", "peer_change", "pyipt_full",
-                                                           "pyipt_noop", "pyipt_change")}
+            t: dict[str, list[float]] = {
+                k: []
+                for k in (
+                    "nl_full",
+                    "nl_noop",
+                    "nl_change",
+                    "peer_full",
+                    "peer_reload",
+                    "peer_change",
+                    "pyipt_full",
+                    "pyipt_noop",
+                    "pyipt_change",
+                )
+            }
             kernel_rules = 0
             phases: dict[str, dict[str, float]] = {}  # netlimit's own split: read, diff, iptables, tc
             for r in range(rounds[n]):
@@ -173,27 +187,49 @@ def run(mode: Mode) -> Section:
             m = {k: median(v) for k, v in t.items()}
             curve["netlimit_full"].append(m["nl_full"])
             curve["peer_full"].append(m["peer_full"])
-            sec.details[str(n)] = {"kernel_rules": kernel_rules, "rounds": rounds[n], "backend": backend,
-                                   "netlimit_phases_last_round": {k: {p: round(x, 4) for p, x in v.items()}
-                                                                  for k, v in phases.items()},
-                                   "seconds": {k: [round(x, 4) for x in v] for k, v in t.items()}}
+            sec.details[str(n)] = {
+                "kernel_rules": kernel_rules,
+                "rounds": rounds[n],
+                "backend": backend,
+                "netlimit_phases_last_round": {k: {p: round(x, 4) for p, x in v.items()} for k, v in phases.items()},
+                "seconds": {k: [round(x, 4) for x in v] for k, v in t.items()},
+            }
             peer = "iptables-legacy-restore"
-            for what, nk, pk, goal_key in (("full apply", "nl_full", "peer_full", "full"),
-                                           ("no-op re-apply", "nl_noop", "peer_reload", "noop"),
-                                           ("one rule changed", "nl_change", "peer_change", "change")):
+            for what, nk, pk, goal_key in (
+                ("full apply", "nl_full", "peer_full", "full"),
+                ("no-op re-apply", "nl_noop", "peer_reload", "noop"),
+                ("one rule changed", "nl_change", "peer_change", "change"),
+            ):
                 g = GOALS.get(f"{goal_key}_{n}")
-                sec.rows.append(row(f"{what}, {n} rules ({kernel_rules} kernel rules)", m[nk], m[pk], unit="s",
-                                    better="lower", peer_name=peer + (" (whole file again)" if goal_key != "full"
-                                                                      else ""),
-                                    goal=f"<= {g} s" if g else "", met=(m[nk] <= g) if g else None))
+                sec.rows.append(
+                    row(
+                        f"{what}, {n} rules ({kernel_rules} kernel rules)",
+                        m[nk],
+                        m[pk],
+                        unit="s",
+                        better="lower",
+                        peer_name=peer + (" (whole file again)" if goal_key != "full" else ""),
+                        goal=f"<= {g} s" if g else "",
+                        met=(m[nk] <= g) if g else None,
+                    )
+                )
             if t["pyipt_full"]:
-                for what, nk, pk in (("full apply", "pyipt_full", "peer_full"),
-                                     ("no-op re-apply", "pyipt_noop", "peer_reload"),
-                                     ("one rule changed", "pyipt_change", "peer_change")):
-                    sec.rows.append(row(f"{what}, {n} rules, --backend python-iptables (1 round)", m[nk], m[pk],
-                                        unit="s", better="lower",
-                                        peer_name=peer + (" (whole file again)" if nk != "pyipt_full" else ""),
-                                        note="the fallback backend, for comparison"))
+                for what, nk, pk in (
+                    ("full apply", "pyipt_full", "peer_full"),
+                    ("no-op re-apply", "pyipt_noop", "peer_reload"),
+                    ("one rule changed", "pyipt_change", "peer_change"),
+                ):
+                    sec.rows.append(
+                        row(
+                            f"{what}, {n} rules, --backend python-iptables (1 round)",
+                            m[nk],
+                            m[pk],
+                            unit="s",
+                            better="lower",
+                            peer_name=peer + (" (whole file again)" if nk != "pyipt_full" else ""),
+                            note="the fallback backend, for comparison",
+                        )
+                    )
         sec.details["backend"] = backend
         sec.details["curve"] = curve
     finally:

@@ -58,8 +58,9 @@ print(json.dumps({"before": before, "after": after, "n": n}))
 
 def measure(impl: str, alg: str, n: int, timeout: float = 600, period: float = 60.0) -> float:
     """Bytes per key; ``period`` applies to netlimit (limits' item is per minute)."""
-    p = subprocess.run([sys.executable, "-c", _CHILD, impl, alg, str(n), repr(period)], capture_output=True,
-                       text=True, timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD, impl, alg, str(n), repr(period)], capture_output=True, text=True, timeout=timeout
+    )
     if p.returncode != 0:
         raise RuntimeError(f"memory child {impl} {alg}: {p.stderr.strip()[-800:]}")
     d = json.loads(p.stdout.strip().splitlines()[-1])
@@ -74,18 +75,36 @@ def run(mode: Mode) -> Section:
         nl = measure("netlimit", alg, n)
         peer = measure("limits", alg, n_peer) if alg in PEERS else None
         counted = alg != "sliding_window_log"
-        sec.rows.append(row(f"{alg}, {n:,} keys", nl, peer, unit="bytes/key", better="lower",
-                            peer_name=f"limits {PEERS[alg]} ({n_peer:,} keys)" if peer is not None
-                            else "(no equivalent in limits)",
-                            goal=f"<= {GOAL:g} B/key" if counted else "", met=(nl <= GOAL) if counted else None,
-                            note="" if counted else "one request per key: the log holds one timestamp"))
+        sec.rows.append(
+            row(
+                f"{alg}, {n:,} keys",
+                nl,
+                peer,
+                unit="bytes/key",
+                better="lower",
+                peer_name=f"limits {PEERS[alg]} ({n_peer:,} keys)" if peer is not None else "(no equivalent in limits)",
+                goal=f"<= {GOAL:g} B/key" if counted else "",
+                met=(nl <= GOAL) if counted else None,
+                note="" if counted else "one request per key: the log holds one timestamp",
+            )
+        )
     # The window states pack the window index with the counts in one int; at a
     # 1 s period the index is ~31 bits rather than ~25, which is what pushes an
     # int past 2**60 (three 30-bit digits: a 48-byte block instead of 32).
     for alg in PER_SECOND:
         nl = measure("netlimit", alg, n, period=1.0)
-        sec.rows.append(row(f"{alg}, {n:,} keys, {LIMIT:,}/s", nl, None, unit="bytes/key", better="lower",
-                            peer_name="(limits: see the per-minute row)", goal=f"<= {GOAL:g} B/key",
-                            met=nl <= GOAL, note="period 1 s: a wider window index in the packed state"))
+        sec.rows.append(
+            row(
+                f"{alg}, {n:,} keys, {LIMIT:,}/s",
+                nl,
+                None,
+                unit="bytes/key",
+                better="lower",
+                peer_name="(limits: see the per-minute row)",
+                goal=f"<= {GOAL:g} B/key",
+                met=nl <= GOAL,
+                note="period 1 s: a wider window index in the packed state",
+            )
+        )
     sec.details["what"] = __doc__.split("\n\n", 1)[1].strip()
     return sec

@@ -106,7 +106,7 @@ async def _drive(decide, stream: list[str], clients: int, budget: float) -> tupl
             a = perf()
             try:
                 await decide(k)
-            except Exception:  # noqa: BLE001 - counted and reported
+            except Exception:  # counted and reported
                 errors += 1
             b = perf()
             lat.append(b - a)
@@ -144,7 +144,7 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
     lm_storage = LimitsRedis(f"async+redis://127.0.0.1:{port}/0", implementation="redispy")
     sync_storage = LimitsSyncRedis(f"redis://127.0.0.1:{port}/0")
     _, stream = key_stream(10_000, mode.pick(20_000, 100_000), seed=2)
-    budget = 0.25                    # short turns, many of them: every side sees the same host
+    budget = 0.25  # short turns, many of them: every side sees the same host
     rounds = mode.pick(2, 30)
     counter = _Counter()
     try:
@@ -179,7 +179,7 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
                 errors = {name: 0 for name, _ in sides}
                 writes: list[float] = []
                 for r in range(rounds):
-                    for name, fn in (sides if r % 2 == 0 else sides[::-1]):
+                    for name, fn in sides if r % 2 == 0 else sides[::-1]:
                         before = _commandstats(port)
                         counter.n = 0
                         c0, w0 = _lean_counts(nl_store)
@@ -199,44 +199,72 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
                 p = {name: (_pct(v, 50) * 1e3, _pct(v, 99) * 1e3) for name, v in lats.items()}
                 rt = {name: median(v) for name, v in trips.items()}
                 case = f"{alg}, {clients} client{'s' if clients > 1 else ''}"
-                sec.rows.append(row(
-                    case, median(rates["netlimit"]), median(rates["limits"]), unit="decisions/s",
-                    peer_name=f"limits {PEERS[alg]} (async redis-py)", ratio=ratio,
-                    goal=f">= {GOAL:g}x, 1 round trip",
-                    met=ratio >= GOAL and abs(rt["netlimit"] - 1) < 0.01
-                    and abs(cmds["netlimit"].get("evalsha", 0) - 1) < 0.01,
-                    note=(f"{_p50_p99(p, 'limits')}; round trips/decision "
-                          f"{rt['netlimit']:.2f} vs {rt['limits']:.2f}"
-                          + (f" (netlimit: {cmds['netlimit'].get('evalsha', 0):.2f} EVALSHA, "
-                             f"{median(writes):.2f} socket writes per decision)" if writes else "")),
-                    p50_ms=p["netlimit"][0], p99_ms=p["netlimit"][1], peer_p50_ms=p["limits"][0],
-                    peer_p99_ms=p["limits"][1], round_trips=rt["netlimit"], peer_round_trips=rt["limits"],
-                ))
+                sec.rows.append(
+                    row(
+                        case,
+                        median(rates["netlimit"]),
+                        median(rates["limits"]),
+                        unit="decisions/s",
+                        peer_name=f"limits {PEERS[alg]} (async redis-py)",
+                        ratio=ratio,
+                        goal=f">= {GOAL:g}x, 1 round trip",
+                        met=ratio >= GOAL
+                        and abs(rt["netlimit"] - 1) < 0.01
+                        and abs(cmds["netlimit"].get("evalsha", 0) - 1) < 0.01,
+                        note=(
+                            f"{_p50_p99(p, 'limits')}; round trips/decision "
+                            f"{rt['netlimit']:.2f} vs {rt['limits']:.2f}"
+                            + (
+                                f" (netlimit: {cmds['netlimit'].get('evalsha', 0):.2f} EVALSHA, "
+                                f"{median(writes):.2f} socket writes per decision)"
+                                if writes
+                                else ""
+                            )
+                        ),
+                        p50_ms=p["netlimit"][0],
+                        p99_ms=p["netlimit"][1],
+                        peer_p50_ms=p["limits"][0],
+                        peer_p99_ms=p["limits"][1],
+                        round_trips=rt["netlimit"],
+                        peer_round_trips=rt["limits"],
+                    )
+                )
                 if "limits_sync" in rates:
                     sync_ratio = round_ratio(rates, "netlimit", "limits_sync")
-                    sec.rows.append(row(
-                        f"{case}, vs sync limits", median(rates["netlimit"]), median(rates["limits_sync"]),
-                        unit="decisions/s", peer_name=f"limits {PEERS[alg]} (sync redis-py)", ratio=sync_ratio,
-                        goal="reference", met=None,
-                        note=f"{_p50_p99(p, 'limits_sync')}; a blocking client, measured in the same rounds "
-                             "(it would stall an asyncio sidecar)",
-                        p50_ms=p["netlimit"][0], p99_ms=p["netlimit"][1], peer_p50_ms=p["limits_sync"][0],
-                        peer_p99_ms=p["limits_sync"][1],
-                    ))
-                sec.details[case] = {"rates": {k: [round(x) for x in v] for k, v in rates.items()},
-                                     "commands_per_decision": cmds, "errors": errors,
-                                     "netlimit_socket_writes_per_decision": round(median(writes), 3)
-                                     if writes else None}
+                    sec.rows.append(
+                        row(
+                            f"{case}, vs sync limits",
+                            median(rates["netlimit"]),
+                            median(rates["limits_sync"]),
+                            unit="decisions/s",
+                            peer_name=f"limits {PEERS[alg]} (sync redis-py)",
+                            ratio=sync_ratio,
+                            goal="reference",
+                            met=None,
+                            note=f"{_p50_p99(p, 'limits_sync')}; a blocking client, measured in the same rounds "
+                            "(it would stall an asyncio sidecar)",
+                            p50_ms=p["netlimit"][0],
+                            p99_ms=p["netlimit"][1],
+                            peer_p50_ms=p["limits_sync"][0],
+                            peer_p99_ms=p["limits_sync"][1],
+                        )
+                    )
+                sec.details[case] = {
+                    "rates": {k: [round(x) for x in v] for k, v in rates.items()},
+                    "commands_per_decision": cmds,
+                    "errors": errors,
+                    "netlimit_socket_writes_per_decision": round(median(writes), 3) if writes else None,
+                }
     finally:
         counter.close()
         await nl_store.close()
         try:
             await lm_storage.storage.aclose()
-        except Exception:  # noqa: BLE001 - best effort
+        except Exception:  # best effort
             pass
         try:
             sync_storage.storage.close()
-        except Exception:  # noqa: BLE001 - best effort
+        except Exception:  # best effort
             pass
 
 
@@ -247,9 +275,27 @@ def run(mode: Mode) -> Section:
 
     port = free_port()
     d = tempfile.mkdtemp(prefix="nlbench-redis-")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", d, "--save", "",
-                             "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            d,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--daemonize",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_port(port, proc)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

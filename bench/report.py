@@ -27,12 +27,16 @@ def _num(x: Any, unit: str = "") -> str:
 
 def markdown(doc: dict, png: str | None = None) -> str:
     m = doc.get("machine", {})
-    lines = [f"# netlimit benchmarks ({doc.get('mode')} run, {doc.get('started')}, {doc.get('seconds')} s)", "",
-             f"Python {m.get('python')}, kernel {m.get('kernel')}, {m.get('cpus')} CPUs, load average at start "
-             f"{m.get('loadavg_at_start')}, git {m.get('git')}. The machine is shared and noisy: each figure was "
-             "measured beside its peer in the same run (interleaved rounds where they can alternate); trust the "
-             "ratios more than the absolute numbers. Ratio > 1 means netlimit is ahead (higher throughput, or "
-             "lower time / latency / memory).", ""]
+    lines = [
+        f"# netlimit benchmarks ({doc.get('mode')} run, {doc.get('started')}, {doc.get('seconds')} s)",
+        "",
+        f"Python {m.get('python')}, kernel {m.get('kernel')}, {m.get('cpus')} CPUs, load average at start "
+        f"{m.get('loadavg_at_start')}, git {m.get('git')}. The machine is shared and noisy: each figure was "
+        "measured beside its peer in the same run (interleaved rounds where they can alternate); trust the "
+        "ratios more than the absolute numbers. Ratio > 1 means netlimit is ahead (higher throughput, or "
+        "lower time / latency / memory).",
+        "",
+    ]
     for name, sec in doc.get("sections", {}).items():
         lines.append(f"## {sec.get('title') or name}")
         lines.append("")
@@ -46,8 +50,10 @@ def markdown(doc: dict, png: str | None = None) -> str:
             met = {True: "yes", False: "**NO**", None: ""}[r.get("met")]
             ratio = "—" if r.get("ratio") is None else f"{r['ratio']:.2f}x"
             peer = f"{_num(r.get('peer'), r.get('unit'))} ({r.get('peer_name')})"
-            lines.append(f"| {r['case']} | {_num(r.get('netlimit'), r.get('unit'))} | {peer} | {r.get('unit')} | "
-                         f"{ratio} | {r.get('goal') or ''} | {met} | {r.get('note') or ''} |")
+            lines.append(
+                f"| {r['case']} | {_num(r.get('netlimit'), r.get('unit'))} | {peer} | {r.get('unit')} | "
+                f"{ratio} | {r.get('goal') or ''} | {met} | {r.get('note') or ''} |"
+            )
         what = sec.get("details", {}).get("what")
         lines.append("")
         if what:

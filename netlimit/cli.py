@@ -12,7 +12,6 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import List
 
 import typer
 
@@ -29,9 +28,9 @@ app = typer.Typer(
 
 # Exit codes shared by every command.
 EXIT_OK = 0
-EXIT_INVALID = 1      # the file (or input) is invalid; nothing was changed
-EXIT_FAILED = 2       # the operation failed (kernel refused, ...); previous state restored
-EXIT_USAGE = 64       # wrong flags / not root / missing tool
+EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
+EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
+EXIT_USAGE = 64  # wrong flags / not root / missing tool
 
 
 def err(message: str) -> None:
@@ -60,15 +59,16 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """netlimit: one declarative file, limits at three layers."""
 
 
 @app.command()
 def validate(
-    files: List[Path] = typer.Argument(..., help="Config files to check.", show_default=False),
+    files: list[Path] = typer.Argument(..., help="Config files to check.", show_default=False),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing when valid."),
 ) -> None:
     """Check files without root: print every problem as FILE:LINE:COL: RULE: MESSAGE.

@@ -8,7 +8,6 @@ very installation that installed them. An existing config is never replaced.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -30,8 +29,10 @@ def bindir() -> Path:
     for cand in (Path(sys.argv[0]).resolve().parent, Path(sys.executable).parent):
         if (cand / "netlimit").exists() and (cand / "netlimitd").exists():
             return cand
-    raise FileNotFoundError("cannot find the netlimit and netlimitd scripts next to this Python "
-                            f"({sys.executable}); install the package with pip first")
+    raise FileNotFoundError(
+        "cannot find the netlimit and netlimitd scripts next to this Python "
+        f"({sys.executable}); install the package with pip first"
+    )
 
 
 def render_unit(text: str, bin_dir: Path) -> str:
@@ -42,8 +43,10 @@ def install(root: Path = Path("/"), enable: bool = False, reload: bool = True, e
     units_dir = find_share("systemd")
     rules_dir = find_share("rules")
     if units_dir is None or rules_dir is None:
-        echo("install-service: the unit files are not installed with this package "
-             "(looked in the checkout's systemd/ and <prefix>/share/netlimit)")
+        echo(
+            "install-service: the unit files are not installed with this package "
+            "(looked in the checkout's systemd/ and <prefix>/share/netlimit)"
+        )
         return 64
     bin_dir = bindir()
     unit_dest = root / "etc/systemd/system"
@@ -67,9 +70,11 @@ def install(root: Path = Path("/"), enable: bool = False, reload: bool = True, e
     default = root / "etc/default/netlimit-sidecar"
     if not default.exists():
         default.parent.mkdir(parents=True, exist_ok=True)
-        default.write_text("# Arguments of `netlimit sidecar` (see netlimit sidecar --help), e.g.\n"
-                           "# NETLIMIT_SIDECAR_ARGS=--listen 127.0.0.1:8081 --upstream http://127.0.0.1:8080\n"
-                           "NETLIMIT_SIDECAR_ARGS=--listen 127.0.0.1:8081\n")
+        default.write_text(
+            "# Arguments of `netlimit sidecar` (see netlimit sidecar --help), e.g.\n"
+            "# NETLIMIT_SIDECAR_ARGS=--listen 127.0.0.1:8081 --upstream http://127.0.0.1:8080\n"
+            "NETLIMIT_SIDECAR_ARGS=--listen 127.0.0.1:8081\n"
+        )
         echo(f"installed {default}")
     from .config.validate import ConfigError, load_file
 
@@ -89,6 +94,8 @@ def install(root: Path = Path("/"), enable: bool = False, reload: bool = True, e
     elif reload:
         echo("systemd is not running here: run `systemctl daemon-reload` on the target host")
     if not enable:
-        echo("next: edit /etc/netlimit/netlimit.yaml, then `systemctl enable --now netlimitd` "
-             "(and netlimit-sidecar for HTTP limits)")
+        echo(
+            "next: edit /etc/netlimit/netlimit.yaml, then `systemctl enable --now netlimitd` "
+            "(and netlimit-sidecar for HTTP limits)"
+        )
     return 0

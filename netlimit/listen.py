@@ -9,9 +9,9 @@ def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
     t = text.strip()
     if t.startswith("["):
         end = t.find("]")
-        if end < 0 or not t[end + 1:].startswith(":"):
+        if end < 0 or not t[end + 1 :].startswith(":"):
             raise ValueError(f"{flag} {text!r}: expected [ADDRESS]:PORT")
-        host, port_s = t[1:end], t[end + 2:]
+        host, port_s = t[1:end], t[end + 2 :]
     else:
         host, sep, port_s = t.rpartition(":")
         if not sep:

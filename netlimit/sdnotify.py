@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 
 
 class Notifier:
-    def __init__(self, env: dict[str, str] | None = None):
-        env = os.environ if env is None else env
+    def __init__(self, env: Mapping[str, str] | None = None):
+        if env is None:
+            env = os.environ
         addr = env.get("NOTIFY_SOCKET", "")
         self.address: str | None = None
         if addr.startswith("@"):

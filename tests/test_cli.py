@@ -53,8 +53,14 @@ def test_every_example_in_rules_is_valid(path):
 
 def test_rules_has_the_promised_examples():
     names = {p.name for p in RULES}
-    for n in ("ssh-bruteforce.yaml", "api-per-ip.yaml", "dns-per-24.yaml", "bandwidth-per-port.yaml",
-              "ingress-cap.yaml", "http-descriptors.yaml"):
+    for n in (
+        "ssh-bruteforce.yaml",
+        "api-per-ip.yaml",
+        "dns-per-24.yaml",
+        "bandwidth-per-port.yaml",
+        "ingress-cap.yaml",
+        "http-descriptors.yaml",
+    ):
         assert n in names
 
 

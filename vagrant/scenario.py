@@ -47,9 +47,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import yaml
 
@@ -57,8 +58,8 @@ HERE = Path(__file__).resolve().parent
 ADDR = {"limiter": "192.168.60.10", "client": "192.168.60.11", "flood": "192.168.60.12"}
 PREFIXLEN = 24
 HTTP_PORT, UPSTREAM_PORT = 8080, 8081
-PAYLOAD = 1448 / 1514          # TCP goodput per wire byte at MTU 1500 with timestamps (what HTB counts)
-COUNTER = "nlscen"             # comment prefix of the scenario's own counting rules on the limiter
+PAYLOAD = 1448 / 1514  # TCP goodput per wire byte at MTU 1500 with timestamps (what HTB counts)
+COUNTER = "nlscen"  # comment prefix of the scenario's own counting rules on the limiter
 
 
 class ScenarioError(RuntimeError):
@@ -71,8 +72,9 @@ class ScenarioError(RuntimeError):
 class Host(Protocol):
     name: str
 
-    def run(self, argv: list[str], *, timeout: float = 60, check: bool = True,
-            input: str | None = None) -> subprocess.CompletedProcess: ...
+    def run(
+        self, argv: list[str], *, timeout: float = 60, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess: ...
 
     def start(self, argv: list[str]) -> subprocess.Popen: ...
 
@@ -102,8 +104,9 @@ class NetnsHost:
         return _checked(res, self.name, argv, check)
 
     def start(self, argv):
-        return subprocess.Popen(self._argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            self._argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+        )
 
     def put(self, name, text):
         p = self.dir / name
@@ -120,27 +123,48 @@ class SshHost:
 
     def __init__(self, name: str, ssh_config: Path, control_dir: Path, remote_dir: str = "/opt/netlimit-scenario"):
         self.name = name
-        self.base = ["ssh", "-F", str(ssh_config), "-o", "BatchMode=yes", "-o", "ControlMaster=auto",
-                     "-o", f"ControlPath={control_dir}/cm-%n", "-o", "ControlPersist=300",
-                     "-o", "ServerAliveInterval=10", "-o", "LogLevel=ERROR", name, "--"]
+        self.base = [
+            "ssh",
+            "-F",
+            str(ssh_config),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            f"ControlPath={control_dir}/cm-%n",
+            "-o",
+            "ControlPersist=300",
+            "-o",
+            "ServerAliveInterval=10",
+            "-o",
+            "LogLevel=ERROR",
+            name,
+            "--",
+        ]
         self.remote_dir = remote_dir
 
     def _argv(self, argv: list[str]) -> list[str]:
         return self.base + ["sudo", "-n", *[shlex.quote(a) for a in argv]]
 
     def run(self, argv, *, timeout=60, check=True, input=None):
-        res = subprocess.run(self._argv(argv), capture_output=True, text=True, timeout=timeout,
-                             input=input if input is not None else "")
+        res = subprocess.run(
+            self._argv(argv), capture_output=True, text=True, timeout=timeout, input=input if input is not None else ""
+        )
         return _checked(res, self.name, argv, check)
 
     def start(self, argv):
-        return subprocess.Popen(self._argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            self._argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+        )
 
     def put(self, name, text):
         path = f"{self.remote_dir}/{name}"
-        self.run(["sh", "-c", f"mkdir -p {shlex.quote(self.remote_dir)} && cat > {shlex.quote(path)}"],
-                 input=text, timeout=60)
+        self.run(
+            ["sh", "-c", f"mkdir -p {shlex.quote(self.remote_dir)} && cat > {shlex.quote(path)}"],
+            input=text,
+            timeout=60,
+        )
         return path
 
     def close(self) -> None:
@@ -152,21 +176,22 @@ class SshHost:
 
 @dataclass
 class Deployment:
-    netlimit: list[str]            # the netlimit command on the limiter
-    status_args: list[str]         # extra args of `netlimit status` (the socket)
-    config_path: str               # netlimitd's file on the limiter
-    reload: list[str]              # the command that reloads netlimitd
-    reload_label: str              # how the table names it
-    python: str = "python3"        # the limiter's/clients' python for tools.py
-    units: tuple[str, ...] = ()    # systemd units that must be active on the limiter (VMs)
+    netlimit: list[str]  # the netlimit command on the limiter
+    status_args: list[str]  # extra args of `netlimit status` (the socket)
+    config_path: str  # netlimitd's file on the limiter
+    reload: list[str]  # the command that reloads netlimitd
+    reload_label: str  # how the table names it
+    python: str = "python3"  # the limiter's/clients' python for tools.py
+    units: tuple[str, ...] = ()  # systemd units that must be active on the limiter (VMs)
 
 
 @dataclass
 class Tolerance:
     """How close measured must be to configured."""
-    packets_frac: float            # hashlimit: |delivered - (rate x T + burst)| <= frac x expected + abs
+
+    packets_frac: float  # hashlimit: |delivered - (rate x T + burst)| <= frac x expected + abs
     packets_abs: float
-    bandwidth_frac: float          # goodput vs rate x 1448/1514
+    bandwidth_frac: float  # goodput vs rate x 1448/1514
     why: str
 
 
@@ -181,25 +206,35 @@ class Row:
 
 @dataclass
 class Params:
-    flood_seconds: float = 6.0     # length of each flood
-    udp_flood_pps: float = 400.0   # offered by `flood` (well over every limit here)
-    udp_client_pps: float = 20.0   # offered by `client` (under the limit)
+    flood_seconds: float = 6.0  # length of each flood
+    udp_flood_pps: float = 400.0  # offered by `flood` (well over every limit here)
+    udp_client_pps: float = 20.0  # offered by `client` (under the limit)
     syn_flood_pps: float = 300.0
     client_conn_rate: float = 4.0
     http_flood_requests: int = 25
     http_client_requests: int = 5
     bulk_seconds: float = 7.0
     bulk_omit: float = 1.5
-    bulk_streams: int = 4          # parallel TCP streams into the one shaped class
-    reload_factor: int = 2         # the edit multiplies the UDP limit by this
-    idle_seconds: float = 3.0      # the watcher stops this long after the last flood packet
-    wait_seconds: float = 60.0     # for netlimitd to (re)load a file (minutes under TCG)
+    bulk_streams: int = 4  # parallel TCP streams into the one shaped class
+    reload_factor: int = 2  # the edit multiplies the UDP limit by this
+    idle_seconds: float = 3.0  # the watcher stops this long after the last flood packet
+    wait_seconds: float = 60.0  # for netlimitd to (re)load a file (minutes under TCG)
 
 
 # --- configured values, from limiter.yaml ---------------------------------------------------
 
-_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600,
-          "d": 86400, "day": 86400}
+_UNITS = {
+    "s": 1,
+    "sec": 1,
+    "second": 1,
+    "m": 60,
+    "min": 60,
+    "minute": 60,
+    "h": 3600,
+    "hour": 3600,
+    "d": 86400,
+    "day": 86400,
+}
 _BW = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
@@ -233,7 +268,7 @@ class Limits:
     raw: dict = field(repr=False, default_factory=dict)
 
     @classmethod
-    def from_yaml(cls, text: str) -> "Limits":
+    def from_yaml(cls, text: str) -> Limits:
         c = yaml.safe_load(text)
         net = {r["name"]: r for r in c.get("network", [])}
         bw = {r["name"]: r for r in c.get("bandwidth", [])}
@@ -241,14 +276,24 @@ class Limits:
             udp, syn, bulk = net["udp-flood"], net["syn-flood"], bw["bulk-out"]
             d = c["http"]["descriptors"][0]
         except (KeyError, IndexError, TypeError) as exc:
-            raise ScenarioError(f"limiter.yaml lacks what the scenario measures ({exc}): rules udp-flood, "
-                                "syn-flood, bulk-out and one http descriptor") from None
-        return cls(udp_port=int(udp["ports"][0]), udp_rate=per_second(udp["limit"]), udp_burst=int(udp["burst"]),
-                   syn_port=int(syn["ports"][0]), syn_rate=per_second(syn["limit"]), syn_burst=int(syn["burst"]),
-                   bw_port=int(bulk["ports"][0]), bw_rate=bits_per_second(bulk["rate"]),
-                   bw_iface=str(bulk["interface"]),
-                   http_limit=int(d["rate_limit"]["requests_per_unit"]),
-                   http_period=int(_UNITS[d["rate_limit"]["unit"]]), raw=c)
+            raise ScenarioError(
+                f"limiter.yaml lacks what the scenario measures ({exc}): rules udp-flood, "
+                "syn-flood, bulk-out and one http descriptor"
+            ) from None
+        return cls(
+            udp_port=int(udp["ports"][0]),
+            udp_rate=per_second(udp["limit"]),
+            udp_burst=int(udp["burst"]),
+            syn_port=int(syn["ports"][0]),
+            syn_rate=per_second(syn["limit"]),
+            syn_burst=int(syn["burst"]),
+            bw_port=int(bulk["ports"][0]),
+            bw_rate=bits_per_second(bulk["rate"]),
+            bw_iface=str(bulk["interface"]),
+            http_limit=int(d["rate_limit"]["requests_per_unit"]),
+            http_period=int(_UNITS[d["rate_limit"]["unit"]]),
+            raw=c,
+        )
 
     def with_udp_limit(self, per_sec: int, original_text: str) -> str:
         """The config text after an operator's edit of udp-flood's limit (only that line changes)."""
@@ -269,13 +314,14 @@ class Limits:
 
 
 class Scenario:
-    def __init__(self, hosts: dict[str, Host], deploy: Deployment, tol: Tolerance,
-                 params: Params | None = None, out=sys.stdout):
+    def __init__(
+        self, hosts: dict[str, Host], deploy: Deployment, tol: Tolerance, params: Params | None = None, out=sys.stdout
+    ):
         self.h = hosts
         self.lim = hosts["limiter"]
         self.deploy = deploy
         self.tol = tol
-        self.config_text = ""          # read from the limiter: the file netlimitd runs is the truth
+        self.config_text = ""  # read from the limiter: the file netlimitd runs is the truth
         self.limits: Limits | None = None
         self.p = params or Params()
         self.out = out
@@ -351,13 +397,24 @@ class Scenario:
         self.config_text = self.lim.run(["cat", self.deploy.config_path]).stdout
         self.limits = Limits.from_yaml(self.config_text)
         want = hashlib.sha256(self.config_text.encode()).hexdigest()
-        self.wait_status(lambda s: s.get("last_apply_result") == "ok" and s.get("config_sha256") == want,
-                         f"netlimitd running {self.deploy.config_path} ({want[:12]})", self.p.wait_seconds)
+        self.wait_status(
+            lambda s: s.get("last_apply_result") == "ok" and s.get("config_sha256") == want,
+            f"netlimitd running {self.deploy.config_path} ({want[:12]})",
+            self.p.wait_seconds,
+        )
         # the sidecar and the app behind it answer
         deadline = time.monotonic() + 60
         while True:
-            r = self.run_tool("client", "http", "--src", ADDR["client"], "--n", "1",
-                              "--url", f"http://{ADDR['limiter']}:{HTTP_PORT}/_netlimit/healthz")
+            r = self.run_tool(
+                "client",
+                "http",
+                "--src",
+                ADDR["client"],
+                "--n",
+                "1",
+                "--url",
+                f"http://{ADDR['limiter']}:{HTTP_PORT}/_netlimit/healthz",
+            )
             if r["statuses"] == [200]:
                 break
             if time.monotonic() > deadline:
@@ -366,26 +423,62 @@ class Scenario:
         if self.deploy.units:
             res = self.lim.run(["systemctl", "is-active", *self.deploy.units], check=False)
             states = res.stdout.split()
-            exe = self.lim.run(["systemctl", "show", "-p", "ExecStart", "--value", "netlimitd.service"],
-                               check=False).stdout
+            exe = self.lim.run(
+                ["systemctl", "show", "-p", "ExecStart", "--value", "netlimitd.service"], check=False
+            ).stdout
             m = re.search(r"path=(\S+)", exe)
-            self.add_row("install", "systemd units on limiter", f"{', '.join(self.deploy.units)} active",
-                         ", ".join(f"{u} {st}" for u, st in zip(self.deploy.units, states))
-                         + (f"; netlimitd = {m.group(1)}" if m else ""),
-                         states == ["active"] * len(self.deploy.units))
+            self.add_row(
+                "install",
+                "systemd units on limiter",
+                f"{', '.join(self.deploy.units)} active",
+                ", ".join(f"{u} {st}" for u, st in zip(self.deploy.units, states))
+                + (f"; netlimitd = {m.group(1)}" if m else ""),
+                states == ["active"] * len(self.deploy.units),
+            )
         # counting rules after netlimit's jump: what they count got through
         lim = self.limits
         rules = []
         for role in ("client", "flood"):
-            rules.append(["-s", ADDR[role], "-p", "udp", "--dport", str(lim.udp_port), "-m", "comment",
-                          "--comment", f"{COUNTER}:udp:{role}", "-j", "ACCEPT"])
-            rules.append(["-s", ADDR[role], "-p", "tcp", "--syn", "--dport", str(lim.syn_port), "-m", "comment",
-                          "--comment", f"{COUNTER}:syn:{role}", "-j", "ACCEPT"])
+            rules.append(
+                [
+                    "-s",
+                    ADDR[role],
+                    "-p",
+                    "udp",
+                    "--dport",
+                    str(lim.udp_port),
+                    "-m",
+                    "comment",
+                    "--comment",
+                    f"{COUNTER}:udp:{role}",
+                    "-j",
+                    "ACCEPT",
+                ]
+            )
+            rules.append(
+                [
+                    "-s",
+                    ADDR[role],
+                    "-p",
+                    "tcp",
+                    "--syn",
+                    "--dport",
+                    str(lim.syn_port),
+                    "-m",
+                    "comment",
+                    "--comment",
+                    f"{COUNTER}:syn:{role}",
+                    "-j",
+                    "ACCEPT",
+                ]
+            )
         for r in rules:
             if self.lim.run(["iptables-legacy", "-C", "INPUT", *r], check=False).returncode != 0:
                 self.lim.run(["iptables-legacy", "-A", "INPUT", *r])
-        self.say(f"limiter ready: netlimitd running {self.deploy.config_path} ({want[:12]}), sidecar answers, "
-                 f"private interface {self.iface}")
+        self.say(
+            f"limiter ready: netlimitd running {self.deploy.config_path} ({want[:12]}), sidecar answers, "
+            f"private interface {self.iface}"
+        )
 
     def wait_status(self, pred: Callable[[dict], bool], what: str, seconds: float) -> dict:
         deadline = time.monotonic() + seconds
@@ -406,31 +499,91 @@ class Scenario:
         lim, p = self.limits, self.p
         port = lim.udp_port if proto == "udp" else lim.syn_port
         secs = p.flood_seconds
-        watch_args = ["watch", "--iface", self.iface, "--seconds", str(secs + 60), "--idle", str(p.idle_seconds),
-                      f"--{proto if proto == 'udp' else 'tcp'}-port", str(port)]
+        watch_args = [
+            "watch",
+            "--iface",
+            self.iface,
+            "--seconds",
+            str(secs + 60),
+            "--idle",
+            str(p.idle_seconds),
+            f"--{proto if proto == 'udp' else 'tcp'}-port",
+            str(port),
+        ]
         if proto == "syn":
             watch_args += ["--listen-tcp", f"{ADDR['limiter']}:{port}"]
         before = self.counters()
         watcher = self.start_tool("limiter", *watch_args, ready=True)
         try:
             if proto == "udp":
-                fl = self.start_tool("flood", "udp-flood", "--src", ADDR["flood"], "--dst", ADDR["limiter"],
-                                     "--port", str(port), "--pps", str(p.udp_flood_pps), "--seconds", str(secs))
-                cl = self.start_tool("client", "udp-flood", "--src", ADDR["client"], "--dst", ADDR["limiter"],
-                                     "--port", str(port), "--pps", str(p.udp_client_pps), "--seconds", str(secs))
+                fl = self.start_tool(
+                    "flood",
+                    "udp-flood",
+                    "--src",
+                    ADDR["flood"],
+                    "--dst",
+                    ADDR["limiter"],
+                    "--port",
+                    str(port),
+                    "--pps",
+                    str(p.udp_flood_pps),
+                    "--seconds",
+                    str(secs),
+                )
+                cl = self.start_tool(
+                    "client",
+                    "udp-flood",
+                    "--src",
+                    ADDR["client"],
+                    "--dst",
+                    ADDR["limiter"],
+                    "--port",
+                    str(port),
+                    "--pps",
+                    str(p.udp_client_pps),
+                    "--seconds",
+                    str(secs),
+                )
             else:
-                fl = self.start_tool("flood", "syn-flood", "--src", ADDR["flood"], "--dst", ADDR["limiter"],
-                                     "--port", str(port), "--pps", str(p.syn_flood_pps), "--seconds", str(secs))
-                cl = self.start_tool("client", "connects", "--src", ADDR["client"], "--dst", ADDR["limiter"],
-                                     "--port", str(port), "--rate", str(p.client_conn_rate), "--seconds", str(secs),
-                                     "--timeout", "3")
+                fl = self.start_tool(
+                    "flood",
+                    "syn-flood",
+                    "--src",
+                    ADDR["flood"],
+                    "--dst",
+                    ADDR["limiter"],
+                    "--port",
+                    str(port),
+                    "--pps",
+                    str(p.syn_flood_pps),
+                    "--seconds",
+                    str(secs),
+                )
+                cl = self.start_tool(
+                    "client",
+                    "connects",
+                    "--src",
+                    ADDR["client"],
+                    "--dst",
+                    ADDR["limiter"],
+                    "--port",
+                    str(port),
+                    "--rate",
+                    str(p.client_conn_rate),
+                    "--seconds",
+                    str(secs),
+                    "--timeout",
+                    "3",
+                )
             f_res = self.result(fl, f"{proto} flood", secs + 60)
             c_res = self.result(cl, f"{proto} client", secs + 60)
         finally:
             w_res = self.result(watcher, "watch on limiter", secs + 60)
         after = self.counters()
-        delivered = {role: after.get(f"{COUNTER}:{proto}:{role}", 0) - before.get(f"{COUNTER}:{proto}:{role}", 0)
-                     for role in ("client", "flood")}
+        delivered = {
+            role: after.get(f"{COUNTER}:{proto}:{role}", 0) - before.get(f"{COUNTER}:{proto}:{role}", 0)
+            for role in ("client", "flood")
+        }
         key = f"{{}} {'udp' if proto == 'udp' else 'tcp'}/{port}"
         fflow = w_res["flows"].get(key.format(ADDR["flood"]))
         cflow = w_res["flows"].get(key.format(ADDR["client"])) or {"count": 0, "span": 0.0}
@@ -440,22 +593,31 @@ class Scenario:
         expected = rate * span + burst
         got = delivered["flood"]
         offered_rate = fflow["count"] / span if span else 0.0
-        self.add_row(label, f"flood {proto} {f_res['sent']} sent at {p.udp_flood_pps if proto == 'udp' else p.syn_flood_pps:g}/s",
-                     f"{rate:g}/s x {span:.2f} s + burst {burst} = {expected:.1f}",
-                     f"{got} delivered ({100 * (got / expected - 1):+.2f} %; {fflow['count']} arrived, "
-                     f"{offered_rate:.0f}/s)",
-                     self.packets_ok(got, expected) and offered_rate > rate)
+        self.add_row(
+            label,
+            f"flood {proto} {f_res['sent']} sent at {p.udp_flood_pps if proto == 'udp' else p.syn_flood_pps:g}/s",
+            f"{rate:g}/s x {span:.2f} s + burst {burst} = {expected:.1f}",
+            f"{got} delivered ({100 * (got / expected - 1):+.2f} %; {fflow['count']} arrived, {offered_rate:.0f}/s)",
+            self.packets_ok(got, expected) and offered_rate > rate,
+        )
         if proto == "udp":
-            self.add_row(label, f"client udp {c_res['sent']} sent at {p.udp_client_pps:g}/s (own bucket)",
-                         "all delivered", f"{delivered['client']} of {c_res['sent']} delivered",
-                         delivered["client"] == c_res["sent"] == cflow["count"])
+            self.add_row(
+                label,
+                f"client udp {c_res['sent']} sent at {p.udp_client_pps:g}/s (own bucket)",
+                "all delivered",
+                f"{delivered['client']} of {c_res['sent']} delivered",
+                delivered["client"] == c_res["sent"] == cflow["count"],
+            )
         else:
             n, ok = c_res["attempts"], c_res["ok"]
-            self.add_row(label, f"client {n} connections at {p.client_conn_rate:g}/s (own bucket)",
-                         "all accepted at once",
-                         f"{ok} of {n} connected, slowest {c_res['max_connect_s'] * 1000:.0f} ms; "
-                         f"{delivered['client']} SYNs delivered",
-                         ok == n == delivered["client"] and n > 0 and c_res["max_connect_s"] < 1.0)
+            self.add_row(
+                label,
+                f"client {n} connections at {p.client_conn_rate:g}/s (own bucket)",
+                "all accepted at once",
+                f"{ok} of {n} connected, slowest {c_res['max_connect_s'] * 1000:.0f} ms; "
+                f"{delivered['client']} SYNs delivered",
+                ok == n == delivered["client"] and n > 0 and c_res["max_connect_s"] < 1.0,
+            )
         if w_res.get("socket_drops", 0) > 0:
             self.say(f"note: the watcher's socket dropped {w_res['socket_drops']} packets (timestamps only)")
 
@@ -463,56 +625,107 @@ class Scenario:
         lim, p = self.limits, self.p
         url = f"http://{ADDR['limiter']}:{HTTP_PORT}/hello"
         fl = self.start_tool("flood", "http", "--src", ADDR["flood"], "--url", url, "--n", str(p.http_flood_requests))
-        cl = self.start_tool("client", "http", "--src", ADDR["client"], "--url", url,
-                             "--n", str(p.http_client_requests), "--gap", "0.3")
+        cl = self.start_tool(
+            "client", "http", "--src", ADDR["client"], "--url", url, "--n", str(p.http_client_requests), "--gap", "0.3"
+        )
         f_res = self.result(fl, "http flood", 120)
         c_res = self.result(cl, "http client", 120)
         st = f_res["statuses"]
         n = len(st)
         want = [200] * min(lim.http_limit, n) + [429] * max(0, n - lim.http_limit)
         n200, n429 = st.count(200), st.count(429)
-        self.add_row("L7", f"flood {n} GET in {f_res['duration']:.1f} s",
-                     f"{lim.http_limit}/{lim.http_period}s per address: {want.count(200)} x 200, then 429",
-                     f"{n200} x 200, {n429} x 429" + ("" if st == want else f" (order {st})"), st == want)
+        self.add_row(
+            "L7",
+            f"flood {n} GET in {f_res['duration']:.1f} s",
+            f"{lim.http_limit}/{lim.http_period}s per address: {want.count(200)} x 200, then 429",
+            f"{n200} x 200, {n429} x 429" + ("" if st == want else f" (order {st})"),
+            st == want,
+        )
         h = f_res["first"].get("429", {}).get("headers", {})
         retry = h.get("Retry-After")
-        hdr_ok = (retry is not None and retry.isdigit() and 1 <= int(retry) <= lim.http_period
-                  and h.get("X-RateLimit-Retry-After") == retry and h.get("X-RateLimit-Limit") == str(lim.http_limit)
-                  and h.get("X-RateLimit-Remaining") == "0")
-        self.add_row("L7", "429 headers", f"Retry-After 1..{lim.http_period}, X-RateLimit-Limit {lim.http_limit}, "
-                     "Remaining 0, X-RateLimit-Retry-After = Retry-After",
-                     ", ".join(f"{k}: {v}" for k, v in h.items() if k.startswith(("Retry", "X-RateLimit"))) or "none",
-                     hdr_ok)
+        hdr_ok = (
+            retry is not None
+            and retry.isdigit()
+            and 1 <= int(retry) <= lim.http_period
+            and h.get("X-RateLimit-Retry-After") == retry
+            and h.get("X-RateLimit-Limit") == str(lim.http_limit)
+            and h.get("X-RateLimit-Remaining") == "0"
+        )
+        self.add_row(
+            "L7",
+            "429 headers",
+            f"Retry-After 1..{lim.http_period}, X-RateLimit-Limit {lim.http_limit}, "
+            "Remaining 0, X-RateLimit-Retry-After = Retry-After",
+            ", ".join(f"{k}: {v}" for k, v in h.items() if k.startswith(("Retry", "X-RateLimit"))) or "none",
+            hdr_ok,
+        )
         body = f_res["first"].get("200", {}).get("body", "")
         cst = c_res["statuses"]
-        self.add_row("L7", f"client {len(cst)} GET meanwhile (own limit)", f"all 200 from the upstream app",
-                     f"{cst.count(200)} x 200" + ("" if cst.count(200) == len(cst) else f" ({cst})"),
-                     cst.count(200) == len(cst) > 0 and "netlimit-upstream" in body)
+        self.add_row(
+            "L7",
+            f"client {len(cst)} GET meanwhile (own limit)",
+            "all 200 from the upstream app",
+            f"{cst.count(200)} x 200" + ("" if cst.count(200) == len(cst) else f" ({cst})"),
+            cst.count(200) == len(cst) > 0 and "netlimit-upstream" in body,
+        )
 
     def bandwidth_phase(self) -> None:
         lim, p = self.limits, self.p
-        srv = self.start_tool("limiter", "bulk-serve", "--bind", ADDR["limiter"], "--port", str(lim.bw_port),
-                              "--seconds", str(p.bulk_seconds), "--streams", str(p.bulk_streams), ready=True)
+        srv = self.start_tool(
+            "limiter",
+            "bulk-serve",
+            "--bind",
+            ADDR["limiter"],
+            "--port",
+            str(lim.bw_port),
+            "--seconds",
+            str(p.bulk_seconds),
+            "--streams",
+            str(p.bulk_streams),
+            ready=True,
+        )
         try:
-            r = self.run_tool("client", "bulk-recv", "--src", ADDR["client"], "--dst", ADDR["limiter"],
-                              "--port", str(lim.bw_port), "--seconds", str(p.bulk_seconds), "--omit", str(p.bulk_omit),
-                              "--streams", str(p.bulk_streams), timeout=p.bulk_seconds + 60)
+            r = self.run_tool(
+                "client",
+                "bulk-recv",
+                "--src",
+                ADDR["client"],
+                "--dst",
+                ADDR["limiter"],
+                "--port",
+                str(lim.bw_port),
+                "--seconds",
+                str(p.bulk_seconds),
+                "--omit",
+                str(p.bulk_omit),
+                "--streams",
+                str(p.bulk_streams),
+                timeout=p.bulk_seconds + 60,
+            )
         finally:
             self.result(srv, "bulk-serve", p.bulk_seconds + 60)
         conf = lim.bw_rate * PAYLOAD
         got = r["bits_per_second"]
-        self.add_row("bandwidth", f"client receives {r['streams']} streams from limiter:{lim.bw_port} "
-                                  f"for {r['measured_seconds']:.1f} s",
-                     f"{lim.bw_rate / 1e6:g} mbit x 1448/1514 = {conf / 1e6:.3f} mbit/s goodput",
-                     f"{got / 1e6:.3f} mbit/s ({100 * (got / conf - 1):+.2f} %)",
-                     abs(got - conf) <= self.tol.bandwidth_frac * conf)
+        self.add_row(
+            "bandwidth",
+            f"client receives {r['streams']} streams from limiter:{lim.bw_port} for {r['measured_seconds']:.1f} s",
+            f"{lim.bw_rate / 1e6:g} mbit x 1448/1514 = {conf / 1e6:.3f} mbit/s goodput",
+            f"{got / 1e6:.3f} mbit/s ({100 * (got / conf - 1):+.2f} %)",
+            abs(got - conf) <= self.tol.bandwidth_frac * conf,
+        )
 
     def write_config(self, text: str) -> None:
         """Replace the limiter's config as an editor does (new file, then rename)."""
         tmp = self.lim.put("netlimit.yaml.new", text)
-        self.lim.run(["sh", "-c", f"install -m 0644 {shlex.quote(tmp)} {shlex.quote(self.deploy.config_path)}.new"
-                                  f" && mv {shlex.quote(self.deploy.config_path)}.new "
-                                  f"{shlex.quote(self.deploy.config_path)}"])
+        self.lim.run(
+            [
+                "sh",
+                "-c",
+                f"install -m 0644 {shlex.quote(tmp)} {shlex.quote(self.deploy.config_path)}.new"
+                f" && mv {shlex.quote(self.deploy.config_path)}.new "
+                f"{shlex.quote(self.deploy.config_path)}",
+            ]
+        )
 
     def reload_phase(self) -> None:
         lim = self.limits
@@ -523,14 +736,20 @@ class Scenario:
         self.write_config(text)
         t0 = time.monotonic()
         self.lim.run(self.deploy.reload, timeout=60)
-        st = self.wait_status(lambda s: s.get("config_sha256") == want and s.get("last_apply_result") == "ok"
-                              and not s.get("rejected"), "netlimitd running the edited file", self.p.wait_seconds)
+        st = self.wait_status(
+            lambda s: s.get("config_sha256") == want and s.get("last_apply_result") == "ok" and not s.get("rejected"),
+            "netlimitd running the edited file",
+            self.p.wait_seconds,
+        )
         dt = time.monotonic() - t0
-        self.add_row("reload", f"edit udp-flood {lim.udp_rate:g}/s -> {new_rate}/s, {self.deploy.reload_label}",
-                     f"netlimitd runs the new file ({want[:12]})",
-                     f"running {st['config_sha256'][:12]} after {dt:.1f} s, reloads ok "
-                     f"{before.get('reloads_ok', 0)} -> {st.get('reloads_ok')}",
-                     st.get("reloads_ok", 0) > before.get("reloads_ok", 0))
+        self.add_row(
+            "reload",
+            f"edit udp-flood {lim.udp_rate:g}/s -> {new_rate}/s, {self.deploy.reload_label}",
+            f"netlimitd runs the new file ({want[:12]})",
+            f"running {st['config_sha256'][:12]} after {dt:.1f} s, reloads ok "
+            f"{before.get('reloads_ok', 0)} -> {st.get('reloads_ok')}",
+            st.get("reloads_ok", 0) > before.get("reloads_ok", 0),
+        )
         self.flood_phase("udp", new_rate, lim.udp_burst, "reload")
 
     def restore(self) -> None:
@@ -552,12 +771,14 @@ class Scenario:
 
     def run(self) -> bool:
         t_all = time.monotonic()
-        phases = [("prepare", self.prepare),
-                  ("L3 udp flood", lambda: self.flood_phase("udp", self.limits.udp_rate, self.limits.udp_burst, "L3")),
-                  ("L4 syn flood", lambda: self.flood_phase("syn", self.limits.syn_rate, self.limits.syn_burst, "L4")),
-                  ("L7 http", self.http_phase),
-                  ("bandwidth", self.bandwidth_phase),
-                  ("reload", self.reload_phase)]
+        phases = [
+            ("prepare", self.prepare),
+            ("L3 udp flood", lambda: self.flood_phase("udp", self.limits.udp_rate, self.limits.udp_burst, "L3")),
+            ("L4 syn flood", lambda: self.flood_phase("syn", self.limits.syn_rate, self.limits.syn_burst, "L4")),
+            ("L7 http", self.http_phase),
+            ("bandwidth", self.bandwidth_phase),
+            ("reload", self.reload_phase),
+        ]
         ok = True
         try:
             for name, fn in phases:
@@ -579,10 +800,13 @@ class Scenario:
         self.timings["total"] = time.monotonic() - t_all
         print("\n" + format_rows(self.rows), file=self.out)
         ok = ok and bool(self.rows) and all(r.ok for r in self.rows)
-        print(f"\n{'ALL WITHIN TOLERANCE' if ok else 'SOME CHECKS MISSED'}: {self.tol.why}; "
-              f"scenario {self.timings['total']:.0f} s "
-              f"({', '.join(f'{k} {v:.0f} s' for k, v in self.timings.items() if k != 'total')})",
-              file=self.out, flush=True)
+        print(
+            f"\n{'ALL WITHIN TOLERANCE' if ok else 'SOME CHECKS MISSED'}: {self.tol.why}; "
+            f"scenario {self.timings['total']:.0f} s "
+            f"({', '.join(f'{k} {v:.0f} s' for k, v in self.timings.items() if k != 'total')})",
+            file=self.out,
+            flush=True,
+        )
         return ok
 
 
@@ -677,28 +901,61 @@ class NetnsLab:
         self.config.chmod(0o644)
         lim = self.ns["limiter"]
         self._start("upstream", [self.python, str(HERE / "upstream.py"), "--listen", f"127.0.0.1:{UPSTREAM_PORT}"])
-        self._start("netlimitd", ["sh", "-c", 'mkdir -p /run/netlimit && mount -t tmpfs -o mode=0700 tmpfs '
-                                  '/run/netlimit && exec "$@"', "sh", self.netlimit, "daemon", "--config",
-                                  str(self.config), "--socket", str(self.sock), "--resync", "5"])
-        self._start("sidecar", [self.netlimit, "sidecar", "--config", str(self.config), "--listen",
-                                f"0.0.0.0:{HTTP_PORT}", "--upstream", f"http://127.0.0.1:{UPSTREAM_PORT}"])
+        self._start(
+            "netlimitd",
+            [
+                "sh",
+                "-c",
+                'mkdir -p /run/netlimit && mount -t tmpfs -o mode=0700 tmpfs /run/netlimit && exec "$@"',
+                "sh",
+                self.netlimit,
+                "daemon",
+                "--config",
+                str(self.config),
+                "--socket",
+                str(self.sock),
+                "--resync",
+                "5",
+            ],
+        )
+        self._start(
+            "sidecar",
+            [
+                self.netlimit,
+                "sidecar",
+                "--config",
+                str(self.config),
+                "--listen",
+                f"0.0.0.0:{HTTP_PORT}",
+                "--upstream",
+                f"http://127.0.0.1:{UPSTREAM_PORT}",
+            ],
+        )
         del lim
 
     def _start(self, name: str, argv: list[str]) -> None:
         log = self.work / f"{name}.log"
         self.logs[name] = log
         with open(log, "w") as fh:
-            self.procs[name] = subprocess.Popen(["ip", "netns", "exec", self.ns["limiter"], *argv], stdout=fh,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.procs[name] = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns["limiter"], *argv],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
 
     def hosts(self) -> dict[str, Host]:
         return {role: NetnsHost(role, self.ns[role], self.work) for role in ("limiter", "client", "flood")}
 
     def deployment(self) -> Deployment:
-        return Deployment(netlimit=[self.netlimit], status_args=["--socket", str(self.sock)],
-                          config_path=str(self.config),
-                          reload=["kill", "-HUP", str(self.procs["netlimitd"].pid)],
-                          reload_label="SIGHUP to netlimitd", python=self.python)
+        return Deployment(
+            netlimit=[self.netlimit],
+            status_args=["--socket", str(self.sock)],
+            config_path=str(self.config),
+            reload=["kill", "-HUP", str(self.procs["netlimitd"].pid)],
+            reload_label="SIGHUP to netlimitd",
+            python=self.python,
+        )
 
     def check_alive(self) -> None:
         for name, p in self.procs.items():
@@ -744,10 +1001,14 @@ def main(argv: list[str] | None = None) -> int:
         params.idle_seconds, params.wait_seconds = 8.0, 300.0
         ctl = Path(tempfile.mkdtemp(prefix="nlscen-ssh-"))
         hosts = {name: SshHost(name, a.ssh_config, ctl) for name in ("limiter", "client", "flood")}
-        deploy = Deployment(netlimit=["/opt/netlimit/bin/netlimit"], status_args=[],
-                            config_path="/etc/netlimit/netlimit.yaml", reload=["systemctl", "reload", "netlimitd"],
-                            reload_label="systemctl reload netlimitd",
-                            units=("netlimitd.service", "netlimit-sidecar.service", "netlimit-upstream.service"))
+        deploy = Deployment(
+            netlimit=["/opt/netlimit/bin/netlimit"],
+            status_args=[],
+            config_path="/etc/netlimit/netlimit.yaml",
+            reload=["systemctl", "reload", "netlimitd"],
+            reload_label="systemctl reload netlimitd",
+            units=("netlimitd.service", "netlimit-sidecar.service", "netlimit-upstream.service"),
+        )
         try:
             ok = Scenario(hosts, deploy, VM_TOLERANCE, params).run()
         finally:

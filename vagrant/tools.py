@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import select
 import socket
 import struct
@@ -30,8 +29,8 @@ import sys
 import threading
 import time
 
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux; the socket module lacks the name
-HARD_LIMIT_S = 120.0          # no command ever runs longer than this
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; the socket module lacks the name
+HARD_LIMIT_S = 120.0  # no command ever runs longer than this
 MAX_PPS = 5000.0
 
 
@@ -42,8 +41,10 @@ def _out(obj) -> None:
 
 def _paced(pps: float, seconds: float, send) -> dict:
     """Call send() pps times a second for `seconds`; never more than pps x seconds calls."""
-    pps = min(pps, MAX_PPS)
-    seconds = min(seconds, HARD_LIMIT_S)
+    if pps > MAX_PPS:
+        pps = MAX_PPS
+    if seconds > HARD_LIMIT_S:
+        seconds = HARD_LIMIT_S
     n_total = int(pps * seconds)
     t0 = time.monotonic()
     sent = errors = 0
@@ -54,7 +55,7 @@ def _paced(pps: float, seconds: float, send) -> dict:
         if now < due:
             time.sleep(min(due - now, 0.002))
             continue
-        if now - t0 > seconds + 5:      # a stalled host: stop rather than overrun
+        if now - t0 > seconds + 5:  # a stalled host: stop rather than overrun
             break
         try:
             send(sent)
@@ -127,8 +128,14 @@ def connects(a) -> None:
             results.append(False)
         times.append(time.monotonic() - t)
         c.close()
-    _out({"attempts": len(results), "ok": sum(results), "max_connect_s": max(times, default=0.0),
-          "duration": time.monotonic() - t0})
+    _out(
+        {
+            "attempts": len(results),
+            "ok": sum(results),
+            "max_connect_s": max(times, default=0.0),
+            "duration": time.monotonic() - t0,
+        }
+    )
 
 
 # --- the receiving side ----------------------------------------------------------------
@@ -143,7 +150,7 @@ def watch(a) -> None:
     Stops `idle` seconds after the last packet, or at --seconds.
     """
     ETH_P_IP = 0x0800
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IP))   # cooked: the IP packet
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(ETH_P_IP))  # cooked: the IP packet
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
     s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     s.bind((a.iface, ETH_P_IP))
@@ -184,11 +191,11 @@ def watch(a) -> None:
         proto = data[9]
         if len(data) < ihl + 4:
             continue
-        dport = struct.unpack("!H", data[ihl + 2:ihl + 4])[0]
+        dport = struct.unpack("!H", data[ihl + 2 : ihl + 4])[0]
         if (proto, dport) not in ports:
             continue
         if proto == 6 and len(data) >= ihl + 14 and not (data[ihl + 13] & 0x02 and not data[ihl + 13] & 0x10):
-            continue                          # TCP: count SYNs only (not ACKs of the client's handshakes)
+            continue  # TCP: count SYNs only (not ACKs of the client's handshakes)
         ts = None
         for level, typ, cdata in anc:
             if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS:
@@ -269,13 +276,13 @@ def bulk_recv(a) -> None:
             time.sleep(0.2)
     t0 = time.monotonic()
     total = 0
-    marks = [(0.0, 0)]             # (time, cumulative bytes of all streams)
+    marks = [(0.0, 0)]  # (time, cumulative bytes of all streams)
     open_socks = set(socks)
     while open_socks and time.monotonic() - t0 < a.seconds + 15:
         r, _, _ = select.select(list(open_socks), [], [], 1.0)
         for s in r:
             try:
-                data = s.recv(16384)          # small reads: fine-grained marks
+                data = s.recv(16384)  # small reads: fine-grained marks
             except (BlockingIOError, InterruptedError):
                 continue
             except OSError:
@@ -301,8 +308,15 @@ def bulk_recv(a) -> None:
         var = sum((t - mt) ** 2 for t, _ in win)
         bps = 8 * sum((t - mt) * (b - mb) for t, b in win) / var if var > 0 else 0.0
     lo, hi = (win[0], win[-1]) if win else ((0.0, 0), (0.0, 0))
-    _out({"bytes": total, "streams": len(socks), "duration": marks[-1][0], "measured_seconds": hi[0] - lo[0],
-          "bits_per_second": bps})
+    _out(
+        {
+            "bytes": total,
+            "streams": len(socks),
+            "duration": marks[-1][0],
+            "measured_seconds": hi[0] - lo[0],
+            "bits_per_second": bps,
+        }
+    )
 
 
 def http(a) -> None:
@@ -312,8 +326,14 @@ def http(a) -> None:
 
     u = urlsplit(a.url)
     statuses, first = [], {}
-    keep = ("Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Retry-After",
-            "RateLimit", "RateLimit-Policy")
+    keep = (
+        "Retry-After",
+        "X-RateLimit-Limit",
+        "X-RateLimit-Remaining",
+        "X-RateLimit-Retry-After",
+        "RateLimit",
+        "RateLimit-Policy",
+    )
     t0 = time.monotonic()
     for i in range(min(a.n, 1000)):
         if time.monotonic() - t0 > HARD_LIMIT_S:
@@ -325,30 +345,32 @@ def http(a) -> None:
             body = r.read()
             statuses.append(r.status)
             if r.status not in first:
-                first[r.status] = {"headers": {k: r.getheader(k) for k in keep if r.getheader(k) is not None},
-                                   "body": body[:300].decode("utf-8", "replace")}
+                first[r.status] = {
+                    "headers": {k: r.getheader(k) for k in keep if r.getheader(k) is not None},
+                    "body": body[:300].decode("utf-8", "replace"),
+                }
         except OSError as exc:
             statuses.append(f"error: {exc}")
         finally:
             conn.close()
         if a.gap:
             time.sleep(a.gap)
-    _out({"statuses": statuses, "first": {str(k): v for k, v in first.items()},
-          "duration": time.monotonic() - t0})
+    _out({"statuses": statuses, "first": {str(k): v for k, v in first.items()}, "duration": time.monotonic() - t0})
 
 
 def counters(a) -> None:
     """Packet counts of INPUT's rules, keyed by comment (iptables-legacy-save -c)."""
-    out = subprocess.run(["iptables-legacy-save", "-c", "-t", "filter"], capture_output=True, text=True,
-                         check=True, timeout=30).stdout
+    out = subprocess.run(
+        ["iptables-legacy-save", "-c", "-t", "filter"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
     res: dict[str, int] = {}
     for line in out.splitlines():
         if not line.startswith("[") or "--comment" not in line:
             continue
-        pkts = int(line[1:line.index(":")])
-        rest = line[line.index("]") + 1:]
+        pkts = int(line[1 : line.index(":")])
+        rest = line[line.index("]") + 1 :]
         com = rest.split("--comment", 1)[1].strip()
-        com = com[1:com.index('"', 1)] if com.startswith('"') else com.split()[0]
+        com = com[1 : com.index('"', 1)] if com.startswith('"') else com.split()[0]
         res[com] = res.get(com, 0) + pkts
     _out(res)
 
@@ -360,8 +382,18 @@ def main(argv=None) -> int:
     def add(name, fn, *opts):
         sp = sub.add_parser(name)
         for o in opts:
-            kind = {"--port": int, "--pps": float, "--seconds": float, "--rate": float, "--omit": float,
-                    "--n": int, "--gap": float, "--timeout": float, "--idle": float, "--streams": int}.get(o, str)
+            kind = {
+                "--port": int,
+                "--pps": float,
+                "--seconds": float,
+                "--rate": float,
+                "--omit": float,
+                "--n": int,
+                "--gap": float,
+                "--timeout": float,
+                "--idle": float,
+                "--streams": int,
+            }.get(o, str)
             sp.add_argument(o, type=kind, required=o not in ("--gap", "--timeout", "--idle"))
         sp.set_defaults(fn=fn)
         return sp

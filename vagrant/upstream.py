@@ -17,16 +17,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Handler(BaseHTTPRequestHandler):
     server_version = "netlimit-upstream/1"
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        body = json.dumps({"app": "netlimit-upstream", "path": self.path,
-                           "forwarded_for": self.headers.get("X-Forwarded-For")}).encode()
+    def do_GET(self) -> None:  # http.server's naming
+        body = json.dumps(
+            {"app": "netlimit-upstream", "path": self.path, "forwarded_for": self.headers.get("X-Forwarded-For")}
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, fmt, *args) -> None:   # quiet: the scenario sends bursts
+    def log_message(self, fmt, *args) -> None:  # quiet: the scenario sends bursts
         pass
 
 

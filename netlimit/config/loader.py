@@ -88,8 +88,14 @@ def load_text(text: str, filename: str) -> Document:
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
-                    problems.append(Problem(filename, *_mark(key_node), "yaml",
-                                            "YAML merge keys ('<<') are not supported: write the fields out"))
+                    problems.append(
+                        Problem(
+                            filename,
+                            *_mark(key_node),
+                            "yaml",
+                            "YAML merge keys ('<<') are not supported: write the fields out",
+                        )
+                    )
                     continue
                 key = build(key_node, path + ("<key>",), depth + 1)
                 if isinstance(key, (list, dict)):
@@ -97,10 +103,14 @@ def load_text(text: str, filename: str) -> Document:
                     continue
                 if key in out:
                     first = doc.key_pos.get(path + (key,), (0, 0))
-                    problems.append(Problem(
-                        filename, *_mark(key_node), "yaml",
-                        f"duplicate key {key!r} (first at line {first[0]}); YAML would silently keep only the last",
-                    ))
+                    problems.append(
+                        Problem(
+                            filename,
+                            *_mark(key_node),
+                            "yaml",
+                            f"duplicate key {key!r} (first at line {first[0]}); YAML would silently keep only the last",
+                        )
+                    )
                     continue
                 doc.key_pos[path + (key,)] = _mark(key_node)
                 out[key] = build(value_node, path + (key,), depth + 1)

@@ -67,45 +67,55 @@ RateT = Annotated[
     Rate,
     BeforeValidator(parse_rate),
     PlainSerializer(_ser_str, return_type=str),
-    WithJsonSchema({
-        "type": "string",
-        "pattern": r"^\s*\d+\s*/\s*(\d+)?\s*(s|sec|secs?|seconds?|m|mins?|minutes?|h|hr|hours?|d|days?)\s*$",
-        "description": "N/second|minute|hour|day, also 100/s, 6/m, 3/10s",
-        "examples": ["100/second", "3/minute"],
-    }),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^\s*\d+\s*/\s*(\d+)?\s*(s|sec|secs?|seconds?|m|mins?|minutes?|h|hr|hours?|d|days?)\s*$",
+            "description": "N/second|minute|hour|day, also 100/s, 6/m, 3/10s",
+            "examples": ["100/second", "3/minute"],
+        }
+    ),
 ]
 PortT = Annotated[
     PortRange,
     BeforeValidator(parse_port),
     PlainSerializer(_ser_str, return_type=str),
-    WithJsonSchema({
-        "anyOf": [
-            {"type": "integer", "minimum": 1, "maximum": 65535},
-            {"type": "string", "pattern": r"^\d+(-\d+)?$"},
-        ],
-        "description": "a port or a range '8000-8100'",
-    }),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1, "maximum": 65535},
+                {"type": "string", "pattern": r"^\d+(-\d+)?$"},
+            ],
+            "description": "a port or a range '8000-8100'",
+        }
+    ),
 ]
 BandwidthT = Annotated[
     int,
     BeforeValidator(parse_bandwidth),
     PlainSerializer(format_bandwidth, return_type=str),
-    WithJsonSchema({
-        "type": "string",
-        "pattern": r"^\d+(\.\d+)?\s*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$",
-        "description": "bits/s as tc writes them: 10mbit (bps = bytes/s)",
-        "examples": ["10mbit"],
-    }),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^\d+(\.\d+)?\s*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$",
+            "description": "bits/s as tc writes them: 10mbit (bps = bytes/s)",
+            "examples": ["10mbit"],
+        }
+    ),
 ]
 SizeT = Annotated[
     int,
     BeforeValidator(parse_size),
     PlainSerializer(format_size, return_type=str),
-    WithJsonSchema({
-        "anyOf": [{"type": "integer", "minimum": 1},
-                  {"type": "string", "pattern": r"^\d+(\.\d+)?\s*(b|k|kb|m|mb|g|gb|kbit|mbit|gbit)?$"}],
-        "description": "bytes as tc writes them: 64kb (1024-based)",
-    }),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1},
+                {"type": "string", "pattern": r"^\d+(\.\d+)?\s*(b|k|kb|m|mb|g|gb|kbit|mbit|gbit)?$"},
+            ],
+            "description": "bytes as tc writes them: 64kb (1024-based)",
+        }
+    ),
 ]
 
 
@@ -134,11 +144,14 @@ class NetworkRule(Strict):
     limit: RateT | None = Field(None, description="N/second|minute|hour|day")
     burst: int | None = Field(None, ge=1, description="packets allowed above the rate at once (hashlimit)")
     per: Literal["source", "destination", "source+port", "all"] = Field(
-        "source", description="what gets its own bucket: source address, destination address, "
-        "source address + destination port, or one bucket for all")
+        "source",
+        description="what gets its own bucket: source address, destination address, "
+        "source address + destination port, or one bucket for all",
+    )
     method: Literal["hashlimit", "recent"] = Field("hashlimit", description="hashlimit (default) | recent")
     action: Literal["drop", "reject", "log"] = Field(
-        "drop", description="drop | reject | log (shadow: count + log, never block)")
+        "drop", description="drop | reject | log (shadow: count + log, never block)"
+    )
     source_prefix: int | None = Field(None, ge=0, le=32, description="group IPv4 sources by this prefix length")
     source_prefix6: int | None = Field(None, ge=0, le=128, description="group IPv6 sources by this prefix length")
     sources: list[CIDR] = Field(default_factory=list, description="only packets from these CIDRs")
@@ -157,7 +170,7 @@ class NetworkRule(Strict):
         return families_of(self.sources, self.destinations)
 
     @model_validator(mode="after")
-    def _shape(self) -> "NetworkRule":
+    def _shape(self) -> NetworkRule:
         if self.limit is None and self.max_connections is None:
             raise ValueError("set 'limit' (a rate) or 'max_connections' (concurrent connections)")
         if self.limit is not None and self.max_connections is not None:
@@ -180,11 +193,13 @@ class BandwidthRule(Strict):
     name: str = Field(description="unique rule name")
     interface: str = Field(description="network interface, e.g. eth0")
     direction: Literal["egress", "ingress"] = Field("egress", description="egress | ingress (through an IFB device)")
-    ports: list[PortT] = Field(default_factory=list,
-                               description="optional; on egress the local (source) port, on ingress the destination port")
+    ports: list[PortT] = Field(
+        default_factory=list, description="optional; on egress the local (source) port, on ingress the destination port"
+    )
     protocol: Literal["tcp", "udp", "all"] = Field("all", description="protocol for port matches: tcp | udp | all")
-    sources: list[CIDR] = Field(default_factory=list,
-                                description="optional CIDRs; on egress the destination address, on ingress the source")
+    sources: list[CIDR] = Field(
+        default_factory=list, description="optional CIDRs; on egress the destination address, on ingress the source"
+    )
     rate: BandwidthT = Field(description="bit/kbit/mbit/gbit")
     burst: SizeT | None = Field(None, description="optional; a safe default is derived from rate")
 
@@ -205,8 +220,15 @@ class BandwidthRule(Strict):
 # --- http (sidecar, Lyft ratelimit format) --------------------------------------
 
 HTTP_UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
-UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400,
-                "month": 30 * 86400, "year": 365 * 86400}
+UNIT_SECONDS = {
+    "second": 1,
+    "minute": 60,
+    "hour": 3600,
+    "day": 86400,
+    "week": 7 * 86400,
+    "month": 30 * 86400,
+    "year": 365 * 86400,
+}
 ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
 
 
@@ -215,17 +237,27 @@ def _lyft_rate_limit_schema(schema: dict[str, Any]) -> None:
     inside ``rate_limit`` (Descriptor moves them to the descriptor)."""
     props = schema.setdefault("properties", {})
     props["unlimited"] = {"type": "boolean", "description": "Lyft's placement of the descriptor's 'unlimited'"}
-    props["replaces"] = {"type": "array", "description": "Lyft's placement of the descriptor's 'replaces'",
-                         "items": {"type": "object", "properties": {"name": {"type": "string"}},
-                                   "required": ["name"], "additionalProperties": False}}
+    props["replaces"] = {
+        "type": "array",
+        "description": "Lyft's placement of the descriptor's 'replaces'",
+        "items": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}},
+            "required": ["name"],
+            "additionalProperties": False,
+        },
+    }
     required = schema.pop("required", [])
-    schema["anyOf"] = [{"required": required},
-                       {"required": ["unlimited"], "properties": {"unlimited": {"const": True}}}]
+    schema["anyOf"] = [
+        {"required": required},
+        {"required": ["unlimited"], "properties": {"unlimited": {"const": True}}},
+    ]
 
 
 class RateLimit(Strict):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True,
-                              json_schema_extra=_lyft_rate_limit_schema)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, str_strip_whitespace=True, json_schema_extra=_lyft_rate_limit_schema
+    )
 
     unit: Literal["second", "minute", "hour", "day", "week", "month", "year"]
     requests_per_unit: int = Field(ge=0)
@@ -251,16 +283,16 @@ class Descriptor(Strict):
     key: str = Field(min_length=1)
     value: str | None = None
     rate_limit: RateLimit | None = None
-    algorithm: Literal["token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log",
-                       "sliding_window_counter"] = Field(
-        "fixed_window", description="fixed_window is Lyft's behaviour and the default")
+    algorithm: Literal[
+        "token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"
+    ] = Field("fixed_window", description="fixed_window is Lyft's behaviour and the default")
     burst: int | None = Field(None, ge=1, description="token bucket capacity / leaky bucket queue depth")
     delay: bool = Field(False, description="leaky_bucket: queue requests to their slot instead of rejecting")
     unlimited: bool = False
     shadow_mode: bool = False
     replaces: list[Replaces] = Field(default_factory=list)
     detailed_metric: bool = False
-    descriptors: list["Descriptor"] = Field(default_factory=list)
+    descriptors: list[Descriptor] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -278,9 +310,14 @@ class Descriptor(Strict):
         replaces = rl.pop("replaces", None)
         if replaces is not None:
             own = data.get("replaces")
-            data["replaces"] = [*own, *replaces] if isinstance(own, list) and isinstance(replaces, list) \
-                else replaces if own is None else own
-        if unlimited is not False:      # true, or a bad value the field check reports
+            data["replaces"] = (
+                [*own, *replaces]
+                if isinstance(own, list) and isinstance(replaces, list)
+                else replaces
+                if own is None
+                else own
+            )
+        if unlimited is not False:  # true, or a bad value the field check reports
             if data.get("unlimited") in (None, False):
                 data["unlimited"] = unlimited
             if set(rl) <= {"name"}:
@@ -297,7 +334,7 @@ class Descriptor(Strict):
         return v
 
     @model_validator(mode="after")
-    def _shape(self) -> "Descriptor":
+    def _shape(self) -> Descriptor:
         if self.unlimited and self.rate_limit is not None:
             raise ValueError("'unlimited: true' and 'rate_limit' exclude each other")
         if self.burst is not None and self.algorithm not in ("token_bucket", "leaky_bucket"):
@@ -313,8 +350,8 @@ ACTION_RE = re.compile(r"^(remote_address|path|method|header:[!#$%&'*+.^_`|~0-9A
 def _check_action(item: object) -> str:
     if not isinstance(item, str) or not ACTION_RE.match(item):
         raise ValueError(
-            f"unknown action {item!r}: expected remote_address, path, method, "
-            "header:<Name> or generic:<key>=<value>")
+            f"unknown action {item!r}: expected remote_address, path, method, header:<Name> or generic:<key>=<value>"
+        )
     return item
 
 
@@ -328,12 +365,13 @@ class HttpConfig(Strict):
     actions: list[ActionList] = Field(
         default_factory=list,
         description="how a request becomes descriptor lists: remote_address, path, method, "
-        "header:<Name>, generic:<key>=<value>")
+        "header:<Name>, generic:<key>=<value>",
+    )
     descriptors: list[Descriptor] = Field(default_factory=list)
-    trusted_proxies: list[CIDR] = Field(default_factory=list,
-                                        description="peers whose X-Forwarded-For is believed")
+    trusted_proxies: list[CIDR] = Field(default_factory=list, description="peers whose X-Forwarded-For is believed")
     on_store_failure: Literal["open", "local", "closed"] = Field(
-        "local", description="when Redis is slow or down: allow (open), decide locally (local), or deny (closed)")
+        "local", description="when Redis is slow or down: allow (open), decide locally (local), or deny (closed)"
+    )
     store_timeout_ms: int = Field(50, ge=1, le=60000, description="per-call Redis timeout")
     max_keys: int = Field(100_000, ge=1, description="memory store: most keys kept (LRU)")
     max_key_length: int = Field(256, ge=16, le=8192, description="longer keys are hashed")
@@ -352,14 +390,13 @@ class HttpConfig(Strict):
 class Config(Strict):
     """A netlimit file. Every layer is optional."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, title="netlimit configuration",
-                              str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, title="netlimit configuration", str_strip_whitespace=True)
 
     version: Literal[1] = Field(description="file format version; must be 1")
-    exempt: list[CIDR] = Field(default_factory=list,
-                               description="addresses never limited, matched before any rule")
+    exempt: list[CIDR] = Field(default_factory=list, description="addresses never limited, matched before any rule")
     network: list[NetworkRule] = Field(default_factory=list, description="L3/L4 packet and connection limits")
     bandwidth: list[BandwidthRule] = Field(default_factory=list, description="L3/L4 shaping (tc)")
     http: HttpConfig | None = Field(None, description="L7 sidecar rules")
     on_stop: Literal["flush", "keep"] = Field(
-        "flush", description="daemon stop: remove rules (flush) or leave them in place (keep)")
+        "flush", description="daemon stop: remove rules (flush) or leave them in place (keep)"
+    )

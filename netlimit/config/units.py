@@ -19,10 +19,23 @@ RATE_UNITS: dict[str, int] = {
     "day": 86400,
 }
 _RATE_ALIASES: dict[str, str] = {
-    "s": "second", "sec": "second", "secs": "second", "second": "second", "seconds": "second",
-    "m": "minute", "min": "minute", "mins": "minute", "minute": "minute", "minutes": "minute",
-    "h": "hour", "hr": "hour", "hour": "hour", "hours": "hour",
-    "d": "day", "day": "day", "days": "day",
+    "s": "second",
+    "sec": "second",
+    "secs": "second",
+    "second": "second",
+    "seconds": "second",
+    "m": "minute",
+    "min": "minute",
+    "mins": "minute",
+    "minute": "minute",
+    "minutes": "minute",
+    "h": "hour",
+    "hr": "hour",
+    "hour": "hour",
+    "hours": "hour",
+    "d": "day",
+    "day": "day",
+    "days": "day",
 }
 _RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)?\s*([A-Za-z]+)\s*$")
 _UNIT_SHORT = {"second": "s", "minute": "m", "hour": "h", "day": "d"}
@@ -66,20 +79,14 @@ def parse_rate(text: object) -> Rate:
     if isinstance(text, Rate):
         return text
     if not isinstance(text, str):
-        raise ValueError(
-            f"rate must be text like '100/second', got {text!r}"
-        )
+        raise ValueError(f"rate must be text like '100/second', got {text!r}")
     m = _RATE_RE.match(text)
     if not m:
-        raise ValueError(
-            f"bad rate {text!r}: expected N/second|minute|hour|day (also 100/s, 6/m, 3/10s)"
-        )
+        raise ValueError(f"bad rate {text!r}: expected N/second|minute|hour|day (also 100/s, 6/m, 3/10s)")
     count, unit = int(m.group(1)), m.group(3).lower()
     every = int(m.group(2)) if m.group(2) is not None else 1
     if unit not in _RATE_ALIASES:
-        raise ValueError(
-            f"bad rate unit {m.group(3)!r} in {text!r}: expected second, minute, hour or day (s, m, h, d)"
-        )
+        raise ValueError(f"bad rate unit {m.group(3)!r} in {text!r}: expected second, minute, hour or day (s, m, h, d)")
     if count <= 0:
         raise ValueError(f"rate {text!r} must be at least 1 per period")
     if every <= 0:
@@ -96,8 +103,16 @@ def format_rate(rate: Rate) -> str:
 # tc(8): bit, kbit, mbit, gbit, tbit are bits/s with SI multipliers; bps, kbps,
 # mbps, gbps, tbps are BYTES/s. We follow tc exactly so values can be pasted.
 _BW_UNITS: dict[str, int] = {
-    "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
-    "bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9, "tbps": 8 * 10**12,
+    "bit": 1,
+    "kbit": 10**3,
+    "mbit": 10**6,
+    "gbit": 10**9,
+    "tbit": 10**12,
+    "bps": 8,
+    "kbps": 8 * 10**3,
+    "mbps": 8 * 10**6,
+    "gbps": 8 * 10**9,
+    "tbps": 8 * 10**12,
 }
 _NUM_UNIT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
@@ -146,9 +161,17 @@ def format_bandwidth(bits: int) -> str:
 # tc(8): b = bytes, k/kb = 1024 bytes, m/mb = 1024 kb, g/gb = 1024 mb;
 # kbit/mbit/gbit are bits. We follow tc.
 _SIZE_UNITS: dict[str, float] = {
-    "": 1, "b": 1,
-    "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2, "g": 1024**3, "gb": 1024**3,
-    "kbit": 1024 / 8, "mbit": 1024**2 / 8, "gbit": 1024**3 / 8,
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "g": 1024**3,
+    "gb": 1024**3,
+    "kbit": 1024 / 8,
+    "mbit": 1024**2 / 8,
+    "gbit": 1024**3 / 8,
 }
 
 
@@ -167,9 +190,7 @@ def parse_size(text: object) -> int:
         raise ValueError(f"bad size {text!r}: expected a number and a unit, e.g. 64kb")
     unit = m.group(2).lower()
     if unit not in _SIZE_UNITS:
-        raise ValueError(
-            f"bad size unit {m.group(2)!r} in {text!r}: expected b, kb, mb, gb (1024-based, as tc)"
-        )
+        raise ValueError(f"bad size unit {m.group(2)!r} in {text!r}: expected b, kb, mb, gb (1024-based, as tc)")
     size = int(round(float(m.group(1)) * _SIZE_UNITS[unit]))
     if size <= 0:
         raise ValueError(f"size {text!r} must be positive")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import Any
@@ -79,9 +80,17 @@ def load_string(text: str, filename: str = "<string>") -> Loaded:
         raise ConfigError([Problem(filename, 1, 1, "file", "the file is empty: start with 'version: 1'")])
     if not isinstance(doc.data, dict):
         line, col = doc.pos(())
-        raise ConfigError([Problem(filename, line, col, "file",
-                                   "the file must be a mapping with 'version: 1' and sections "
-                                   "network / bandwidth / http")])
+        raise ConfigError(
+            [
+                Problem(
+                    filename,
+                    line,
+                    col,
+                    "file",
+                    "the file must be a mapping with 'version: 1' and sections network / bandwidth / http",
+                )
+            ]
+        )
     problems: list[Problem] = []
     try:
         config = Config.model_validate(doc.data)
@@ -120,8 +129,11 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The model whose fields live at `loc` (for did-you-mean)."""
     model: type[BaseModel] | None = Config
     items: dict[str, type[BaseModel]] = {
-        "network": NetworkRule, "bandwidth": BandwidthRule, "http": HttpConfig,
-        "descriptors": Descriptor, "rate_limit": RateLimit,
+        "network": NetworkRule,
+        "bandwidth": BandwidthRule,
+        "http": HttpConfig,
+        "descriptors": Descriptor,
+        "rate_limit": RateLimit,
     }
     for part in loc:
         if isinstance(part, int):
@@ -135,7 +147,9 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
 
 def _plain_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     """Drop pydantic's function-name segments (e.g. 'function-after[...]')."""
-    return tuple(p for p in loc if isinstance(p, int) or not (isinstance(p, str) and ("[" in p or p.startswith("function"))))
+    return tuple(
+        p for p in loc if isinstance(p, int) or not (isinstance(p, str) and ("[" in p or p.startswith("function")))
+    )
 
 
 def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Problem]:
@@ -146,7 +160,7 @@ def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Prob
         etype = err["type"]
         msg = err["msg"]
         if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         if etype == "extra_forbidden":
             field_name = loc[-1]
             model = _model_at(loc[:-1])
@@ -190,7 +204,12 @@ def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Prob
             line, col = doc.pos(loc)
         else:
             line, col = doc.pos(loc)
-            if loc and isinstance(loc[-1], str) and not msg.startswith(("'", "set ", "bad ")) and etype != "value_error":
+            if (
+                loc
+                and isinstance(loc[-1], str)
+                and not msg.startswith(("'", "set ", "bad "))
+                and etype != "value_error"
+            ):
                 msg = f"'{loc[-1]}': {msg}"
         key = (line, col, msg)
         if key in seen:
@@ -233,14 +252,22 @@ def _semantic(config: Config, doc: Document, filename: str, warnings: list[Probl
 
     names: dict[str, tuple[str, int]] = {}
     hl_names: dict[str, str] = {}
-    for section, rules in (("network", config.network), ("bandwidth", config.bandwidth)):
+    sections: tuple[tuple[str, Sequence[NetworkRule | BandwidthRule]], ...] = (
+        ("network", config.network),
+        ("bandwidth", config.bandwidth),
+    )
+    for section, rules in sections:
         for i, rule in enumerate(rules):
             where = (section, i, "name")
             if rule.name in names:
                 sec0, i0 = names[rule.name]
                 line0 = doc.pos((sec0, i0, "name"))[0]
-                add(where, rule.name, f"duplicate rule name (first used at line {line0}); names must be unique "
-                                      "across network and bandwidth")
+                add(
+                    where,
+                    rule.name,
+                    f"duplicate rule name (first used at line {line0}); names must be unique "
+                    "across network and bandwidth",
+                )
             else:
                 names[rule.name] = (section, i)
 
@@ -249,27 +276,43 @@ def _semantic(config: Config, doc: Document, filename: str, warnings: list[Probl
         if r.ports and r.protocol not in ("tcp", "udp"):
             add(p + ("ports",), r.name, f"ports need protocol: tcp or udp (protocol is {r.protocol})")
         if r.new_connections and r.protocol not in ("tcp", "all", "udp"):
-            add(p + ("new_connections",), r.name, "new_connections counts TCP/UDP connections; "
-                                                  f"protocol {r.protocol} has none")
+            add(
+                p + ("new_connections",),
+                r.name,
+                f"new_connections counts TCP/UDP connections; protocol {r.protocol} has none",
+            )
         fams = r.families
         if r.source_prefix is not None and 4 not in fams:
-            add(p + ("source_prefix",), r.name, "source_prefix is for IPv4 but this rule only matches IPv6 "
-                                                "addresses: use source_prefix6")
+            add(
+                p + ("source_prefix",),
+                r.name,
+                "source_prefix is for IPv4 but this rule only matches IPv6 addresses: use source_prefix6",
+            )
         if r.source_prefix6 is not None and 6 not in fams:
-            add(p + ("source_prefix6",), r.name, "source_prefix6 is for IPv6 but this rule only matches IPv4 "
-                                                 "addresses: use source_prefix")
-        for a, b in ((r.sources, r.destinations),):
-            if a and b and not ({n.version for n in a} & {n.version for n in b}):
-                add(p + ("destinations",), r.name, "sources and destinations are of different IP families: "
-                                                   "no packet can match both")
+            add(
+                p + ("source_prefix6",),
+                r.name,
+                "source_prefix6 is for IPv6 but this rule only matches IPv4 addresses: use source_prefix",
+            )
+        srcs, dsts = r.sources, r.destinations
+        if srcs and dsts and not ({n.version for n in srcs} & {n.version for n in dsts}):
+            add(
+                p + ("destinations",),
+                r.name,
+                "sources and destinations are of different IP families: no packet can match both",
+            )
         if r.max_connections is not None:
             if r.method != "hashlimit" and "method" in doc.data["network"][i]:
                 add(p + ("method",), r.name, "method applies to 'limit' rules; max_connections uses connlimit")
             if r.burst is not None:
                 add(p + ("burst",), r.name, "burst applies to 'limit' rules, not max_connections")
             if r.per in ("source+port",):
-                add(p + ("per",), r.name, "max_connections counts per source, destination or all; "
-                                          "'source+port' is not possible with connlimit")
+                add(
+                    p + ("per",),
+                    r.name,
+                    "max_connections counts per source, destination or all; "
+                    "'source+port' is not possible with connlimit",
+                )
             if r.protocol not in ("tcp", "udp"):
                 add(p + ("protocol",), r.name, "max_connections needs protocol: tcp (or udp)")
             continue
@@ -277,48 +320,75 @@ def _semantic(config: Config, doc: Document, filename: str, warnings: list[Probl
         rate = r.limit
         if r.method == "recent":
             if rate.count > limits.recent_max_hitcount:
-                add(p + ("limit",), r.name,
+                add(
+                    p + ("limit",),
+                    r.name,
                     f"method: recent can count at most {limits.recent_max_hitcount} hits per address "
-                    f"({limits.recent_source}); {rate} needs more: use method: hashlimit")
+                    f"({limits.recent_source}); {rate} needs more: use method: hashlimit",
+                )
             if r.per not in ("source", "destination"):
-                add(p + ("per",), r.name, f"method: recent tracks one address per entry: per must be source or "
-                                          f"destination, not {r.per} (use method: hashlimit)")
+                add(
+                    p + ("per",),
+                    r.name,
+                    f"method: recent tracks one address per entry: per must be source or "
+                    f"destination, not {r.per} (use method: hashlimit)",
+                )
             if r.burst is not None:
                 add(p + ("burst",), r.name, "method: recent has no burst: it allows exactly N per window")
             if r.source_prefix is not None or r.source_prefix6 is not None:
                 add(p + ("method",), r.name, "method: recent cannot group sources by prefix: use method: hashlimit")
             if not r.new_connections:
-                warn(p + ("method",), r.name, "method: recent without new_connections: true counts every "
-                                              "packet as a hit (fine for e.g. pings; for connections set "
-                                              "new_connections: true)")
+                warn(
+                    p + ("method",),
+                    r.name,
+                    "method: recent without new_connections: true counts every "
+                    "packet as a hit (fine for e.g. pings; for connections set "
+                    "new_connections: true)",
+                )
             for fld in ("htable_size", "htable_max", "htable_expire"):
                 if getattr(r, fld) is not None:
                     add(p + (fld,), r.name, f"{fld} applies to method: hashlimit only")
         else:
             if r.source_prefix is not None and r.per not in ("source", "source+port"):
-                add(p + ("source_prefix",), r.name, f"source_prefix groups sources, but per is {r.per}: "
-                                                    "use per: source (or source+port)")
+                add(
+                    p + ("source_prefix",),
+                    r.name,
+                    f"source_prefix groups sources, but per is {r.per}: use per: source (or source+port)",
+                )
             if r.source_prefix6 is not None and r.per not in ("source", "source+port"):
-                add(p + ("source_prefix6",), r.name, f"source_prefix6 groups sources, but per is {r.per}: "
-                                                     "use per: source (or source+port)")
+                add(
+                    p + ("source_prefix6",),
+                    r.name,
+                    f"source_prefix6 groups sources, but per is {r.per}: use per: source (or source+port)",
+                )
             if rate.exact() is None:
-                add(p + ("limit",), r.name, f"hashlimit counts per second, minute, hour or day: {rate} is not a "
-                                            "whole number per any of them; pick another rate or use method: recent")
+                add(
+                    p + ("limit",),
+                    r.name,
+                    f"hashlimit counts per second, minute, hour or day: {rate} is not a "
+                    "whole number per any of them; pick another rate or use method: recent",
+                )
             elif rate.per_second > kl.HASHLIMIT_MAX_PER_SECOND:
-                add(p + ("limit",), r.name, f"{rate} is faster than hashlimit can express "
-                                            f"(at most {kl.HASHLIMIT_MAX_PER_SECOND}/second)")
+                add(
+                    p + ("limit",),
+                    r.name,
+                    f"{rate} is faster than hashlimit can express (at most {kl.HASHLIMIT_MAX_PER_SECOND}/second)",
+                )
             elif rate.period / rate.count > kl.HASHLIMIT_MAX_INTERVAL_S:
-                add(p + ("limit",), r.name,
+                add(
+                    p + ("limit",),
+                    r.name,
                     f"{rate} is slower than hashlimit can express (at least one per "
                     f"{int(kl.HASHLIMIT_MAX_INTERVAL_S)} s, e.g. 1/hour or 21/day); "
-                    "for new connections use method: recent")
+                    "for new connections use method: recent",
+                )
             if r.burst is not None and r.burst > kl.HASHLIMIT_BURST_MAX:
                 add(p + ("burst",), r.name, f"burst {r.burst} is above hashlimit's maximum {kl.HASHLIMIT_BURST_MAX}")
             hl = hashlimit_name(r.name)
             if hl in hl_names:
                 add(p + ("name",), r.name, f"hashlimit table name {hl!r} collides with rule {hl_names[hl]!r}")
             hl_names[hl] = r.name
-            if (r.htable_max is not None and r.htable_size is not None and r.htable_max < r.htable_size):
+            if r.htable_max is not None and r.htable_size is not None and r.htable_max < r.htable_size:
                 add(p + ("htable_max",), r.name, "htable_max must be at least htable_size")
 
     hz = limits.hz
@@ -327,10 +397,13 @@ def _semantic(config: Config, doc: Document, filename: str, warnings: list[Probl
         if b.burst is not None:
             need = kl.min_tc_burst(b.rate, hz)
             if b.burst < need:
-                add(p + ("burst",), b.name,
+                add(
+                    p + ("burst",),
+                    b.name,
                     f"burst {b.burst} bytes is below one MTU-sized frame per timer tick at this rate "
                     f"({need} bytes at HZ={hz}); the cap would not be reached. Raise it or omit burst "
-                    f"(default {kl.default_tc_burst(b.rate, hz)} bytes)")
+                    f"(default {kl.default_tc_burst(b.rate, hz)} bytes)",
+                )
         if b.protocol != "all" and not b.ports:
             add(p + ("protocol",), b.name, "protocol only narrows port matches: add ports or drop protocol")
     # whole-interface caps: at most one per interface and direction
@@ -339,8 +412,11 @@ def _semantic(config: Config, doc: Document, filename: str, warnings: list[Probl
         if b.whole_interface:
             k = (b.interface, b.direction)
             if k in seen_whole:
-                add(("bandwidth", i, "interface"), b.name,
+                add(
+                    ("bandwidth", i, "interface"),
+                    b.name,
                     f"{b.direction} on {b.interface} already has a whole-interface rate in rule "
-                    f"{seen_whole[k]!r}: one interface has one cap per direction")
+                    f"{seen_whole[k]!r}: one interface has one cap per direction",
+                )
             seen_whole[k] = b.name
     return out

@@ -49,7 +49,7 @@ class KernelOps:
 
     def __init__(self, netns: str | None):
         self.netns = netns
-        self.desired = None   # the last compiled config, to name tc objects in counters
+        self.desired: Any = None  # the last compiled config (Desired), to name tc objects in counters
 
     def _compile(self, config):
         from ..kernel.compile import compile_config
@@ -65,8 +65,10 @@ class KernelOps:
         if not res.changed:
             return {"changed": 0, "summary": "no changes"}
         c = res.changes.counts()
-        return {"changed": c["add"] + c["remove"] + c["reorder"],
-                "summary": f"applied {c['add']} additions, {c['remove']} removals, {c['reorder']} moves"}
+        return {
+            "changed": c["add"] + c["remove"] + c["reorder"],
+            "summary": f"applied {c['add']} additions, {c['remove']} removals, {c['reorder']} moves",
+        }
 
     def drift(self, config) -> list[str]:
         """How the kernel differs from `config`, as plan lines (empty: equal)."""
@@ -103,7 +105,7 @@ class Status:
     last_apply_result: str = "never"
     last_apply_duration: float = 0.0
     last_apply_changes: int = 0
-    rejected: str | None = None          # why the newest file on disk is not running
+    rejected: str | None = None  # why the newest file on disk is not running
     rejected_at: float = 0.0
     reloads_ok: int = 0
     reloads_rejected: int = 0
@@ -133,25 +135,33 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.kernel = kernel
         self.status = status
-        self.apply_seconds = Histogram("netlimit_apply_duration_seconds", "Duration of kernel applies",
-                                       registry=self.registry,
-                                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.applies = Counter("netlimit_applies_total", "Kernel applies by result", ["result"],
-                               registry=self.registry)
-        self.reloads = Counter("netlimit_config_reloads_total", "Config reloads by result", ["result"],
-                               registry=self.registry)
-        self.repairs = Counter("netlimit_drift_repairs_total", "Drift repairs (kernel changed behind our back)",
-                               registry=self.registry)
-        self.last_apply = Gauge("netlimit_last_apply_timestamp_seconds", "Time of the last successful apply",
-                                registry=self.registry)
-        self.rejected = Gauge("netlimit_config_rejected", "1 when the file on disk was rejected and an older "
-                              "config is running", registry=self.registry)
+        self.apply_seconds = Histogram(
+            "netlimit_apply_duration_seconds",
+            "Duration of kernel applies",
+            registry=self.registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.applies = Counter("netlimit_applies_total", "Kernel applies by result", ["result"], registry=self.registry)
+        self.reloads = Counter(
+            "netlimit_config_reloads_total", "Config reloads by result", ["result"], registry=self.registry
+        )
+        self.repairs = Counter(
+            "netlimit_drift_repairs_total", "Drift repairs (kernel changed behind our back)", registry=self.registry
+        )
+        self.last_apply = Gauge(
+            "netlimit_last_apply_timestamp_seconds", "Time of the last successful apply", registry=self.registry
+        )
+        self.rejected = Gauge(
+            "netlimit_config_rejected",
+            "1 when the file on disk was rejected and an older config is running",
+            registry=self.registry,
+        )
         for r in ("ok", "failed"):
             self.applies.labels(r)
         for r in ("ok", "rejected"):
             self.reloads.labels(r)
         self.registry.register(_RuleCollector(kernel))
-        self._server = None
+        self._server: Any = None
 
     def serve(self, hostport: str) -> None:
         from prometheus_client import start_http_server
@@ -175,12 +185,15 @@ class _RuleCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-        packets = CounterMetricFamily("netlimit_rule_packets", "Packets matched per rule and layer",
-                                      labels=["rule", "layer"])
-        bytes_ = CounterMetricFamily("netlimit_rule_bytes", "Bytes matched per rule and layer",
-                                     labels=["rule", "layer"])
-        dropped = CounterMetricFamily("netlimit_rule_dropped_packets", "Packets dropped per rule and layer",
-                                      labels=["rule", "layer"])
+        packets = CounterMetricFamily(
+            "netlimit_rule_packets", "Packets matched per rule and layer", labels=["rule", "layer"]
+        )
+        bytes_ = CounterMetricFamily(
+            "netlimit_rule_bytes", "Bytes matched per rule and layer", labels=["rule", "layer"]
+        )
+        dropped = CounterMetricFamily(
+            "netlimit_rule_dropped_packets", "Packets dropped per rule and layer", labels=["rule", "layer"]
+        )
         up = GaugeMetricFamily("netlimit_kernel_read_ok", "1 if the kernel counters could be read")
         try:
             rows = self.kernel.counters()
@@ -228,7 +241,7 @@ class _StatusServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     allow_reuse_address = True
 
 
-def open_status_socket(path: str, daemon: "Daemon") -> _StatusServer:
+def open_status_socket(path: str, daemon: Daemon) -> _StatusServer:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(p.parent, 0o700)
@@ -239,7 +252,7 @@ def open_status_socket(path: str, daemon: "Daemon") -> _StatusServer:
                 s.settimeout(0.5)
                 s.connect(str(p))
             raise RuntimeError(f"another netlimitd answers on {p}")
-        except (ConnectionRefusedError, FileNotFoundError, socket.timeout):
+        except (TimeoutError, ConnectionRefusedError, FileNotFoundError):
             p.unlink()
     old = os.umask(0o177)
     try:
@@ -274,8 +287,15 @@ def query_status(path: str = DEFAULT_SOCKET, timeout: float = 5.0) -> dict[str, 
 
 
 class Daemon:
-    def __init__(self, config_path: Path, resync: float, netns: str | None, socket_path: str,
-                 metrics_addr: str | None, notifier=None):
+    def __init__(
+        self,
+        config_path: Path,
+        resync: float,
+        netns: str | None,
+        socket_path: str,
+        metrics_addr: str | None,
+        notifier=None,
+    ):
         from ..sdnotify import Notifier
 
         self.config_path = config_path
@@ -289,7 +309,7 @@ class Daemon:
         self.metrics: Metrics | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._pending: set[int] = set()
-        self._status_srv = None
+        self._status_srv: Any = None
 
     # signals only record what happened and wake the loop
     def _on_signal(self, signum, _frame) -> None:
@@ -441,8 +461,8 @@ class Daemon:
             while True:
                 now = time.monotonic()
                 timeout = max(0.0, min(next_resync, next_wd) - now)
-                if not watch.uses_inotify:
-                    timeout = min(timeout, 1.0)
+                if not watch.uses_inotify and timeout > 1.0:
+                    timeout = 1.0
                 fds = [self._wake_r] + ([watch] if watch.uses_inotify else [])
                 try:
                     ready, _, _ = select.select(fds, [], [], timeout)
@@ -461,7 +481,7 @@ class Daemon:
                     watch.changed()  # the reload reads the file anyway
                     self.reload("SIGHUP")
                 elif watch in ready or not watch.uses_inotify:
-                    time.sleep(0.1)   # let an editor finish writing before we read
+                    time.sleep(0.1)  # let an editor finish writing before we read
                     if watch.changed():
                         self.reload("file changed")
                 now = time.monotonic()
@@ -525,12 +545,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def daemon(
-        config: Path = typer.Option(Path("/etc/netlimit/netlimit.yaml"), "--config", "-c",
-                                    help="The file that is the truth."),
-        resync: float = typer.Option(30.0, "--resync", min=0.2,
-                                     help="Seconds between drift checks (kernel vs file)."),
-        metrics: str = typer.Option(None, "--metrics", metavar="HOST:PORT",
-                                    help="Serve Prometheus metrics here (e.g. 127.0.0.1:9732)."),
+        config: Path = typer.Option(
+            Path("/etc/netlimit/netlimit.yaml"), "--config", "-c", help="The file that is the truth."
+        ),
+        resync: float = typer.Option(30.0, "--resync", min=0.2, help="Seconds between drift checks (kernel vs file)."),
+        metrics: str = typer.Option(
+            None, "--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here (e.g. 127.0.0.1:9732)."
+        ),
         netns: str = typer.Option(None, "--netns", help="Manage this network namespace instead of the host's."),
         socket_path: str = typer.Option(DEFAULT_SOCKET, "--socket", help="Status socket (0600)."),
     ) -> None:
@@ -577,10 +598,14 @@ def register(app: typer.Typer) -> None:
             return
         s = payload
         typer.echo(f"netlimitd pid {s['pid']}, up since {_fmt_time(s['started'])}")
-        typer.echo(f"  config:      {s['config_path']} sha256 {s['config_sha256'][:16]}…"
-                   f" loaded {_fmt_time(s['config_loaded_at'])}")
-        typer.echo(f"  last apply:  {_fmt_time(s['last_apply_time'])}: {s['last_apply_result']}"
-                   f" ({s['last_apply_duration'] * 1000:.0f} ms, {s['last_apply_changes']} changes)")
+        typer.echo(
+            f"  config:      {s['config_path']} sha256 {s['config_sha256'][:16]}…"
+            f" loaded {_fmt_time(s['config_loaded_at'])}"
+        )
+        typer.echo(
+            f"  last apply:  {_fmt_time(s['last_apply_time'])}: {s['last_apply_result']}"
+            f" ({s['last_apply_duration'] * 1000:.0f} ms, {s['last_apply_changes']} changes)"
+        )
         if s.get("rejected"):
             typer.echo("  running old config, new config rejected:")
             for line in s["rejected"].splitlines():

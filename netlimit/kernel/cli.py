@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 NETNS_HELP = "Run against this network namespace (/run/netns/NAME); it must exist."
-BACKEND_HELP = ("How iptables rules are read and written: restore (iptables-legacy-save/-restore, the default "
-                "when installed) or python-iptables. Default: $NETLIMIT_BACKEND, else auto.")
+BACKEND_HELP = (
+    "How iptables rules are read and written: restore (iptables-legacy-save/-restore, the default "
+    "when installed) or python-iptables. Default: $NETLIMIT_BACKEND, else auto."
+)
 
 
 def _backend_option():
@@ -32,12 +33,14 @@ def _cli():
 def _need_root(what: str) -> None:
     base = _cli()
     if os.geteuid() != 0:
-        base.err(f"netlimit {what} changes or reads kernel tables: run it as root "
-                 "(or `netlimit plan FILE` to see what would be installed, without root)")
+        base.err(
+            f"netlimit {what} changes or reads kernel tables: run it as root "
+            "(or `netlimit plan FILE` to see what would be installed, without root)"
+        )
         raise typer.Exit(base.EXIT_USAGE)
 
 
-def _check_netns(netns: Optional[str]) -> None:
+def _check_netns(netns: str | None) -> None:
     if netns is None:
         return
     from .netns import NetnsError, check_netns
@@ -50,7 +53,7 @@ def _check_netns(netns: Optional[str]) -> None:
         raise typer.Exit(base.EXIT_USAGE) from None
 
 
-def backend_note(netns: Optional[str] = None) -> str | None:
+def backend_note(netns: str | None = None) -> str | None:
     """A clear word when the host's `iptables` is the nf_tables variant."""
     from .iptables import host_iptables_variant
 
@@ -58,11 +61,13 @@ def backend_note(netns: Optional[str] = None) -> str | None:
     if variant != "nf_tables":
         return None
     ns = f"ip netns exec {netns} " if netns else ""
-    return (f"note: this host's `iptables` is the nf_tables variant ({version}). netlimit installs its rules "
-            "into the legacy x_tables (iptables-legacy), which the kernel evaluates as well: "
-            f"`{ns}iptables -S` and `nft list ruleset` will NOT show them (iptables -S only warns "
-            f"'iptables-legacy tables present'); see them with `{ns}iptables-legacy -S`, "
-            f"`{ns}ip6tables-legacy -S`, or `netlimit list`, which reads the kernel.")
+    return (
+        f"note: this host's `iptables` is the nf_tables variant ({version}). netlimit installs its rules "
+        "into the legacy x_tables (iptables-legacy), which the kernel evaluates as well: "
+        f"`{ns}iptables -S` and `nft list ruleset` will NOT show them (iptables -S only warns "
+        f"'iptables-legacy tables present'); see them with `{ns}iptables-legacy -S`, "
+        f"`{ns}ip6tables-legacy -S`, or `netlimit list`, which reads the kernel."
+    )
 
 
 def _compile(loaded):
@@ -71,14 +76,14 @@ def _compile(loaded):
     return compile_config(loaded.config)
 
 
-def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command below
+def register(app: typer.Typer) -> None:  # one function per command below
     @app.command()
     def plan(
         file: Path = typer.Argument(..., help="The netlimit YAML file.", show_default=False),
         json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
         live: bool = typer.Option(False, "--live", help="Diff against the kernel (root); changes nothing."),
-        netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP + " Implies --live."),
-        backend: Optional[str] = _backend_option(),
+        netns: str | None = typer.Option(None, "--netns", help=NETNS_HELP + " Implies --live."),
+        backend: str | None = _backend_option(),
     ) -> None:
         """Print what `apply` would install: iptables-save rules and tc commands, grouped by rule.
 
@@ -97,7 +102,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
             return
         _need_root("plan --live")
         _check_netns(netns)
-        from .reconcile import ApplyError, apply as do_apply
+        from .reconcile import ApplyError
+        from .reconcile import apply as do_apply
 
         try:
             res = do_apply(desired, netns, dry_run=True, backend=backend)
@@ -106,8 +112,18 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
             raise typer.Exit(base.EXIT_FAILED) from None
         lines = res.changes.lines()
         if json_out:
-            typer.echo(json.dumps({"file": str(file), "netns": netns, "changed": bool(lines),
-                                   "changes": lines, "counts": res.changes.counts()}, indent=2))
+            typer.echo(
+                json.dumps(
+                    {
+                        "file": str(file),
+                        "netns": netns,
+                        "changed": bool(lines),
+                        "changes": lines,
+                        "counts": res.changes.counts(),
+                    },
+                    indent=2,
+                )
+            )
             return
         where = f" in netns {netns}" if netns else ""
         if not lines:
@@ -122,14 +138,18 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
     @app.command()
     def apply(
         file: Path = typer.Argument(..., help="The netlimit YAML file.", show_default=False),
-        netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP),
+        netns: str | None = typer.Option(None, "--netns", help=NETNS_HELP),
         json_out: bool = typer.Option(False, "--json", help="Machine-readable result."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only errors and the summary."),
-        confirm: Optional[float] = typer.Option(
-            None, "--confirm", metavar="SECONDS", min=1,
+        confirm: float | None = typer.Option(
+            None,
+            "--confirm",
+            metavar="SECONDS",
+            min=1,
             help="Like iptables-apply: after applying, wait for Enter; without it (timeout or no terminal) "
-                 "the previous rules are restored. For changes to the port you are connected through."),
-        backend: Optional[str] = _backend_option(),
+            "the previous rules are restored. For changes to the port you are connected through.",
+        ),
+        backend: str | None = _backend_option(),
     ) -> None:
         """Make the kernel equal to FILE: print the diff, then write it atomically (root).
 
@@ -141,7 +161,8 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
         desired = _compile(loaded)
         _need_root("apply")
         _check_netns(netns)
-        from .reconcile import ApplyError, apply as do_apply
+        from .reconcile import ApplyError
+        from .reconcile import apply as do_apply
 
         note = backend_note(netns)
         if note and not quiet and not json_out:
@@ -153,9 +174,19 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
             raise typer.Exit(base.EXIT_FAILED) from None
         lines = res.changes.lines()
         if json_out:
-            typer.echo(json.dumps({"file": str(file), "netns": netns, "changed": bool(lines), "changes": lines,
-                                   "counts": res.changes.counts(),
-                                   "timings_s": {k: round(v, 4) for k, v in res.timings.items()}}, indent=2))
+            typer.echo(
+                json.dumps(
+                    {
+                        "file": str(file),
+                        "netns": netns,
+                        "changed": bool(lines),
+                        "changes": lines,
+                        "counts": res.changes.counts(),
+                        "timings_s": {k: round(v, 4) for k, v in res.timings.items()},
+                    },
+                    indent=2,
+                )
+            )
             return
         where = f" in netns {netns}" if netns else ""
         if not lines:
@@ -166,8 +197,10 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
                 typer.echo(line)
         c = res.changes.counts()
         t = res.timings
-        typer.echo(f"applied {file}{where}: {c['add']} added, {c['remove']} removed in {t.get('total', 0):.2f} s "
-                   f"(iptables {t.get('iptables', 0):.2f} s, tc {t.get('tc', 0):.2f} s)")
+        typer.echo(
+            f"applied {file}{where}: {c['add']} added, {c['remove']} removed in {t.get('total', 0):.2f} s "
+            f"(iptables {t.get('iptables', 0):.2f} s, tc {t.get('tc', 0):.2f} s)"
+        )
         if confirm is not None and not _confirmed(confirm):
             from .reconcile import restore
 
@@ -177,12 +210,15 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
 
     @app.command("list")
     def list_cmd(
-        netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP),
+        netns: str | None = typer.Option(None, "--netns", help=NETNS_HELP),
         json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
-        file: Optional[Path] = typer.Option(None, "--file", "-f",
-                                            help="Name tc objects after this file's rules "
-                                                 "(default: what the last apply remembered)."),
-        backend: Optional[str] = _backend_option(),
+        file: Path | None = typer.Option(
+            None,
+            "--file",
+            "-f",
+            help="Name tc objects after this file's rules (default: what the last apply remembered).",
+        ),
+        backend: str | None = _backend_option(),
     ) -> None:
         """Show every object netlimit owns, by rule, with packets/bytes matched and dropped (root)."""
         base = _cli()
@@ -209,9 +245,9 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
 
     @app.command()
     def flush(
-        netns: Optional[str] = typer.Option(None, "--netns", help=NETNS_HELP),
+        netns: str | None = typer.Option(None, "--netns", help=NETNS_HELP),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
-        backend: Optional[str] = _backend_option(),
+        backend: str | None = _backend_option(),
     ) -> None:
         """Remove everything netlimit owns (both families, tc trees, ingress redirects, IFBs) and nothing else."""
         base = _cli()
@@ -225,8 +261,10 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
             base.err(f"error: flush failed: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
         if not quiet:
-            n_ipt = sum(len(s.chains) + sum(len(v) for v in s.rules.values()) + sum(len(v) for v in s.jumps.values())
-                        for s in st.iptables.values())
+            n_ipt = sum(
+                len(s.chains) + sum(len(v) for v in s.rules.values()) + sum(len(v) for v in s.jumps.values())
+                for s in st.iptables.values()
+            )
             n_tc = len(st.tc.objects()) if st.tc is not None else 0
             where = f" in netns {netns}" if netns else ""
             if n_ipt + n_tc == 0:
@@ -236,8 +274,7 @@ def register(app: typer.Typer) -> None:  # noqa: C901 - one function per command
 
     @app.command()
     def demo(
-        duration: float = typer.Option(4.0, "--seconds", min=1.0, max=10.0,
-                                       help="Length of each traffic run."),
+        duration: float = typer.Option(4.0, "--seconds", min=1.0, max=10.0, help="Length of each traffic run."),
         keep: bool = typer.Option(False, "--keep", help="Leave the namespaces up for a look (then `ip netns del`)."),
     ) -> None:
         """Show netlimit working: two throw-away namespaces, rules/demo.yaml, real traffic,
@@ -292,6 +329,8 @@ def format_list(rows: list[dict]) -> str:
             extra = f"  [{r['table']}: {n if n is not None else '?'} entries]"
         if r["layer"] == "tc" and r.get("overlimits"):
             extra += f"  [overlimits {r['overlimits']}]"
-        out.append(f"{(r['rule'] or '(netlimit)')[:20]:<20} {r['layer']:<9} {_human(r['packets']):>8} "
-                   f"{_human(r['bytes']):>8} {_human(r['dropped']):>8}  {r['object']}{extra}")
+        out.append(
+            f"{(r['rule'] or '(netlimit)')[:20]:<20} {r['layer']:<9} {_human(r['packets']):>8} "
+            f"{_human(r['bytes']):>8} {_human(r['dropped']):>8}  {r['object']}{extra}"
+        )
     return "\n".join(out)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import math
-from typing import Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..config import kernel_limits as kl
 from ..config.model import BandwidthRule, Config, NetworkRule
@@ -40,21 +41,21 @@ from .objects import (
     TcClass,
     TcFilter,
     TcLink,
-    TcQdisc,
     TcObject,
+    TcQdisc,
     U32Key,
     tc_handle,
 )
 
 TABLE = "filter"
 # Defaults for values iptables would otherwise pick itself (we always set them).
-HASHLIMIT_DEFAULT_BURST = 5          # iptables' own default
+HASHLIMIT_DEFAULT_BURST = 5  # iptables' own default
 HASHLIMIT_DEFAULT_SIZE = 4096
 HASHLIMIT_DEFAULT_MAX = 65536
-HASHLIMIT_MIN_EXPIRE_MS = 10_000     # iptables' own default
-LOG_LIMIT = "10/min"                 # an `action: log` rule logs at most this often
+HASHLIMIT_MIN_EXPIRE_MS = 10_000  # iptables' own default
+LOG_LIMIT = "10/min"  # an `action: log` rule logs at most this often
 LOG_LIMIT_BURST = "5"
-MULTIPORT_MAX = 15                   # entries per multiport match (a range counts 2)
+MULTIPORT_MAX = 15  # entries per multiport match (a range counts 2)
 
 _RATE_UNIT = {"second": "sec", "minute": "min", "hour": "hour", "day": "day"}
 _PROTO_NUM = {"tcp": 6, "udp": 17}
@@ -68,7 +69,7 @@ def _short(name: str, room: int) -> str:
     if len(name) <= room:
         return name
     digest = hashlib.sha1(name.encode()).hexdigest()[:5]
-    return f"{name[:room - 6]}~{digest}"
+    return f"{name[: room - 6]}~{digest}"
 
 
 def log_chain_name(rule_name: str) -> str:
@@ -157,14 +158,19 @@ def _limit_match(rule: NetworkRule, family: int) -> list[Match]:
     assert rule.limit is not None
     rate = rule.limit
     if rule.method == "recent":
-        return [Match("recent", (
-            ("update", None),
-            ("seconds", str(rate.period)),
-            ("hitcount", str(rate.count)),
-            ("name", rule.name),
-            ("mask", _host_mask(family, None)),
-            ("rdest" if rule.per == "destination" else "rsource", None),
-        ))]
+        return [
+            Match(
+                "recent",
+                (
+                    ("update", None),
+                    ("seconds", str(rate.period)),
+                    ("hitcount", str(rate.count)),
+                    ("name", rule.name),
+                    ("mask", _host_mask(family, None)),
+                    ("rdest" if rule.per == "destination" else "rsource", None),
+                ),
+            )
+        ]
     burst = rule.burst if rule.burst is not None else HASHLIMIT_DEFAULT_BURST
     size = rule.htable_size if rule.htable_size is not None else HASHLIMIT_DEFAULT_SIZE
     hmax = rule.htable_max if rule.htable_max is not None else max(HASHLIMIT_DEFAULT_MAX, size)
@@ -193,7 +199,7 @@ def _limit_match(rule: NetworkRule, family: int) -> list[Match]:
 
 
 def _describe_network(rule: NetworkRule) -> str:
-    what = rule.protocol if rule.protocol != "all" else "all protocols"
+    what: str = rule.protocol if rule.protocol != "all" else "all protocols"
     if rule.ports:
         what += " port " + ",".join(str(p) for p in rule.ports)
     if rule.new_connections:
@@ -229,28 +235,51 @@ def _network_rules(rule: NetworkRule, family: int, chain: str) -> list[IptRule]:
                     base.append(Match("multiport", (("dports", pchunk),)))
                 if new:
                     base.append(Match("conntrack", (("ctstate", "NEW"),)))
-                common = dict(family=family, table=TABLE, chain=chain, rule=rule.name,
-                              comment=comment_for(rule.name), src=s, dst=d,
-                              in_iface=rule.interface, protocol=proto)
-                out.append(IptRule(**common, matches=tuple(base + limit), target=target,
-                                   target_options=topts, note=note))
+                common: dict[str, Any] = dict(
+                    family=family,
+                    table=TABLE,
+                    chain=chain,
+                    rule=rule.name,
+                    comment=comment_for(rule.name),
+                    src=s,
+                    dst=d,
+                    in_iface=rule.interface,
+                    protocol=proto,
+                )
+                out.append(
+                    IptRule(**common, matches=tuple(base + limit), target=target, target_options=topts, note=note)
+                )
                 if rule.method == "recent" and rule.max_connections is None:
                     # the counting half: remember this source (after the check above)
                     rec = limit[0]
-                    set_opts = (("set", None),) + tuple(o for o in rec.options if o[0] in ("name", "mask", "rsource", "rdest"))
-                    out.append(IptRule(**common, matches=tuple(base + [Match("recent", set_opts)]),
-                                       target=None, note="remember the source for the check above"))
+                    set_opts = (("set", None),) + tuple(
+                        o for o in rec.options if o[0] in ("name", "mask", "rsource", "rdest")
+                    )
+                    out.append(
+                        IptRule(
+                            **common,
+                            matches=tuple(base + [Match("recent", set_opts)]),
+                            target=None,
+                            note="remember the source for the check above",
+                        )
+                    )
     return out
 
 
 def _log_chain_rules(rule: NetworkRule, family: int) -> list[IptRule]:
-    return [IptRule(
-        family=family, table=TABLE, chain=log_chain_name(rule.name), rule=rule.name,
-        comment=comment_for(rule.name),
-        matches=(Match("limit", (("limit", LOG_LIMIT), ("limit-burst", LOG_LIMIT_BURST))),),
-        target="LOG", target_options=(("log-prefix", log_prefix(rule.name)),),
-        note="shadow mode: log (rate-limited) and return; the jump above counts every packet over the limit",
-    )]
+    return [
+        IptRule(
+            family=family,
+            table=TABLE,
+            chain=log_chain_name(rule.name),
+            rule=rule.name,
+            comment=comment_for(rule.name),
+            matches=(Match("limit", (("limit", LOG_LIMIT), ("limit-burst", LOG_LIMIT_BURST))),),
+            target="LOG",
+            target_options=(("log-prefix", log_prefix(rule.name)),),
+            note="shadow mode: log (rate-limited) and return; the jump above counts every packet over the limit",
+        )
+    ]
 
 
 def compile_network(config: Config) -> tuple[list[IptChain], list[IptRule]]:
@@ -269,23 +298,42 @@ def compile_network(config: Config) -> tuple[list[IptChain], list[IptRule]]:
                 continue
             per_chain.setdefault(chain, []).extend(body)
             if r.action == "log":
-                log_rules.append((IptChain(family, TABLE, log_chain_name(r.name), r.name),
-                                  _log_chain_rules(r, family)))
-        for chain, builtin in ((CHAIN_INPUT, "INPUT"), (CHAIN_FORWARD, "FORWARD")):
+                log_rules.append((IptChain(family, TABLE, log_chain_name(r.name), r.name), _log_chain_rules(r, family)))
+        for chain in (CHAIN_INPUT, CHAIN_FORWARD):
             if chain not in per_chain:
                 continue
             chains.append(IptChain(family, TABLE, chain, ""))
             for cidr in exempt:
-                rules.append(IptRule(family=family, table=TABLE, chain=chain, rule="", comment=COMMENT_EXEMPT,
-                                     src=cidr, target="RETURN", note="exempt: never limited"))
+                rules.append(
+                    IptRule(
+                        family=family,
+                        table=TABLE,
+                        chain=chain,
+                        rule="",
+                        comment=COMMENT_EXEMPT,
+                        src=cidr,
+                        target="RETURN",
+                        note="exempt: never limited",
+                    )
+                )
             rules.extend(per_chain[chain])
         for ch, body in log_rules:
             chains.append(ch)
             rules.extend(body)
         for chain, builtin in ((CHAIN_INPUT, "INPUT"), (CHAIN_FORWARD, "FORWARD")):
             if chain in per_chain:
-                rules.append(IptRule(family=family, table=TABLE, chain=builtin, rule="", comment=COMMENT_JUMP,
-                                     target=chain, position=0, note=f"jump from {builtin} (first rule)"))
+                rules.append(
+                    IptRule(
+                        family=family,
+                        table=TABLE,
+                        chain=builtin,
+                        rule="",
+                        comment=COMMENT_JUMP,
+                        target=chain,
+                        position=0,
+                        note=f"jump from {builtin} (first rule)",
+                    )
+                )
     return chains, rules
 
 
@@ -321,9 +369,9 @@ def _addr_keys(net: ipaddress.IPv4Network | ipaddress.IPv6Network, which: str) -
     mask = int(net.netmask).to_bytes(16, "big")
     keys = []
     for i in range(4):
-        m = int.from_bytes(mask[4 * i:4 * i + 4], "big")
+        m = int.from_bytes(mask[4 * i : 4 * i + 4], "big")
         if m:
-            keys.append(U32Key(int.from_bytes(addr[4 * i:4 * i + 4], "big"), m, base + 4 * i))
+            keys.append(U32Key(int.from_bytes(addr[4 * i : 4 * i + 4], "big"), m, base + 4 * i))
     return keys
 
 
@@ -334,7 +382,7 @@ def _proto_key(family: int, proto: str) -> U32Key:
 
 
 def _port_key(family: int, port_field: str, value: int, mask: int) -> U32Key:
-    off = 20 if family == 4 else 40    # no IPv4 options / IPv6 extension headers
+    off = 20 if family == 4 else 40  # no IPv4 options / IPv6 extension headers
     if port_field == "sport":
         return U32Key(value << 16, mask << 16, off)
     return U32Key(value, mask, off)
@@ -343,8 +391,10 @@ def _port_key(family: int, port_field: str, value: int, mask: int) -> U32Key:
 def _describe_bw(b: BandwidthRule) -> str:
     parts = [f"{b.direction} {b.interface}"]
     if b.ports:
-        parts.append(f"{b.protocol if b.protocol != 'all' else 'tcp+udp'} "
-                     f"{'sport' if b.direction == 'egress' else 'dport'} " + ",".join(str(p) for p in b.ports))
+        parts.append(
+            f"{b.protocol if b.protocol != 'all' else 'tcp+udp'} "
+            f"{'sport' if b.direction == 'egress' else 'dport'} " + ",".join(str(p) for p in b.ports)
+        )
     if b.sources:
         parts.append(("to " if b.direction == "egress" else "from ") + ",".join(str(s) for s in b.sources))
     if b.whole_interface:
@@ -360,7 +410,9 @@ def _filters_for(b: BandwidthRule, dev: str, parent: int, flowid: int, index: in
     protos = [b.protocol] if b.protocol != "all" else (["tcp", "udp"] if b.ports else [None])
     note = _describe_bw(b)
     for fam in fams:
-        nets = [n for n in b.sources if n.version == fam] or [None]
+        nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network | None] = [
+            n for n in b.sources if n.version == fam
+        ] or [None]
         prio = (index + 1) * 10 + (0 if fam == 4 else 1)
         for net in nets:
             akeys = _addr_keys(net, addr_field) if net is not None else []
@@ -373,8 +425,18 @@ def _filters_for(b: BandwidthRule, dev: str, parent: int, flowid: int, index: in
                         keys.append(_port_key(fam, port_field, *blk))
                     if not keys:
                         keys = [U32Key(0, 0, 0)]
-                    out.append(TcFilter(dev=dev, parent=parent, protocol="ip" if fam == 4 else "ipv6",
-                                        prio=prio, keys=tuple(keys), flowid=flowid, rule=b.name, note=note))
+                    out.append(
+                        TcFilter(
+                            dev=dev,
+                            parent=parent,
+                            protocol="ip" if fam == 4 else "ipv6",
+                            prio=prio,
+                            keys=tuple(keys),
+                            flowid=flowid,
+                            rule=b.name,
+                            note=note,
+                        )
+                    )
     return out
 
 
@@ -396,8 +458,20 @@ def compile_bandwidth(config: Config, hz: int) -> list[Device]:
         if cap is not None:
             burst = cap.burst or kl.default_tc_burst(cap.rate, hz)
             top = tc_handle(TC_MAJOR, TC_MINOR_TOP)
-            objs.append(TcClass(dev=dev, classid=top, parent=root, rate=cap.rate, ceil=cap.rate, burst=burst,
-                                cburst=burst, quantum=_quantum(cap.rate), rule=cap.name, note=_describe_bw(cap)))
+            objs.append(
+                TcClass(
+                    dev=dev,
+                    classid=top,
+                    parent=root,
+                    rate=cap.rate,
+                    ceil=cap.rate,
+                    burst=burst,
+                    cburst=burst,
+                    quantum=_quantum(cap.rate),
+                    rule=cap.name,
+                    note=_describe_bw(cap),
+                )
+            )
             parent, ceiling = top, cap.rate
         else:
             parent, ceiling = root, UNLIMITED_BITS
@@ -405,24 +479,53 @@ def compile_bandwidth(config: Config, hz: int) -> list[Device]:
             used = sum(min(b.rate, ceiling) for b in classes)
             drate = max(ceiling - used, ceiling // 100, 8) if cap is not None else ceiling
             dburst = kl.default_tc_burst(ceiling, hz)
-            objs.append(TcClass(dev=dev, classid=tc_handle(TC_MAJOR, TC_MINOR_DEFAULT), parent=parent,
-                                rate=drate, ceil=ceiling, burst=dburst, cburst=dburst,
-                                quantum=_quantum(drate),
-                                note="default class: unclassified traffic" +
-                                     (" (shares the interface cap)" if cap is not None else " (not limited)")))
+            objs.append(
+                TcClass(
+                    dev=dev,
+                    classid=tc_handle(TC_MAJOR, TC_MINOR_DEFAULT),
+                    parent=parent,
+                    rate=drate,
+                    ceil=ceiling,
+                    burst=dburst,
+                    cburst=dburst,
+                    quantum=_quantum(drate),
+                    note="default class: unclassified traffic"
+                    + (" (shares the interface cap)" if cap is not None else " (not limited)"),
+                )
+            )
             for i, b in enumerate(classes):
                 rate = min(b.rate, ceiling)
                 burst = b.burst or kl.default_tc_burst(rate, hz)
                 cid = tc_handle(TC_MAJOR, TC_MINOR_FIRST_RULE + i)
-                objs.append(TcClass(dev=dev, classid=cid, parent=parent, rate=rate, ceil=rate, burst=burst,
-                                    cburst=burst, quantum=_quantum(rate), rule=b.name, note=_describe_bw(b)))
+                objs.append(
+                    TcClass(
+                        dev=dev,
+                        classid=cid,
+                        parent=parent,
+                        rate=rate,
+                        ceil=rate,
+                        burst=burst,
+                        cburst=burst,
+                        quantum=_quantum(rate),
+                        rule=b.name,
+                        note=_describe_bw(b),
+                    )
+                )
             for i, b in enumerate(classes):
                 objs.extend(_filters_for(b, dev, root, tc_handle(TC_MAJOR, TC_MINOR_FIRST_RULE + i), i))
         if direction == "ingress":
             objs.append(TcQdisc(dev=iface, kind="ingress", handle=0xFFFF0000, parent="ingress"))
-            objs.append(TcFilter(dev=iface, parent=0xFFFF0000, protocol="all", prio=TC_INGRESS_PRIO,
-                                 keys=(U32Key(0, 0, 0),), redirect_to=dev,
-                                 note=f"redirect everything arriving on {iface} to {dev}"))
+            objs.append(
+                TcFilter(
+                    dev=iface,
+                    parent=0xFFFF0000,
+                    protocol="all",
+                    prio=TC_INGRESS_PRIO,
+                    keys=(U32Key(0, 0, 0),),
+                    redirect_to=dev,
+                    note=f"redirect everything arriving on {iface} to {dev}",
+                )
+            )
         devices.append(Device(dev=dev, interface=iface, direction=direction, objects=tuple(objs)))
     return devices
 
@@ -437,5 +540,6 @@ def compile_config(config: Config, hz: int | None = None) -> Desired:
     chains, rules = compile_network(config)
     devices = compile_bandwidth(config, hz)
     names = tuple(r.name for r in config.network) + tuple(b.name for b in config.bandwidth)
-    return Desired(chains=tuple(chains), rules=tuple(rules), devices=tuple(devices), rule_names=names,
-                   notes=(f"HZ={hz}",))
+    return Desired(
+        chains=tuple(chains), rules=tuple(rules), devices=tuple(devices), rule_names=names, notes=(f"HZ={hz}",)
+    )

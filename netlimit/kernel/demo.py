@@ -105,8 +105,27 @@ def _teardown(srv: str, cli: str) -> None:
 
 def _counter(srv: str, src: str) -> str:
     comment = f"demo-count-{src}"
-    _sh("ip", "netns", "exec", srv, traffic.need("iptables-legacy"), "-A", "INPUT", "-s", src, "-p", "udp",
-        "--dport", "5000", "-m", "comment", "--comment", comment, "-j", "ACCEPT")
+    _sh(
+        "ip",
+        "netns",
+        "exec",
+        srv,
+        traffic.need("iptables-legacy"),
+        "-A",
+        "INPUT",
+        "-s",
+        src,
+        "-p",
+        "udp",
+        "--dport",
+        "5000",
+        "-m",
+        "comment",
+        "--comment",
+        comment,
+        "-j",
+        "ACCEPT",
+    )
     return comment
 
 
@@ -137,8 +156,11 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None) -> bool:
     old = signal.signal(signal.SIGTERM, on_term)
     t_start = time.monotonic()
     try:
-        print(f"netlimit demo: namespaces {srv} (server, {SRV4}) and {cli} (client, {CLI4} and {CLI4_EXEMPT}), "
-              f"rules from {path}", file=out)
+        print(
+            f"netlimit demo: namespaces {srv} (server, {SRV4}) and {cli} (client, {CLI4} and {CLI4_EXEMPT}), "
+            f"rules from {path}",
+            file=out,
+        )
         _setup(srv, cli)
         t0 = time.monotonic()
         try:
@@ -146,8 +168,10 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None) -> bool:
         except ApplyError as exc:
             raise DemoError(f"apply failed: {exc}") from None
         c = res.changes.counts()
-        print(f"applied {c['add']} objects in {time.monotonic() - t0:.2f} s (iptables + tc, one commit per "
-              "family)\n", file=out)
+        print(
+            f"applied {c['add']} objects in {time.monotonic() - t0:.2f} s (iptables + tc, one commit per family)\n",
+            file=out,
+        )
 
         # 1. packet flood: limited source and exempt source at once
         rate, burst, pps = 100, 10, 2000
@@ -161,10 +185,24 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None) -> bool:
         got = traffic.counter_by_comment(srv, c_lim)
         got_ex = traffic.counter_by_comment(srv, c_ex)
         exp = rate * r1.duration + burst
-        rows.append(Row("udp-flood", "udp/5000, per source", f"{rate}/s + burst {burst} = {exp:.0f} in "
-                        f"{r1.duration:.1f} s", f"{got} of {r1.sent} delivered", abs(got - exp) <= 0.01 * exp))
-        rows.append(Row("(exempt)", f"same flood from {CLI4_EXEMPT}", "never limited",
-                        f"{got_ex} of {r2.sent} delivered", got_ex == r2.sent))
+        rows.append(
+            Row(
+                "udp-flood",
+                "udp/5000, per source",
+                f"{rate}/s + burst {burst} = {exp:.0f} in {r1.duration:.1f} s",
+                f"{got} of {r1.sent} delivered",
+                abs(got - exp) <= 0.01 * exp,
+            )
+        )
+        rows.append(
+            Row(
+                "(exempt)",
+                f"same flood from {CLI4_EXEMPT}",
+                "never limited",
+                f"{got_ex} of {r2.sent} delivered",
+                got_ex == r2.sent,
+            )
+        )
 
         # 2. new connections (recent) and concurrent connections (connlimit)
         prog.run("tcp connection attempts", 7)
@@ -179,22 +217,43 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None) -> bool:
                 lp.wait()
         prog.stop()
         mark = lambda lst: " ".join("ok" if x else "x" for x in lst)  # noqa: E731
-        rows.append(Row("new-conns", "tcp/2222 new connections", "3 per minute per source",
-                        f"{sum(nc)} of 5 accepted ({mark(nc)})", nc == [True, True, True, False, False]))
-        rows.append(Row("max-conns", "tcp/8081 concurrent", "2 per source",
-                        f"{sum(mc)} of 3 open ({mark(mc)})", mc == [True, True, False]))
+        rows.append(
+            Row(
+                "new-conns",
+                "tcp/2222 new connections",
+                "3 per minute per source",
+                f"{sum(nc)} of 5 accepted ({mark(nc)})",
+                nc == [True, True, True, False, False],
+            )
+        )
+        rows.append(
+            Row(
+                "max-conns",
+                "tcp/8081 concurrent",
+                "2 per source",
+                f"{sum(mc)} of 3 open ({mark(mc)})",
+                mc == [True, True, False],
+            )
+        )
 
         # 3. bulk transfers: egress by port, ingress through the IFB device
-        for name, port, reverse, bits, what in (("bulk-out", 5201, True, 10e6, "server -> client, sport 5201"),
-                                                ("uploads-in", 5202, False, 20e6, "client -> server, dport 5202 "
-                                                                                  "(IFB)")):
+        for name, port, reverse, bits, what in (
+            ("bulk-out", 5201, True, 10e6, "server -> client, sport 5201"),
+            ("uploads-in", 5202, False, 20e6, "client -> server, dport 5202 (IFB)"),
+        ):
             prog.run(f"iperf3 {what}", duration + 1)
             r = traffic.iperf3(srv, cli, SRV4, port=port, seconds=int(duration), reverse=reverse)
             prog.stop()
             conf = bits * PAYLOAD
-            rows.append(Row(name, what, f"{bits / 1e6:g}mbit -> {conf / 1e6:.2f} goodput",
-                            f"{r.bits_per_second / 1e6:.2f} mbit/s ({100 * (r.bits_per_second / conf - 1):+.1f} %)",
-                            abs(r.bits_per_second - conf) <= 0.03 * conf))
+            rows.append(
+                Row(
+                    name,
+                    what,
+                    f"{bits / 1e6:g}mbit -> {conf / 1e6:.2f} goodput",
+                    f"{r.bits_per_second / 1e6:.2f} mbit/s ({100 * (r.bits_per_second / conf - 1):+.1f} %)",
+                    abs(r.bits_per_second - conf) <= 0.03 * conf,
+                )
+            )
     except KeyboardInterrupt:
         prog.stop()
         print("\ninterrupted: cleaning up", file=out)
@@ -211,9 +270,12 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None) -> bool:
             _teardown(srv, cli)
     print(format_rows(rows), file=out)
     ok = all(r.ok for r in rows)
-    print(f"\n{'all within tolerance' if ok else 'SOME MEASUREMENTS MISSED'} "
-          f"(packets ±1 %, bandwidth ±3 % of rate x 1448/1514); {time.monotonic() - t_start:.0f} s, "
-          f"namespaces {'kept' if keep else 'removed'}", file=out)
+    print(
+        f"\n{'all within tolerance' if ok else 'SOME MEASUREMENTS MISSED'} "
+        f"(packets ±1 %, bandwidth ±3 % of rate x 1448/1514); {time.monotonic() - t_start:.0f} s, "
+        f"namespaces {'kept' if keep else 'removed'}",
+        file=out,
+    )
     return ok
 
 

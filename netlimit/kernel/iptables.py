@@ -15,8 +15,8 @@ through exactly the objects `apply` installs, so there is one spelling.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from .netns import proc_net, xtables_lock
 from .objects import (
@@ -44,7 +44,7 @@ class IptablesError(Exception):
 
 
 def _iptc():
-    import iptc  # noqa: PLC0415 (heavy, needs libiptc)
+    import iptc  # heavy, needs libiptc
 
     return iptc
 
@@ -56,7 +56,7 @@ def _table(family: int):
     iptc = _iptc()
     t = iptc.Table(TABLE) if family == 4 else iptc.Table6(TABLE)
     t.autocommit = False  # errors must raise (autocommit swallows them), one commit per table
-    t.refresh()           # a handle in this thread's namespace, fresh state
+    t.refresh()  # a handle in this thread's namespace, fresh state
     return t
 
 
@@ -144,12 +144,26 @@ def from_iptc(rule, family: int, chain: str) -> IptRule:
     dst = _cidr(rule.dst) if rule.dst not in _ANY else None
     proto = rule.protocol if rule.protocol and rule.protocol not in ("ip", "all", "0") else None
     if family == 6 and proto == "icmpv6":
-        proto = "ipv6-icmp"   # as compile and iptables-save spell it
-    name = comment[len(COMMENT_PREFIX):] if comment.startswith(COMMENT_PREFIX) and \
-        not comment.startswith(COMMENT_PREFIX + " ") else ""
-    return IptRule(family=family, table=TABLE, chain=chain, rule=name, comment=comment, src=src, dst=dst,
-                   in_iface=rule.in_interface or None, protocol=proto, matches=tuple(matches),
-                   target=tname or None, target_options=topts)
+        proto = "ipv6-icmp"  # as compile and iptables-save spell it
+    name = (
+        comment[len(COMMENT_PREFIX) :]
+        if comment.startswith(COMMENT_PREFIX) and not comment.startswith(COMMENT_PREFIX + " ")
+        else ""
+    )
+    return IptRule(
+        family=family,
+        table=TABLE,
+        chain=chain,
+        rule=name,
+        comment=comment,
+        src=src,
+        dst=dst,
+        in_iface=rule.in_interface or None,
+        protocol=proto,
+        matches=tuple(matches),
+        target=tname or None,
+        target_options=topts,
+    )
 
 
 def _cidr(addr: str) -> str:
@@ -171,21 +185,21 @@ def desired_kspecs(rules: Iterable[IptRule]) -> list[str]:
 
 @dataclass
 class LiveRule:
-    rule: IptRule            # as read back (restorable through to_iptc)
+    rule: IptRule  # as read back (restorable through to_iptc)
     kspec: str
-    index: int               # position in its chain
+    index: int  # position in its chain
     packets: int = 0
     bytes: int = 0
-    text: str = ""           # the spec as iptables-save printed it (restore backend; "" here)
+    text: str = ""  # the spec as iptables-save printed it (restore backend; "" here)
 
 
 @dataclass
 class FamilyState:
     family: int
-    chains: list[str] = field(default_factory=list)                  # owned chains that exist
-    rules: dict[str, list[LiveRule]] = field(default_factory=dict)   # owned chain -> all its rules
-    jumps: dict[str, list[LiveRule]] = field(default_factory=dict)   # built-in chain -> owned rules in it
-    builtin_counts: dict[str, int] = field(default_factory=dict)     # built-in chain -> number of rules
+    chains: list[str] = field(default_factory=list)  # owned chains that exist
+    rules: dict[str, list[LiveRule]] = field(default_factory=dict)  # owned chain -> all its rules
+    jumps: dict[str, list[LiveRule]] = field(default_factory=dict)  # built-in chain -> owned rules in it
+    builtin_counts: dict[str, int] = field(default_factory=dict)  # built-in chain -> number of rules
 
     @property
     def empty(self) -> bool:
@@ -194,9 +208,8 @@ class FamilyState:
 
 def _is_owned_rule(rule, chain_names: set[str]) -> bool:
     for m in rule.matches:
-        if m.name == "comment":
-            if owned_comment(dict(_params(m)).get("comment")):
-                return True
+        if m.name == "comment" and owned_comment(dict(_params(m)).get("comment")):
+            return True
     t = rule.target.name if rule.target is not None else ""
     return t in chain_names  # a jump to one of our chains is ours, comment or not
 
@@ -243,7 +256,7 @@ def available(family: int) -> str | None:
 class FamilyPlan:
     family: int
     create_chains: list[str] = field(default_factory=list)
-    rewrite_chains: dict[str, list[IptRule]] = field(default_factory=dict)   # chain -> desired rules
+    rewrite_chains: dict[str, list[IptRule]] = field(default_factory=dict)  # chain -> desired rules
     delete_chains: list[str] = field(default_factory=list)
     delete_jumps: list[LiveRule] = field(default_factory=list)
     add_jumps: list[IptRule] = field(default_factory=list)
@@ -251,12 +264,13 @@ class FamilyPlan:
     changes: list[tuple[str, str, str, str]] = field(default_factory=list)
     # hashlimit rules whose table must be dropped before re-adding (kernel keeps a
     # table's first config while any rule with that name exists)
-    pre_remove: dict[str, list[str]] = field(default_factory=dict)           # chain -> kspecs to drop first
+    pre_remove: dict[str, list[str]] = field(default_factory=dict)  # chain -> kspecs to drop first
 
     @property
     def empty(self) -> bool:
-        return not (self.create_chains or self.rewrite_chains or self.delete_chains or self.delete_jumps
-                    or self.add_jumps)
+        return not (
+            self.create_chains or self.rewrite_chains or self.delete_chains or self.delete_jumps or self.add_jumps
+        )
 
 
 def match_jumps(live: dict[str, list[LiveRule]], wanted: dict) -> tuple[list[tuple[str, LiveRule]], list]:
@@ -281,8 +295,9 @@ def _hashlimit_names(spec: str) -> set[str]:
     return {parts[i + 1] for i, p in enumerate(parts[:-1]) if p == "--hashlimit-name"}
 
 
-def diff_family(family: int, chains: list[IptChain], rules: list[IptRule], state: FamilyState,
-                kspecs: dict[IptRule, str]) -> FamilyPlan:
+def diff_family(
+    family: int, chains: list[IptChain], rules: list[IptRule], state: FamilyState, kspecs: dict[IptRule, str]
+) -> FamilyPlan:
     from .render import rule_line
 
     plan = FamilyPlan(family)
@@ -408,8 +423,10 @@ def restore_family(state: FamilyState, lock_timeout: float = 10.0) -> None:
         # name, so rules whose settings differ from the state's go in a first commit
         keep = {lr.kspec for lst in state.rules.values() for lr in lst}
         names = set().union(*(_hashlimit_names(k) for k in keep)) if keep else set()
-        stale = {c: {lr.kspec for lr in lst if lr.kspec not in keep and _hashlimit_names(lr.kspec) & names}
-                 for c, lst in cur.rules.items()}
+        stale = {
+            c: {lr.kspec for lr in lst if lr.kspec not in keep and _hashlimit_names(lr.kspec) & names}
+            for c, lst in cur.rules.items()
+        }
         if any(stale.values()):
             for c, specs in stale.items():
                 ch = iptc.Chain(t, c)
@@ -449,8 +466,9 @@ def flush_family(family: int, lock_timeout: float = 10.0) -> int:
     st = read_family(family)
     if st.empty:
         return 0
-    plan = FamilyPlan(family, delete_chains=list(st.chains),
-                      delete_jumps=[lr for lst in st.jumps.values() for lr in lst])
+    plan = FamilyPlan(
+        family, delete_chains=list(st.chains), delete_jumps=[lr for lst in st.jumps.values() for lr in lst]
+    )
     apply_family(plan, lock_timeout)
     return len(st.chains) + sum(len(v) for v in st.rules.values()) + len(plan.delete_jumps)
 
@@ -496,4 +514,3 @@ def host_iptables_variant() -> tuple[str, str]:
         return "legacy", out
     real = os.path.realpath(exe)
     return ("legacy" if "legacy" in real else "unknown"), out
-

@@ -20,8 +20,9 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
@@ -46,8 +47,10 @@ def check_netns(name: str) -> str:
     """The path of an existing namespace, or NetnsError (never creates one)."""
     path = netns_path(name)
     if not os.path.exists(path):
-        raise NetnsError(f"network namespace {name!r} does not exist ({path} is missing); "
-                         f"create it with 'ip netns add {name}' or check the name with 'ip netns list'")
+        raise NetnsError(
+            f"network namespace {name!r} does not exist ({path} is missing); "
+            f"create it with 'ip netns add {name}' or check the name with 'ip netns list'"
+        )
     return path
 
 
@@ -92,10 +95,10 @@ def exec_prefix(netns: str | None) -> list[str]:
     return ["ip", "netns", "exec", netns] if netns else []
 
 
-def run(cmd: list[str], netns: str | None = None, *, check: bool = True, timeout: float = 30,
-        **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(exec_prefix(netns) + cmd, check=check, timeout=timeout, capture_output=True,
-                          text=True, **kw)
+def run(
+    cmd: list[str], netns: str | None = None, *, check: bool = True, timeout: float = 30, **kw
+) -> subprocess.CompletedProcess:
+    return subprocess.run(exec_prefix(netns) + cmd, check=check, timeout=timeout, capture_output=True, text=True, **kw)
 
 
 class LockTimeout(Exception):
@@ -126,8 +129,12 @@ def _flock(path: str, timeout: float, busy: str, create: bool = True) -> Iterato
 
 def xtables_lock(timeout: float = 10.0):
     """flock /run/xtables.lock as iptables-legacy does (python-iptables takes no lock)."""
-    return _flock(XTABLES_LOCK, timeout, f"another program has held {XTABLES_LOCK} for {timeout:.0f} s "
-                                         "(an iptables command still running?); nothing was changed")
+    return _flock(
+        XTABLES_LOCK,
+        timeout,
+        f"another program has held {XTABLES_LOCK} for {timeout:.0f} s "
+        "(an iptables command still running?); nothing was changed",
+    )
 
 
 _process_lock = threading.RLock()
@@ -151,9 +158,15 @@ def writer_lock(netns: str | None = None, timeout: float = 60.0):
     around each commit, orders us against iptables.)"""
     if netns:
         path = check_netns(netns)
-        return _flock(path, timeout, f"another netlimit apply/flush in namespace {netns} has held its lock "
-                                     f"for {timeout:.0f} s; nothing was changed", create=False)
+        return _flock(
+            path,
+            timeout,
+            f"another netlimit apply/flush in namespace {netns} has held its lock "
+            f"for {timeout:.0f} s; nothing was changed",
+            create=False,
+        )
     os.makedirs(LOCK_DIR, exist_ok=True)
     path = os.path.join(LOCK_DIR, "apply.lock")
-    return _flock(path, timeout, f"another netlimit apply/flush has held {path} for {timeout:.0f} s; "
-                                 "nothing was changed")
+    return _flock(
+        path, timeout, f"another netlimit apply/flush has held {path} for {timeout:.0f} s; nothing was changed"
+    )

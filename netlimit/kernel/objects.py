@@ -14,28 +14,28 @@ from dataclasses import dataclass, field
 
 # --- names and numbers netlimit owns --------------------------------------------
 
-CHAIN_INPUT = "NETLIMIT"          # jumped to once from INPUT
-CHAIN_FORWARD = "NETLIMIT-FWD"    # jumped to once from FORWARD
-CHAIN_PREFIX = "NETLIMIT"         # every owned chain is NETLIMIT or NETLIMIT-*
+CHAIN_INPUT = "NETLIMIT"  # jumped to once from INPUT
+CHAIN_FORWARD = "NETLIMIT-FWD"  # jumped to once from FORWARD
+CHAIN_PREFIX = "NETLIMIT"  # every owned chain is NETLIMIT or NETLIMIT-*
 LOG_CHAIN_PREFIX = "NETLIMIT-L-"  # per-rule chain of an `action: log` rule
-COMMENT_PREFIX = "netlimit:"      # every owned rule carries "netlimit:<rule>"
-COMMENT_JUMP = "netlimit: jump"   # the jumps from built-in chains (a space: no rule name can collide)
+COMMENT_PREFIX = "netlimit:"  # every owned rule carries "netlimit:<rule>"
+COMMENT_JUMP = "netlimit: jump"  # the jumps from built-in chains (a space: no rule name can collide)
 COMMENT_EXEMPT = "netlimit: exempt"
-CHAIN_MAX = 28                    # XT_EXTENSION_MAXNAMELEN - 1
+CHAIN_MAX = 28  # XT_EXTENSION_MAXNAMELEN - 1
 LOG_PREFIX_MAX = 29
 
-TC_MAJOR = 0x4E4C                 # "NL": the root qdisc handle netlimit owns (4e4c:)
-TC_INGRESS_PRIO = 0x4E4C          # pref of the ingress -> IFB redirect filter (20044)
-TC_MINOR_TOP = 0x1                # the whole-interface cap class
-TC_MINOR_DEFAULT = 0x2            # the default class (unclassified traffic)
-TC_MINOR_FIRST_RULE = 0x10        # rule classes: 4e4c:10, 4e4c:11, ...
+TC_MAJOR = 0x4E4C  # "NL": the root qdisc handle netlimit owns (4e4c:)
+TC_INGRESS_PRIO = 0x4E4C  # pref of the ingress -> IFB redirect filter (20044)
+TC_MINOR_TOP = 0x1  # the whole-interface cap class
+TC_MINOR_DEFAULT = 0x2  # the default class (unclassified traffic)
+TC_MINOR_FIRST_RULE = 0x10  # rule classes: 4e4c:10, 4e4c:11, ...
 IFB_PREFIX = "nlifb-"
 # "not limited": the rate of the default class when no whole-interface cap exists
 UNLIMITED_BITS = 100 * 10**9
 
 
 def owned_comment(comment: str | None) -> bool:
-    return bool(comment) and comment.startswith(COMMENT_PREFIX)
+    return comment is not None and comment.startswith(COMMENT_PREFIX)
 
 
 def owned_chain(name: str) -> bool:
@@ -44,7 +44,7 @@ def owned_chain(name: str) -> bool:
 
 def rule_of_comment(comment: str) -> str:
     """'netlimit:ssh-guard' -> 'ssh-guard'; 'netlimit: exempt' -> '(exempt)'."""
-    rest = comment[len(COMMENT_PREFIX):]
+    rest = comment[len(COMMENT_PREFIX) :]
     return f"({rest.strip()})" if rest.startswith(" ") else rest
 
 
@@ -64,10 +64,10 @@ class Match:
 
 @dataclass(frozen=True)
 class IptChain:
-    family: int      # 4 | 6
-    table: str       # "filter"
+    family: int  # 4 | 6
+    table: str  # "filter"
     name: str
-    rule: str        # the rule a per-rule chain belongs to; "" for shared chains
+    rule: str  # the rule a per-rule chain belongs to; "" for shared chains
 
 
 @dataclass(frozen=True)
@@ -81,17 +81,17 @@ class IptRule:
     family: int
     table: str
     chain: str
-    rule: str                      # rule name for grouping ("" = netlimit infrastructure)
+    rule: str  # rule name for grouping ("" = netlimit infrastructure)
     comment: str
     src: str | None = None
     dst: str | None = None
     in_iface: str | None = None
     protocol: str | None = None
     matches: tuple[Match, ...] = ()
-    target: str | None = None      # None: no -j (a counting / --set rule)
+    target: str | None = None  # None: no -j (a counting / --set rule)
     target_options: tuple[tuple[str, str | None], ...] = ()
     position: int | None = None
-    note: str = ""                 # human explanation for plan output
+    note: str = ""  # human explanation for plan output
 
     @property
     def all_matches(self) -> tuple[Match, ...]:
@@ -107,7 +107,7 @@ class TcLink:
     """An IFB device netlimit creates for ingress shaping of `for_dev`."""
 
     name: str
-    kind: str       # "ifb"
+    kind: str  # "ifb"
     for_dev: str
     rule: str = ""
 
@@ -119,10 +119,10 @@ class TcLink:
 @dataclass(frozen=True)
 class TcQdisc:
     dev: str
-    kind: str                  # "htb" | "ingress"
-    handle: int                # 0x4e4c0000 | 0xffff0000
-    parent: str                # "root" | "ingress"
-    default_minor: int = 0     # htb only
+    kind: str  # "htb" | "ingress"
+    handle: int  # 0x4e4c0000 | 0xffff0000
+    parent: str  # "root" | "ingress"
+    default_minor: int = 0  # htb only
     rule: str = ""
 
 
@@ -130,12 +130,12 @@ class TcQdisc:
 class TcClass:
     dev: str
     classid: int
-    parent: int                # qdisc handle or parent class id
-    rate: int                  # bits/s
-    ceil: int                  # bits/s
-    burst: int                 # bytes
-    cburst: int                # bytes
-    quantum: int               # bytes
+    parent: int  # qdisc handle or parent class id
+    rate: int  # bits/s
+    ceil: int  # bits/s
+    burst: int  # bytes
+    cburst: int  # bytes
+    quantum: int  # bytes
     rule: str = ""
     note: str = ""
 
@@ -144,23 +144,23 @@ class TcClass:
 class U32Key:
     value: int
     mask: int
-    offset: int                # from the network header, 4-byte aligned
+    offset: int  # from the network header, 4-byte aligned
 
     def pyroute2(self) -> str:
         if self.mask == 0:
-            return f"0x0/0x0+{self.offset}"   # pyroute2 strips '00' pairs from a mask: keep one digit
+            return f"0x0/0x0+{self.offset}"  # pyroute2 strips '00' pairs from a mask: keep one digit
         return f"0x{self.value:08x}/0x{self.mask:08x}+{self.offset}"
 
 
 @dataclass(frozen=True)
 class TcFilter:
     dev: str
-    parent: int                # 0x4e4c0000 or the ingress 0xffff0000
-    protocol: str              # "ip" | "ipv6" | "all"
+    parent: int  # 0x4e4c0000 or the ingress 0xffff0000
+    protocol: str  # "ip" | "ipv6" | "all"
     prio: int
     keys: tuple[U32Key, ...]
-    flowid: int | None = None          # classify into this class
-    redirect_to: str | None = None     # or: mirred egress redirect to this device
+    flowid: int | None = None  # classify into this class
+    redirect_to: str | None = None  # or: mirred egress redirect to this device
     rule: str = ""
     note: str = ""
 
@@ -172,9 +172,9 @@ TcObject = TcLink | TcQdisc | TcClass | TcFilter
 class Device:
     """Everything netlimit puts on one device (an interface, or its IFB)."""
 
-    dev: str                       # where the HTB tree lives
-    interface: str                 # the interface named in the rules
-    direction: str                 # egress | ingress
+    dev: str  # where the HTB tree lives
+    interface: str  # the interface named in the rules
+    direction: str  # egress | ingress
     objects: tuple[TcObject, ...]  # in install order
 
 
@@ -185,7 +185,7 @@ class Desired:
     chains: tuple[IptChain, ...] = ()
     rules: tuple[IptRule, ...] = ()
     devices: tuple[Device, ...] = ()
-    rule_names: tuple[str, ...] = ()   # network + bandwidth rule names, file order
+    rule_names: tuple[str, ...] = ()  # network + bandwidth rule names, file order
     notes: tuple[str, ...] = field(default=())
 
     def family_rules(self, family: int) -> tuple[IptRule, ...]:

@@ -100,8 +100,12 @@ def backend_name(name: str | None = None) -> str:
     if choice in ("python-iptables", "iptc", "pyiptc"):
         choice = "python-iptables"
     if choice not in BACKENDS:
-        raise ApplyError(f"unknown iptables backend {choice!r} (from {'--backend' if name else BACKEND_ENV}): "
-                         f"choose one of {', '.join(BACKENDS)} or auto", None, rolled_back=False)
+        raise ApplyError(
+            f"unknown iptables backend {choice!r} (from {'--backend' if name else BACKEND_ENV}): "
+            f"choose one of {', '.join(BACKENDS)} or auto",
+            None,
+            rolled_back=False,
+        )
     return choice
 
 
@@ -124,10 +128,10 @@ def _nolock():
 @dataclass
 class State:
     netns: str | None
-    iptables: dict[int, Any] = field(default_factory=dict)    # family -> FamilyState
-    tc: Any = None                                            # TcState
+    iptables: dict[int, Any] = field(default_factory=dict)  # family -> FamilyState
+    tc: Any = None  # TcState
     unavailable: dict[int, str] = field(default_factory=dict)
-    backend: str | None = None                                # the backend that read it
+    backend: str | None = None  # the backend that read it
 
     @property
     def empty(self) -> bool:
@@ -136,8 +140,8 @@ class State:
 
 @dataclass
 class Changes:
-    iptables: dict[int, Any] = field(default_factory=dict)    # family -> FamilyPlan
-    tc: Any = None                                            # TcPlan
+    iptables: dict[int, Any] = field(default_factory=dict)  # family -> FamilyPlan
+    tc: Any = None  # TcPlan
 
     @property
     def empty(self) -> bool:
@@ -156,8 +160,11 @@ class Changes:
 
     def counts(self) -> dict[str, int]:
         lines = self.lines()
-        return {"add": sum(1 for x in lines if x.startswith("+")), "remove": sum(1 for x in lines if x.startswith("-")),
-                "reorder": sum(1 for x in lines if x.startswith("~"))}
+        return {
+            "add": sum(1 for x in lines if x.startswith("+")),
+            "remove": sum(1 for x in lines if x.startswith("-")),
+            "reorder": sum(1 for x in lines if x.startswith("~")),
+        }
 
 
 def _read(backend: FilterBackend, families=(4, 6)) -> State:
@@ -165,7 +172,7 @@ def _read(backend: FilterBackend, families=(4, 6)) -> State:
 
     st = State(netns=None, backend=getattr(backend, "key", None))
     prefetch = getattr(backend, "prefetch", None)
-    if prefetch is not None:   # start reading every family at once (restore: one -save process each)
+    if prefetch is not None:  # start reading every family at once (restore: one -save process each)
         prefetch(families)
     st.tc = tc.read_state()
     for fam in families:
@@ -185,8 +192,11 @@ def _diff(backend: FilterBackend, desired: Desired, state: State) -> Changes:
         rules = list(desired.family_rules(fam))
         if fam in state.unavailable:
             if rules:
-                raise ApplyError(f"{'ip6tables' if fam == 6 else 'iptables'} (legacy) is not usable here: "
-                                 f"{state.unavailable[fam]}", rules[0].rule or None, rolled_back=False)
+                raise ApplyError(
+                    f"{'ip6tables' if fam == 6 else 'iptables'} (legacy) is not usable here: {state.unavailable[fam]}",
+                    rules[0].rule or None,
+                    rolled_back=False,
+                )
             continue
         ch.iptables[fam] = backend.plan(fam, list(desired.family_chains(fam)), rules, state.iptables[fam])
     ch.tc = tc.diff(desired.devices, state.tc)
@@ -225,8 +235,9 @@ class ApplyResult:
         return not self.changes.empty
 
 
-def apply(desired: Desired, netns: str | None = None, *, dry_run: bool = False,
-          backend: str | None = None) -> ApplyResult:
+def apply(
+    desired: Desired, netns: str | None = None, *, dry_run: bool = False, backend: str | None = None
+) -> ApplyResult:
     """Make the kernel (in `netns`) equal to `desired`. Idempotent; rolls back on failure.
     `backend`: 'restore' | 'python-iptables' (default: see backend_name)."""
     chosen = get_backend(backend)
@@ -236,7 +247,7 @@ def apply(desired: Desired, netns: str | None = None, *, dry_run: bool = False,
 
         backend = chosen
         t0 = time.monotonic()
-        with kernel_lock(), (writer_lock(netns) if not dry_run else _nolock()):
+        with kernel_lock(), writer_lock(netns) if not dry_run else _nolock():
             state = _read(backend)
             state.netns = netns
             t_read = time.monotonic()
@@ -306,7 +317,7 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> State:
             st.netns = netns
             for fam, fst in st.iptables.items():
                 if not fst.empty:
-                    chosen.write(chosen.plan(fam, [], [], fst))   # the diff against nothing
+                    chosen.write(chosen.plan(fam, [], [], fst))  # the diff against nothing
             tc.flush(st.tc)
             return st
 
@@ -333,8 +344,13 @@ def _rows(st: State) -> list[dict[str, Any]]:
                 name = rule_of_comment(r.comment) if r.comment else "(jump)"
                 dropping = r.target in ("DROP", "REJECT")
                 row: dict[str, Any] = {
-                    "rule": name, "layer": layer, "object": rule_line(r), "chain": chain,
-                    "packets": lr.packets, "bytes": lr.bytes, "dropped": lr.packets if dropping else 0,
+                    "rule": name,
+                    "layer": layer,
+                    "object": rule_line(r),
+                    "chain": chain,
+                    "packets": lr.packets,
+                    "bytes": lr.bytes,
+                    "dropped": lr.packets if dropping else 0,
                 }
                 for m in r.matches:
                     opts = dict(m.options)
@@ -348,16 +364,39 @@ def _rows(st: State) -> list[dict[str, Any]]:
     if st.tc is not None:
         for x in st.tc.objects():
             o = x.obj
-            kind = ("link" if isinstance(o, TcLink) else "qdisc" if isinstance(o, TcQdisc)
-                    else "class" if isinstance(o, TcClass) else "filter" if isinstance(o, TcFilter) else "?")
-            key = (f"class {o.dev} {o.classid:#x}" if isinstance(o, TcClass)
-                   else f"filter {o.dev} {o.parent:#x} {o.prio}" if isinstance(o, TcFilter)
-                   else f"{kind} {o.dev}")
-            rows.append({
-                "rule": o.rule or "", "layer": "tc", "object": tc_command(o), "dev": o.dev, "kind": kind,
-                "key": key, "packets": x.packets, "bytes": x.bytes, "dropped": x.drops,
-                "overlimits": x.overlimits, "backlog": x.backlog,
-            })
+            kind = (
+                "link"
+                if isinstance(o, TcLink)
+                else "qdisc"
+                if isinstance(o, TcQdisc)
+                else "class"
+                if isinstance(o, TcClass)
+                else "filter"
+                if isinstance(o, TcFilter)
+                else "?"
+            )
+            key = (
+                f"class {o.dev} {o.classid:#x}"
+                if isinstance(o, TcClass)
+                else f"filter {o.dev} {o.parent:#x} {o.prio}"
+                if isinstance(o, TcFilter)
+                else f"{kind} {o.dev}"
+            )
+            rows.append(
+                {
+                    "rule": o.rule or "",
+                    "layer": "tc",
+                    "object": tc_command(o),
+                    "dev": o.dev,
+                    "kind": kind,
+                    "key": key,
+                    "packets": x.packets,
+                    "bytes": x.bytes,
+                    "dropped": x.drops,
+                    "overlimits": x.overlimits,
+                    "backlog": x.backlog,
+                }
+            )
     return rows
 
 
@@ -416,7 +455,7 @@ def _prune_names() -> None:
     for e in entries:
         if not (e.startswith("tc-names-") and e.endswith(".json")):
             continue
-        ns = e[len("tc-names-"):-len(".json")]
+        ns = e[len("tc-names-") : -len(".json")]
         if ns != "_root" and not os.path.exists(os.path.join(NETNS_DIR, ns)):
             try:
                 os.unlink(os.path.join(NAMES_DIR, e))
@@ -444,8 +483,9 @@ def load_names(netns: str | None) -> dict[str, str]:
         return {}
 
 
-def list_owned(netns: str | None = None, desired: Desired | None = None, *,
-               backend: str | None = None) -> list[dict[str, Any]]:
+def list_owned(
+    netns: str | None = None, desired: Desired | None = None, *, backend: str | None = None
+) -> list[dict[str, Any]]:
     """Every owned object with its counters, named by rule (tc names come from
     `desired` if given, else from what the last apply remembered)."""
     chosen = get_backend(backend)

@@ -15,7 +15,6 @@ from typing import Any
 from ..config.units import format_bandwidth
 from .objects import (
     Desired,
-
     IptChain,
     IptRule,
     Match,
@@ -30,7 +29,7 @@ from .objects import (
 FAMILY_TOOL = {4: "iptables", 6: "ip6tables"}
 
 
-_PLAIN = re.compile(r"[\w\-./:,+=@%~]+")   # \w: str.isalnum() characters and "_"
+_PLAIN = re.compile(r"[\w\-./:,+=@%~]+")  # \w: str.isalnum() characters and "_"
 
 
 def _q(value: str) -> str:
@@ -57,7 +56,6 @@ def _dq(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-
 @lru_cache(maxsize=1 << 14)
 def _match_text(m: Match) -> str:
     return " ".join(["-m", m.module] + _opts(m.options))
@@ -74,7 +72,7 @@ def rule_spec(r: IptRule) -> str:
         parts += ["-i", r.in_iface]
     if r.protocol:
         parts += ["-p", r.protocol]
-    parts.append("-m comment --comment " + _dq(r.comment))   # all_matches[0], spelt directly
+    parts.append("-m comment --comment " + _dq(r.comment))  # all_matches[0], spelt directly
     parts.extend(_match_text(m) for m in r.matches)
     if r.target:
         parts += ["-j", r.target] + _opts(r.target_options)
@@ -109,8 +107,9 @@ def iptables_save_text(desired: Desired, family: int, *, headers: bool = True) -
 
 def _group_title(r: IptRule) -> str:
     if r.rule:
-        return f"rule {r.rule}: {r.note}" if r.note and not r.note.startswith(("remember", "shadow")) \
-            else f"rule {r.rule}"
+        return (
+            f"rule {r.rule}: {r.note}" if r.note and not r.note.startswith(("remember", "shadow")) else f"rule {r.rule}"
+        )
     return r.note or r.comment
 
 
@@ -131,16 +130,19 @@ def tc_command(o: TcObject) -> str:
     if isinstance(o, TcQdisc):
         if o.kind == "ingress":
             return f"tc qdisc add dev {o.dev} handle ffff: ingress"
-        return (f"tc qdisc add dev {o.dev} root handle {fmt_handle(o.handle)} htb "
-                f"default {o.default_minor:x}")
+        return f"tc qdisc add dev {o.dev} root handle {fmt_handle(o.handle)} htb default {o.default_minor:x}"
     if isinstance(o, TcClass):
-        return (f"tc class add dev {o.dev} parent {fmt_handle(o.parent)} classid {fmt_handle(o.classid)} htb "
-                f"rate {_bits(o.rate)} ceil {_bits(o.ceil)} burst {o.burst}b cburst {o.cburst}b "
-                f"quantum {o.quantum}")
+        return (
+            f"tc class add dev {o.dev} parent {fmt_handle(o.parent)} classid {fmt_handle(o.classid)} htb "
+            f"rate {_bits(o.rate)} ceil {_bits(o.ceil)} burst {o.burst}b cburst {o.cburst}b "
+            f"quantum {o.quantum}"
+        )
     if isinstance(o, TcFilter):
         keys = " ".join(f"match u32 0x{k.value:08x} 0x{k.mask:08x} at {k.offset}" for k in o.keys)
-        head = (f"tc filter add dev {o.dev} parent {fmt_handle(o.parent)} protocol {_proto(o.protocol)} "
-                f"prio {o.prio} u32 {keys}")
+        head = (
+            f"tc filter add dev {o.dev} parent {fmt_handle(o.parent)} protocol {_proto(o.protocol)} "
+            f"prio {o.prio} u32 {keys}"
+        )
         if o.redirect_to:
             return f"{head} action mirred egress redirect dev {o.redirect_to}"
         return f"{head} flowid {fmt_handle(o.flowid or 0)}"
@@ -180,8 +182,10 @@ def plan_text(desired: Desired, *, source: str = "", sha256: str = "") -> str:
         out.append(f"# sha256 {sha256}")
     n_ipt = len(desired.rules)
     n_tc = len(desired.tc_objects)
-    out.append(f"# {len(desired.rule_names)} rules -> {n_ipt} iptables/ip6tables rules, "
-               f"{len(desired.chains)} chains, {n_tc} tc objects ({', '.join(desired.notes)})")
+    out.append(
+        f"# {len(desired.rule_names)} rules -> {n_ipt} iptables/ip6tables rules, "
+        f"{len(desired.chains)} chains, {n_tc} tc objects ({', '.join(desired.notes)})"
+    )
     if not n_ipt and not n_tc:
         out.append("# nothing to install: this file has no network or bandwidth rules")
         return "\n".join(out) + "\n"
@@ -189,8 +193,10 @@ def plan_text(desired: Desired, *, source: str = "", sha256: str = "") -> str:
         text = iptables_save_text(desired, fam)
         if text:
             out.append("")
-            out.append(f"# --- {FAMILY_TOOL[fam]} (legacy x_tables; paste into {FAMILY_TOOL[fam]}-legacy-restore "
-                       f"--noflush) ---")
+            out.append(
+                f"# --- {FAMILY_TOOL[fam]} (legacy x_tables; paste into {FAMILY_TOOL[fam]}-legacy-restore "
+                f"--noflush) ---"
+            )
             out.append(text.rstrip("\n"))
     tct = tc_text(desired)
     if tct:
@@ -207,8 +213,14 @@ def chain_dict(c: IptChain) -> dict[str, Any]:
 def rule_dict(r: IptRule) -> dict[str, Any]:
     return {
         "layer": "iptables" if r.family == 4 else "ip6tables",
-        "family": r.family, "table": r.table, "chain": r.chain, "rule": r.rule or None,
-        "comment": r.comment, "position": r.position, "spec": rule_spec(r), "line": rule_line(r),
+        "family": r.family,
+        "table": r.table,
+        "chain": r.chain,
+        "rule": r.rule or None,
+        "comment": r.comment,
+        "position": r.position,
+        "spec": rule_spec(r),
+        "line": rule_line(r),
         "note": r.note,
     }
 
@@ -222,12 +234,28 @@ def tc_dict(o: TcObject) -> dict[str, Any]:
         if o.kind == "htb":
             d["default"] = fmt_handle((o.handle & 0xFFFF0000) | o.default_minor)
     elif isinstance(o, TcClass):
-        d.update(object="class", kind="htb", classid=fmt_handle(o.classid), parent=fmt_handle(o.parent),
-                 rate_bits=o.rate, ceil_bits=o.ceil, burst=o.burst, cburst=o.cburst, quantum=o.quantum,
-                 note=o.note)
+        d.update(
+            object="class",
+            kind="htb",
+            classid=fmt_handle(o.classid),
+            parent=fmt_handle(o.parent),
+            rate_bits=o.rate,
+            ceil_bits=o.ceil,
+            burst=o.burst,
+            cburst=o.cburst,
+            quantum=o.quantum,
+            note=o.note,
+        )
     elif isinstance(o, TcFilter):
-        d.update(object="filter", kind="u32", parent=fmt_handle(o.parent), protocol=o.protocol, prio=o.prio,
-                 keys=[k.pyroute2() for k in o.keys], note=o.note)
+        d.update(
+            object="filter",
+            kind="u32",
+            parent=fmt_handle(o.parent),
+            protocol=o.protocol,
+            prio=o.prio,
+            keys=[k.pyroute2() for k in o.keys],
+            note=o.note,
+        )
         if o.flowid is not None:
             d["flowid"] = fmt_handle(o.flowid)
         if o.redirect_to:
@@ -247,13 +275,18 @@ def plan_dict(desired: Desired, *, source: str = "", sha256: str = "") -> dict[s
             "restore": {FAMILY_TOOL[f]: iptables_save_text(desired, f, headers=False) for f in (4, 6)},
         },
         "tc": {
-            "devices": [{"dev": d.dev, "interface": d.interface, "direction": d.direction,
-                         "objects": [tc_dict(o) for o in d.objects]} for d in desired.devices],
+            "devices": [
+                {
+                    "dev": d.dev,
+                    "interface": d.interface,
+                    "direction": d.direction,
+                    "objects": [tc_dict(o) for o in d.objects],
+                }
+                for d in desired.devices
+            ],
         },
     }
 
 
 def plan_json(desired: Desired, **kw: str) -> str:
     return json.dumps(plan_dict(desired, **kw), indent=2) + "\n"
-
-

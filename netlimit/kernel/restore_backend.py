@@ -96,8 +96,11 @@ def _run(cmd: list[str], input: str | None = None) -> subprocess.CompletedProces
 
 
 def _name_of(comment: str) -> str:
-    return comment[len(COMMENT_PREFIX):] if comment.startswith(COMMENT_PREFIX) and \
-        not comment.startswith(COMMENT_PREFIX + " ") else ""
+    return (
+        comment[len(COMMENT_PREFIX) :]
+        if comment.startswith(COMMENT_PREFIX) and not comment.startswith(COMMENT_PREFIX + " ")
+        else ""
+    )
 
 
 class SavedRule(LiveRule):
@@ -108,7 +111,7 @@ class SavedRule(LiveRule):
         self.family = family
         self.chain = chain
         self.text = text
-        self.kspec = text   # -save's spelling is canonical: canon(text) == text (tested for every kind)
+        self.kspec = text  # -save's spelling is canonical: canon(text) == text (tested for every kind)
         self.index = index
         self.packets = packets
         self.bytes = nbytes
@@ -118,8 +121,7 @@ class SavedRule(LiveRule):
     def rule(self) -> IptRule:  # type: ignore[override]
         if self._rule is None:
             kw = parse_spec(self.text)
-            self._rule = IptRule(family=self.family, table=TABLE, chain=self.chain, rule=_name_of(kw["comment"]),
-                                 **kw)
+            self._rule = IptRule(family=self.family, table=TABLE, chain=self.chain, rule=_name_of(kw["comment"]), **kw)
         return self._rule
 
 
@@ -136,7 +138,7 @@ def parse_save(text: str, family: int) -> FamilyState:
     """Owned chains, rules and jumps of the filter table in `iptables-save [-c]` output."""
     st = FamilyState(family)
     declared: list[str] = []
-    rules: list[tuple[str, str, int, int]] = []     # chain, spec, packets, bytes
+    rules: list[tuple[str, str, int, int]] = []  # chain, spec, packets, bytes
     in_filter = False
     for line in text.splitlines():
         if not line or line[0] == "#":
@@ -154,7 +156,7 @@ def parse_save(text: str, family: int) -> FamilyState:
             close = line.index("]")
             a, _, b = line[1:close].partition(":")
             pk, by = int(a), int(b)
-            line = line[close + 1:].lstrip()
+            line = line[close + 1 :].lstrip()
         if line.startswith("-A "):
             _, chain, *rest = line.split(" ", 2)
             rules.append((chain, rest[0] if rest else "", pk, by))
@@ -210,9 +212,9 @@ class Want:
     text: str
     name: str
     family: int = 4
-    source: IptRule | None = None               # for `line` (its position: -I at the top)
-    counters: tuple[int, int] | None = None    # written with --counters (rollback)
-    known: str | None = None                   # the canonical spec, when already known
+    source: IptRule | None = None  # for `line` (its position: -I at the top)
+    counters: tuple[int, int] | None = None  # written with --counters (rollback)
+    known: str | None = None  # the canonical spec, when already known
 
     @property
     def kspec(self) -> str:
@@ -236,13 +238,13 @@ class RestorePlan:
     chain_ops: dict[str, tuple[list[int], list[tuple[int, Want]]]] = field(default_factory=dict)
     delete_chains: list[str] = field(default_factory=list)
     delete_jumps: list[LiveRule] = field(default_factory=list)
-    add_jumps: list[tuple[int, Want]] = field(default_factory=list)        # (index in its chain, rule)
-    pre_remove: dict[str, list[int]] = field(default_factory=dict)         # chain -> live indexes, commit 1
+    add_jumps: list[tuple[int, Want]] = field(default_factory=list)  # (index in its chain, rule)
+    pre_remove: dict[str, list[int]] = field(default_factory=dict)  # chain -> live indexes, commit 1
     changes: list[tuple[str, str, str, str]] = field(default_factory=list)
-    live_len: dict[str, int] = field(default_factory=dict)                 # chain -> rules at read time
+    live_len: dict[str, int] = field(default_factory=dict)  # chain -> rules at read time
     builtin_counts: dict[str, int] = field(default_factory=dict)
     wanted_chains: list[str] = field(default_factory=list)
-    live_rules: dict[str, list[LiveRule]] = field(default_factory=dict)    # chain -> its rules at read time
+    live_rules: dict[str, list[LiveRule]] = field(default_factory=dict)  # chain -> its rules at read time
 
     def live_name(self, chain: str, index: int) -> str | None:
         lst = self.live_rules.get(chain, [])
@@ -250,8 +252,7 @@ class RestorePlan:
 
     @property
     def empty(self) -> bool:
-        return not (self.create_chains or self.chain_ops or self.delete_chains or self.delete_jumps
-                    or self.add_jumps)
+        return not (self.create_chains or self.chain_ops or self.delete_chains or self.delete_jumps or self.add_jumps)
 
 
 def _label(r: IptRule) -> str:
@@ -294,14 +295,15 @@ def _settings_change(kspec: str, want_hl) -> bool:
     return any(name in wanted and wanted[name] != {seg} for name, seg in _hashlimit_settings(kspec).items())
 
 
-def plan_family(family: int, chains: list[str], want: dict[str, list[Want]],
-                jumps: list[tuple[int, Want]], state: FamilyState) -> RestorePlan:
+def plan_family(
+    family: int, chains: list[str], want: dict[str, list[Want]], jumps: list[tuple[int, Want]], state: FamilyState
+) -> RestorePlan:
     """The smallest edit that turns `state` into: `chains` holding `want[chain]` in order,
     and each of `jumps` ((index, rule) in a built-in chain) present once."""
     plan = RestorePlan(family, builtin_counts=dict(state.builtin_counts), wanted_chains=list(chains))
     hl_cache: list[dict[str, set[str]]] = []
 
-    def want_hl() -> dict[str, set[str]]:   # hashlimit name -> settings the new rules give it
+    def want_hl() -> dict[str, set[str]]:  # hashlimit name -> settings the new rules give it
         if not hl_cache:
             names: dict[str, set[str]] = {}
             for c in chains:
@@ -317,7 +319,7 @@ def plan_family(family: int, chains: list[str], want: dict[str, list[Want]],
             plan.changes.append(("+", c, "", f":{c} - [0:0]"))
         live = state.rules.get(c, [])
         wl = want.get(c, [])
-        if not live:   # an empty or new chain: everything is appended, nothing to compare
+        if not live:  # an empty or new chain: everything is appended, nothing to compare
             if wl:
                 plan.chain_ops[c] = ([], list(enumerate(wl)))
                 plan.live_len[c] = 0
@@ -336,7 +338,7 @@ def plan_family(family: int, chains: list[str], want: dict[str, list[Want]],
         tail = 0
         while tail < len(lk) - head and tail < len(wk) - head and lk[-1 - tail] == wk[-1 - tail]:
             tail += 1
-        sm = difflib.SequenceMatcher(None, lk[head:len(lk) - tail], wk[head:len(wk) - tail], autojunk=False)
+        sm = difflib.SequenceMatcher(None, lk[head : len(lk) - tail], wk[head : len(wk) - tail], autojunk=False)
         for tag, i1, i2, j1, j2 in sm.get_opcodes():
             if tag != "equal":
                 dels.extend(range(head + i1, head + i2))
@@ -367,11 +369,11 @@ def plan_family(family: int, chains: list[str], want: dict[str, list[Want]],
             for lr in state.rules.get(c, []):
                 plan.changes.append(("-", c, _label(lr.rule), rule_line(lr.rule)))
             plan.changes.append(("-", c, "", f"delete chain {c}"))
-    gone, new = match_jumps(state.jumps, {(w.chain, w.kspec): (idx, w) for idx, w in jumps})
-    for bchain, lr in gone:
+    gone_jumps, new_jumps = match_jumps(state.jumps, {(w.chain, w.kspec): (idx, w) for idx, w in jumps})
+    for bchain, lr in gone_jumps:
         plan.delete_jumps.append(lr)
         plan.changes.append(("-", bchain, "", rule_line(lr.rule)))
-    for idx, w in new:
+    for idx, w in new_jumps:
         plan.add_jumps.append((idx, w))
         plan.changes.append(("+", w.chain, "", w.line))
     return plan
@@ -383,7 +385,7 @@ def plan_family(family: int, chains: list[str], want: dict[str, list[Want]],
 @dataclass
 class _Line:
     text: str
-    rule: str | None      # the rule this line writes or removes (None: netlimit's own chains/jumps)
+    rule: str | None  # the rule this line writes or removes (None: netlimit's own chains/jumps)
     want: Want | None = None
 
 
@@ -437,18 +439,25 @@ _LINE_RE = re.compile(r"line:? (\d+)")
 
 
 def _reason(stderr: str) -> str:
-    keep = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not ln.startswith("Try `")
-            and not ln.startswith("Error occurred at line") and not re.search(r"restore: line \d+ failed", ln)]
+    keep = [
+        ln.strip()
+        for ln in stderr.splitlines()
+        if ln.strip()
+        and not ln.startswith("Try `")
+        and not ln.startswith("Error occurred at line")
+        and not re.search(r"restore: line \d+ failed", ln)
+    ]
     return "; ".join(keep)
 
 
-def _restore(family: int, commits: list[tuple[str, list[_Line]]], blame_chains: list[str],
-             counters: bool = False) -> None:
+def _restore(
+    family: int, commits: list[tuple[str, list[_Line]]], blame_chains: list[str], counters: bool = False
+) -> None:
     """Feed the commits (what, lines) to one `*-restore --noflush` run, one `*filter ... COMMIT`
     block each (the kernel replaces the table once per block, in order); on failure
     IptablesError naming the rule. A failed block changes nothing; blocks before it stay."""
     tool = TOOL[family]
-    where: dict[int, tuple[int, _Line | None]] = {}   # input line number -> (commit, line; None: COMMIT)
+    where: dict[int, tuple[int, _Line | None]] = {}  # input line number -> (commit, line; None: COMMIT)
     parts: list[str] = []
     n = 0
     for k, (_what, lines) in enumerate(commits):
@@ -471,8 +480,10 @@ def _restore(family: int, commits: list[tuple[str, list[_Line]]], blame_chains: 
         return
     err = (p.stderr or p.stdout).strip()
     if "xtables lock" in err:
-        raise IptablesError(f"another program held the xtables lock (/run/xtables.lock) for {LOCK_WAIT_S} s "
-                            f"(an iptables command still running?); {tool}: {err}")
+        raise IptablesError(
+            f"another program held the xtables lock (/run/xtables.lock) for {LOCK_WAIT_S} s "
+            f"(an iptables command still running?); {tool}: {err}"
+        )
     m = _LINE_RE.search(err)
     k, bad = where.get(int(m.group(1)) if m else -1, (len(commits) - 1, None))
     what = commits[k][0]
@@ -480,18 +491,25 @@ def _restore(family: int, commits: list[tuple[str, list[_Line]]], blame_chains: 
     if bad is not None:
         shown = bad.text if len(bad.text) <= 300 else bad.text[:300] + "…"
         head = f"rule {bad.rule!r}: " if bad.rule else ""
-        raise IptablesError(f"{head}{tool} refused `{shown}`" + (f": {reason}" if reason else "") +
-                            f" ({what})", bad.rule)
+        raise IptablesError(
+            f"{head}{tool} refused `{shown}`" + (f": {reason}" if reason else "") + f" ({what})", bad.rule
+        )
     # the kernel refused the table at COMMIT: find the rule by trying each new one alone
     new = [ln.want for ln in commits[k][1] if ln.want is not None]
     culprit = blame(family, new, blame_chains)
     if culprit is not None:
-        raise IptablesError(f"rule {culprit.name!r}: the kernel refused `{culprit.line}` ({tool}, {what}); "
-                            "the kernel log (dmesg) says why", culprit.name)
+        raise IptablesError(
+            f"rule {culprit.name!r}: the kernel refused `{culprit.line}` ({tool}, {what}); "
+            "the kernel log (dmesg) says why",
+            culprit.name,
+        )
     names = list(dict.fromkeys(w.name for w in new if w.name))
     rule = ", ".join(names) or None
-    raise IptablesError(f"the kernel refused {what} ({tool}: {err or 'exit ' + str(p.returncode)}); "
-                        f"rules written: {rule or '(none)'}; the kernel log (dmesg) says why", rule)
+    raise IptablesError(
+        f"the kernel refused {what} ({tool}: {err or 'exit ' + str(p.returncode)}); "
+        f"rules written: {rule or '(none)'}; the kernel log (dmesg) says why",
+        rule,
+    )
 
 
 def blame(family: int, wants: list[Want], chains: list[str]) -> Want | None:
@@ -503,10 +521,16 @@ def blame(family: int, wants: list[Want], chains: list[str]) -> Want | None:
     blocks = []
     for w in wants:
         blocks.append(f"*filter\n{decl}-A {w.chain} {w.text}\nCOMMIT\n")
-    per = 2 + decl.count("\n") + 1        # lines per block: *filter, decl..., -A, COMMIT
+    per = 2 + decl.count("\n") + 1  # lines per block: *filter, decl..., -A, COMMIT
     try:
-        p = subprocess.run(["unshare", "--net", "--", RESTORE[family]], input="".join(blocks),
-                           capture_output=True, text=True, timeout=TIMEOUT_S, env=_env())
+        p = subprocess.run(
+            ["unshare", "--net", "--", RESTORE[family]],
+            input="".join(blocks),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=_env(),
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if p.returncode == 0:
@@ -534,8 +558,9 @@ class RestoreBackend:
         for fam in families:
             if fam not in self._running and not binaries_missing((fam,)):
                 try:
-                    self._running[fam] = subprocess.Popen(_save_cmd(fam), stdout=subprocess.PIPE,
-                                                          stderr=subprocess.PIPE, text=True, env=_env())
+                    self._running[fam] = subprocess.Popen(
+                        _save_cmd(fam), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+                    )
                 except OSError:
                     pass
 
@@ -556,7 +581,7 @@ class RestoreBackend:
         if missing:
             return f"{', '.join(missing)} not found on PATH (apt-get install iptables)"
         try:
-            self._saved[family] = self._collect(family)   # read() uses this output right after
+            self._saved[family] = self._collect(family)  # read() uses this output right after
         except (IptablesError, OSError, subprocess.TimeoutExpired) as exc:
             return str(exc)
         return None
@@ -588,10 +613,11 @@ class RestoreBackend:
         if plan.empty:
             return
         commits: list[tuple[str, list[_Line]]] = []
-        if plan.pre_remove:   # a first commit, so that the kernel drops those hashlimit tables
+        if plan.pre_remove:  # a first commit, so that the kernel drops those hashlimit tables
             commits.append(("removing hashlimit rules whose settings changed", _pre_remove_lines(plan)))
-        counters = any(w.counters for _, ins in plan.chain_ops.values() for _, w in ins) or \
-            any(w.counters for _, w in plan.add_jumps)
+        counters = any(w.counters for _, ins in plan.chain_ops.values() for _, w in ins) or any(
+            w.counters for _, w in plan.add_jumps
+        )
         commits.append(("the new rule set", _commit_lines(plan, counters)))
         _restore(plan.family, commits, plan.wanted_chains, counters)
 

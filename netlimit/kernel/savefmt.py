@@ -54,8 +54,8 @@ def dquote(value: str) -> str:
 
 _UNITS = (("day", 86400), ("hour", 3600), ("min", 60), ("sec", 1))
 _UNIT_WORDS = (("second", 1), ("minute", 60), ("hour", 3600), ("day", 86400))
-HASHLIMIT_SCALE = 1_000_000   # XT_HASHLIMIT_SCALE_v2 (revisions 2 and 3)
-LIMIT_SCALE = 10_000          # XT_LIMIT_SCALE
+HASHLIMIT_SCALE = 1_000_000  # XT_HASHLIMIT_SCALE_v2 (revisions 2 and 3)
+LIMIT_SCALE = 10_000  # XT_LIMIT_SCALE
 
 
 def _parse_rate(text: str, scale: int) -> tuple[int, int] | None:
@@ -91,9 +91,19 @@ def _print_rate(period: int, scale: int) -> tuple[str, int]:
 # --- canonical spelling ------------------------------------------------------------------
 
 _PROTO = {"1": "icmp", "6": "tcp", "17": "udp", "58": "ipv6-icmp", "icmpv6": "ipv6-icmp", "ipv6-icmp": "ipv6-icmp"}
-_HASHLIMIT_ORDER = ("hashlimit-upto", "hashlimit-above", "hashlimit-burst", "hashlimit-mode", "hashlimit-name",
-                    "hashlimit-htable-size", "hashlimit-htable-max", "hashlimit-htable-gcinterval",
-                    "hashlimit-htable-expire", "hashlimit-srcmask", "hashlimit-dstmask")
+_HASHLIMIT_ORDER = (
+    "hashlimit-upto",
+    "hashlimit-above",
+    "hashlimit-burst",
+    "hashlimit-mode",
+    "hashlimit-name",
+    "hashlimit-htable-size",
+    "hashlimit-htable-max",
+    "hashlimit-htable-gcinterval",
+    "hashlimit-htable-expire",
+    "hashlimit-srcmask",
+    "hashlimit-dstmask",
+)
 _HL_MODES = ("srcip", "srcport", "dstip", "dstport")
 
 
@@ -158,7 +168,7 @@ def _canon_hashlimit(opts: list[Option], family: int) -> list[Option]:
                     o_exp: Option = [False, "hashlimit-htable-expire", [str(parsed[1] * 1000)]]
                     opts = opts + [o_exp]
                     d[o_exp[1]] = o_exp
-            if key == "hashlimit":          # the old alias of --hashlimit-upto
+            if key == "hashlimit":  # the old alias of --hashlimit-upto
                 o[1] = "hashlimit-upto"
     mode = d.get("hashlimit-mode")
     if mode is not None and mode[2]:
@@ -231,7 +241,7 @@ def canon(spec: str, family: int) -> str:
     head_end = marks[0] if marks else n
     out: list[str] = []
     i = 0
-    while i < head_end:   # addresses, interfaces, protocol
+    while i < head_end:  # addresses, interfaces, protocol
         t = toks[i]
         h = _HEAD.get(t)
         if h is not None and i + 1 < head_end:
@@ -255,13 +265,13 @@ def canon(spec: str, family: int) -> str:
             fix = _MODULES.get(mod)
             if fix is None:
                 out.append("-m")
-                out.extend(toks[a + 1:b])
+                out.extend(toks[a + 1 : b])
             else:
                 opts, _ = _options(toks[:b], a + 2)
                 out += ["-m", mod] + _emit(fix(opts, family))
         elif t in ("--jump", "--goto"):
             out.append("-j" if t == "--jump" else "-g")
-            out.extend(toks[a + 1:b])
+            out.extend(toks[a + 1 : b])
         else:
             out.extend(toks[a:b])
     return " ".join(out)
@@ -274,8 +284,15 @@ def parse_spec(spec: str) -> dict:
     """A save-format rule spec as IptRule keyword arguments (src, dst, in_iface, protocol,
     comment, matches, target, target_options). The first comment match becomes `comment`."""
     toks = split(spec)
-    kw: dict = {"src": None, "dst": None, "in_iface": None, "protocol": None, "comment": "",
-                "target": None, "target_options": ()}
+    kw: dict = {
+        "src": None,
+        "dst": None,
+        "in_iface": None,
+        "protocol": None,
+        "comment": "",
+        "target": None,
+        "target_options": (),
+    }
     matches: list[Match] = []
     i, n = 0, len(toks)
     while i < n and toks[i] not in ("-m", "-j", "-g"):
@@ -298,8 +315,9 @@ def parse_spec(spec: str) -> dict:
         elif t in ("-j", "-g") and i + 1 < n:
             kw["target"] = toks[i + 1]
             opts, i = _options(toks, i + 2)
-            kw["target_options"] = tuple((name, " ".join(unquote(v) for v in vals) if vals else None)
-                                         for _neg, name, vals in opts)
+            kw["target_options"] = tuple(
+                (name, " ".join(unquote(v) for v in vals) if vals else None) for _neg, name, vals in opts
+            )
         else:
             i += 1
     kw["matches"] = tuple(matches)

@@ -45,7 +45,7 @@ class TcError(Exception):
 
 
 def _ipr():
-    from pyroute2 import IPRoute  # noqa: PLC0415
+    from pyroute2 import IPRoute
 
     return IPRoute()
 
@@ -55,8 +55,9 @@ def _nlerr(exc: Exception) -> str:
     if code is not None:
         import os
 
-        return f"{os.strerror(code)} (errno {code})" + (f": {exc.args[1]}" if len(exc.args) > 1 and
-                                                           exc.args[1] != os.strerror(code) else "")
+        return f"{os.strerror(code)} (errno {code})" + (
+            f": {exc.args[1]}" if len(exc.args) > 1 and exc.args[1] != os.strerror(code) else ""
+        )
     return str(exc)
 
 
@@ -77,7 +78,7 @@ def _bytes_of(keys) -> tuple[tuple[int, int, int], ...]:
 
 
 def _buffer(rate_bits: int, burst: int) -> int:
-    from pyroute2.netlink.rtnl.tcmsg.common import calc_xmittime  # noqa: PLC0415
+    from pyroute2.netlink.rtnl.tcmsg.common import calc_xmittime
 
     return calc_xmittime(rate_bits // 8, burst)
 
@@ -89,8 +90,17 @@ def norm(o: TcObject) -> tuple:
     if isinstance(o, TcQdisc):
         return ("qdisc", o.dev, o.kind, o.handle, o.parent, o.default_minor if o.kind == "htb" else 0)
     if isinstance(o, TcClass):
-        return ("class", o.dev, o.classid, o.parent, o.rate // 8, o.ceil // 8, _buffer(o.rate, o.burst),
-                _buffer(o.ceil, o.cburst), o.quantum)
+        return (
+            "class",
+            o.dev,
+            o.classid,
+            o.parent,
+            o.rate // 8,
+            o.ceil // 8,
+            _buffer(o.rate, o.burst),
+            _buffer(o.ceil, o.cburst),
+            o.quantum,
+        )
     if isinstance(o, TcFilter):
         return ("filter", o.dev, o.parent, o.protocol, o.prio, _bytes_of(o.keys), o.flowid, o.redirect_to)
     raise TypeError(o)
@@ -111,10 +121,10 @@ class LiveTc:
 
 @dataclass
 class TcState:
-    links: dict[str, LiveTc] = field(default_factory=dict)           # owned IFB devices by name
-    trees: dict[str, list[LiveTc]] = field(default_factory=dict)     # dev -> root qdisc, classes, filters
-    ingress: dict[str, list[LiveTc]] = field(default_factory=dict)   # dev -> ingress qdisc + our filter(s)
-    foreign_roots: dict[str, str] = field(default_factory=dict)      # dev -> "htb 1:" (not ours, not default)
+    links: dict[str, LiveTc] = field(default_factory=dict)  # owned IFB devices by name
+    trees: dict[str, list[LiveTc]] = field(default_factory=dict)  # dev -> root qdisc, classes, filters
+    ingress: dict[str, list[LiveTc]] = field(default_factory=dict)  # dev -> ingress qdisc + our filter(s)
+    foreign_roots: dict[str, str] = field(default_factory=dict)  # dev -> "htb 1:" (not ours, not default)
     ifindex: dict[str, int] = field(default_factory=dict)
     ingress_other_filters: dict[str, int] = field(default_factory=dict)  # dev -> foreign ingress filters
 
@@ -138,8 +148,13 @@ def _stats(msg) -> dict[str, int]:
         return out
     basic = s2.get_attr("TCA_STATS_BASIC") or {}
     queue = s2.get_attr("TCA_STATS_QUEUE") or {}
-    out.update(packets=basic.get("packets", 0), bytes=basic.get("bytes", 0), drops=queue.get("drops", 0),
-               overlimits=queue.get("overlimits", 0), backlog=queue.get("backlog", 0))
+    out.update(
+        packets=basic.get("packets", 0),
+        bytes=basic.get("bytes", 0),
+        drops=queue.get("drops", 0),
+        overlimits=queue.get("overlimits", 0),
+        backlog=queue.get("backlog", 0),
+    )
     return out
 
 
@@ -187,15 +202,17 @@ def _read_state(ipr) -> TcState:
             if q["handle"] == ROOT and kind == "htb":
                 opts = q.get_attr("TCA_OPTIONS")
                 init = opts.get_attr("TCA_HTB_INIT") if opts is not None else {}
-                obj = TcQdisc(dev=dev, kind="htb", handle=ROOT, parent="root",
-                              default_minor=(init or {}).get("defcls", 0))
+                obj = TcQdisc(
+                    dev=dev, kind="htb", handle=ROOT, parent="root", default_minor=(init or {}).get("defcls", 0)
+                )
                 st.trees[dev] = [LiveTc(obj, **_stats(q))]
             elif q["handle"] >> 16 != 0:
                 st.foreign_roots[dev] = f"{kind} {fmt_handle(q['handle'])}"
         elif q["parent"] == TC_H_INGRESS and kind == "ingress":
             st.ingress.setdefault(dev, [])
-            st.ingress[dev].append(LiveTc(TcQdisc(dev=dev, kind="ingress", handle=INGRESS, parent="ingress"),
-                                          **_stats(q)))
+            st.ingress[dev].append(
+                LiveTc(TcQdisc(dev=dev, kind="ingress", handle=INGRESS, parent="ingress"), **_stats(q))
+            )
     for dev, lst in st.trees.items():
         idx = st.ifindex[dev]
         for c in ipr.get_classes(index=idx):
@@ -208,10 +225,17 @@ def _read_state(ipr) -> TcState:
             rate = opts.get_attr("TCA_HTB_RATE64") or parms["rate"]
             ceil = opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]
             parent = c["parent"] if c["parent"] != TC_H_ROOT else ROOT
-            obj = TcClass(dev=dev, classid=c["handle"], parent=parent, rate=rate * 8, ceil=ceil * 8,
-                          burst=_ticks_to_bytes(parms["buffer"], rate), cburst=_ticks_to_bytes(parms["cbuffer"], ceil),
-                          quantum=parms["quantum"])
-            lst.append(LiveTc(obj, **_stats(c)))
+            cls = TcClass(
+                dev=dev,
+                classid=c["handle"],
+                parent=parent,
+                rate=rate * 8,
+                ceil=ceil * 8,
+                burst=_ticks_to_bytes(parms["buffer"], rate),
+                cburst=_ticks_to_bytes(parms["cbuffer"], ceil),
+                quantum=parms["quantum"],
+            )
+            lst.append(LiveTc(cls, **_stats(c)))
         lst.extend(LiveTc(f) for f in _read_filters(ipr, idx, dev, ROOT, names))
     for dev in list(st.ingress):
         idx = st.ifindex[dev]
@@ -221,12 +245,12 @@ def _read_state(ipr) -> TcState:
         if ours:
             st.ingress[dev].extend(LiveTc(f) for f in ours)
         else:
-            del st.ingress[dev]   # an ingress qdisc without our filter is not ours
+            del st.ingress[dev]  # an ingress qdisc without our filter is not ours
     return st
 
 
 def _ticks_to_bytes(ticks: int, rate_bytes: int) -> int:
-    from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec  # noqa: PLC0415
+    from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
     if not rate_bytes:
         return 0
@@ -244,7 +268,7 @@ def _read_filters(ipr, idx: int, dev: str, parent: int, names: dict[int, str]):
             continue
         sel = opts.get_attr("TCA_U32_SEL")
         if sel is None:
-            continue   # hash table headers, not filters
+            continue  # hash table headers, not filters
         info = f["info"]
         prio, proto = info >> 16, struct.unpack(">H", struct.pack("<H", info & 0xFFFF))[0]
         flowid = opts.get_attr("TCA_U32_CLASSID")
@@ -258,8 +282,15 @@ def _read_filters(ipr, idx: int, dev: str, parent: int, names: dict[int, str]):
                         redirect = names.get(p["ifindex"], f"ifindex {p['ifindex']}")
                 except AttributeError:
                     continue
-        yield TcFilter(dev=dev, parent=parent, protocol=ETH_P_NAME.get(proto, hex(proto)), prio=prio,
-                       keys=_live_keys(sel), flowid=flowid if redirect is None else None, redirect_to=redirect)
+        yield TcFilter(
+            dev=dev,
+            parent=parent,
+            protocol=ETH_P_NAME.get(proto, hex(proto)),
+            prio=prio,
+            keys=_live_keys(sel),
+            flowid=flowid if redirect is None else None,
+            redirect_to=redirect,
+        )
 
 
 # --- diff ---------------------------------------------------------------------------
@@ -268,9 +299,9 @@ def _read_filters(ipr, idx: int, dev: str, parent: int, names: dict[int, str]):
 @dataclass
 class DevicePlan:
     dev: str
-    rebuild_tree: Device | None = None        # (re)install the HTB tree on dev
-    remove_tree: bool = False                 # delete our root qdisc on dev
-    ingress: Device | None = None             # (re)install the redirect on device.interface
+    rebuild_tree: Device | None = None  # (re)install the HTB tree on dev
+    remove_tree: bool = False  # delete our root qdisc on dev
+    ingress: Device | None = None  # (re)install the redirect on device.interface
     remove_ingress: bool = False
 
 
@@ -278,16 +309,17 @@ class DevicePlan:
 class TcPlan:
     add_links: list[TcLink] = field(default_factory=list)
     del_links: list[str] = field(default_factory=list)
-    trees: dict[str, Device] = field(default_factory=dict)          # dev -> desired device to (re)build
+    trees: dict[str, Device] = field(default_factory=dict)  # dev -> desired device to (re)build
     remove_trees: list[str] = field(default_factory=list)
-    ingress: dict[str, TcFilter] = field(default_factory=dict)     # interface -> desired redirect filter
+    ingress: dict[str, TcFilter] = field(default_factory=dict)  # interface -> desired redirect filter
     remove_ingress: list[str] = field(default_factory=list)
-    changes: list[tuple[str, str, str, str]] = field(default_factory=list)   # (op, dev, rule, command)
+    changes: list[tuple[str, str, str, str]] = field(default_factory=list)  # (op, dev, rule, command)
 
     @property
     def empty(self) -> bool:
-        return not (self.add_links or self.del_links or self.trees or self.remove_trees or self.ingress
-                    or self.remove_ingress)
+        return not (
+            self.add_links or self.del_links or self.trees or self.remove_trees or self.ingress or self.remove_ingress
+        )
 
 
 def diff(devices: tuple[Device, ...], st: TcState) -> TcPlan:
@@ -303,9 +335,14 @@ def diff(devices: tuple[Device, ...], st: TcState) -> TcPlan:
     want_ingress: dict[str, TcFilter] = {}
     by_dev: dict[str, Device] = {}
     for d in devices:
-        tree = [o for o in d.objects if not isinstance(o, TcLink) and o.dev == d.dev
-                and not (isinstance(o, TcFilter) and o.redirect_to)
-                and not (isinstance(o, TcQdisc) and o.kind == "ingress")]
+        tree: list[TcObject] = [
+            o
+            for o in d.objects
+            if not isinstance(o, TcLink)
+            and o.dev == d.dev
+            and not (isinstance(o, TcFilter) and o.redirect_to)
+            and not (isinstance(o, TcQdisc) and o.kind == "ingress")
+        ]
         if tree:
             want_trees[d.dev] = tree
             by_dev[d.dev] = d
@@ -355,8 +392,7 @@ def diff(devices: tuple[Device, ...], st: TcState) -> TcPlan:
 def _idx(ipr, dev: str, rule: str | None = None) -> int:
     found = ipr.link_lookup(ifname=dev)
     if not found:
-        raise TcError(f"device {dev!r} does not exist here" + (f" (bandwidth rule {rule!r})" if rule else ""),
-                      rule)
+        raise TcError(f"device {dev!r} does not exist here" + (f" (bandwidth rule {rule!r})" if rule else ""), rule)
     return found[0]
 
 
@@ -368,14 +404,30 @@ def _add(ipr, o: TcObject, ifindex_of) -> None:
         else:
             ipr.tc("add", "ingress", idx, INGRESS)
     elif isinstance(o, TcClass):
-        ipr.tc("add-class", "htb", idx, o.classid, parent=o.parent, rate=o.rate // 8, ceil=o.ceil // 8,
-               burst=o.burst, cburst=o.cburst, quantum=o.quantum)
+        ipr.tc(
+            "add-class",
+            "htb",
+            idx,
+            o.classid,
+            parent=o.parent,
+            rate=o.rate // 8,
+            ceil=o.ceil // 8,
+            burst=o.burst,
+            cburst=o.cburst,
+            quantum=o.quantum,
+        )
     elif isinstance(o, TcFilter):
         kw = dict(parent=o.parent, prio=o.prio, protocol=ETH_P[o.protocol], keys=[k.pyroute2() for k in o.keys])
         if o.redirect_to:
             ifb = ifindex_of(o.redirect_to, o.rule)
-            ipr.tc("add-filter", "u32", idx, target=0,
-                   action=dict(kind="mirred", direction="egress", action="redirect", ifindex=ifb), **kw)
+            ipr.tc(
+                "add-filter",
+                "u32",
+                idx,
+                target=0,
+                action=dict(kind="mirred", direction="egress", action="redirect", ifindex=ifb),
+                **kw,
+            )
         else:
             ipr.tc("add-filter", "u32", idx, target=o.flowid, **kw)
     else:
@@ -383,7 +435,7 @@ def _add(ipr, o: TcObject, ifindex_of) -> None:
 
 
 def _del_root(ipr, idx: int) -> None:
-    from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
+    from pyroute2.netlink.exceptions import NetlinkError
 
     try:
         ipr.tc("del", "htb", idx, ROOT, parent=TC_H_ROOT)
@@ -393,7 +445,7 @@ def _del_root(ipr, idx: int) -> None:
 
 
 def _del_ingress_filter(ipr, idx: int, st_other: int) -> None:
-    from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
+    from pyroute2.netlink.exceptions import NetlinkError
 
     try:
         ipr.tc("del-filter", index=idx, parent=INGRESS, prio=TC_INGRESS_PRIO, protocol=ETH_P["all"])
@@ -412,9 +464,10 @@ def apply(plan: TcPlan, st: TcState) -> None:
     """Carry out the plan. Raises TcError naming the rule and the kernel's answer."""
     if plan.empty:
         return
-    from pyroute2.netlink.exceptions import NetlinkError  # noqa: PLC0415
+    from pyroute2.netlink.exceptions import NetlinkError
 
     with _ipr() as ipr:
+
         def ifindex_of(dev: str, rule: str | None = None) -> int:
             return _idx(ipr, dev, rule)
 
@@ -427,8 +480,11 @@ def apply(plan: TcPlan, st: TcState) -> None:
             for dev, device in plan.trees.items():
                 if dev in st.foreign_roots:
                     rule = next((o.rule for o in device.objects if o.rule), None)
-                    raise TcError(f"{dev} has a root qdisc netlimit does not own ({st.foreign_roots[dev]}); "
-                                  f"netlimit never replaces it: remove it first (tc qdisc del dev {dev} root)", rule)
+                    raise TcError(
+                        f"{dev} has a root qdisc netlimit does not own ({st.foreign_roots[dev]}); "
+                        f"netlimit never replaces it: remove it first (tc qdisc del dev {dev} root)",
+                        rule,
+                    )
                 idx = ifindex_of(dev, next((o.rule for o in device.objects if o.rule), None))
                 if dev in st.trees:
                     _del_root(ipr, idx)
@@ -440,7 +496,7 @@ def apply(plan: TcPlan, st: TcState) -> None:
             for dev, f in plan.ingress.items():
                 idx = ifindex_of(dev)
                 if dev in st.ingress:
-                    _del_ingress_filter(ipr, idx, 1)   # keep the qdisc: we re-add our filter at once
+                    _del_ingress_filter(ipr, idx, 1)  # keep the qdisc: we re-add our filter at once
                 cur_obj[0] = TcQdisc(dev=dev, kind="ingress", handle=INGRESS, parent="ingress")
                 created = False
                 if dev not in st.ingress and not st.ingress_other_filters.get(dev):
@@ -470,9 +526,9 @@ def apply(plan: TcPlan, st: TcState) -> None:
         except NetlinkError as exc:
             from .render import tc_command
 
-            o = cur_obj[0]
-            what = tc_command(o) if o is not None else "tc"
-            rule = o.rule if o is not None and o.rule else None
+            failed = cur_obj[0]
+            what = tc_command(failed) if failed is not None else "tc"
+            rule = failed.rule if failed is not None and failed.rule else None
             raise TcError(f"the kernel refused '{what}': {_nlerr(exc)}", rule) from exc
 
 
@@ -493,8 +549,14 @@ def restore(snapshot: TcState) -> None:
         objs.extend(x.obj for x in lst)
         devices.append(Device(dev=dev, interface=dev, direction="egress", objects=tuple(objs)))
     for dev, lst in snapshot.ingress.items():
-        devices.append(Device(dev=dev, interface=dev, direction="ingress",
-                              objects=tuple(x.obj for x in lst if isinstance(x.obj, TcFilter))))
+        devices.append(
+            Device(
+                dev=dev,
+                interface=dev,
+                direction="ingress",
+                objects=tuple(x.obj for x in lst if isinstance(x.obj, TcFilter)),
+            )
+        )
     for name, link in snapshot.links.items():
         if name not in snapshot.trees:
             devices.append(Device(dev=name, interface=name, direction="egress", objects=(link.obj,)))

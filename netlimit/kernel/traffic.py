@@ -67,8 +67,12 @@ class FloodResult:
 
 def udp_flood_start(ns: str, src: str, dst: str, port: int, pps: float, seconds: float) -> subprocess.Popen:
     fam = 6 if ":" in dst else 4
-    return subprocess.Popen(exec_prefix(ns) + [PY, "-c", _UDP_FLOOD, src, dst, str(port), str(pps), str(seconds),
-                                               str(fam)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        exec_prefix(ns) + [PY, "-c", _UDP_FLOOD, src, dst, str(port), str(pps), str(seconds), str(fam)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def flood_result(p: subprocess.Popen, timeout: float = 60) -> FloodResult:
@@ -108,12 +112,16 @@ for s in keep:
 """
 
 
-def tcp_connects(ns: str, src: str, dst: str, port: int, n: int, *, timeout: float = 1.0, hold: float = 0.0,
-                 gap: float = 0.0) -> list[bool]:
+def tcp_connects(
+    ns: str, src: str, dst: str, port: int, n: int, *, timeout: float = 1.0, hold: float = 0.0, gap: float = 0.0
+) -> list[bool]:
     """Open n connections one after the other (all kept open until the end); which succeeded."""
-    p = subprocess.run(exec_prefix(ns) + [PY, "-c", _TCP_CONNECT, src, dst, str(port), str(n), str(timeout),
-                                          str(hold), str(gap)],
-                       capture_output=True, text=True, timeout=n * (timeout + gap) + hold + 30)
+    p = subprocess.run(
+        exec_prefix(ns) + [PY, "-c", _TCP_CONNECT, src, dst, str(port), str(n), str(timeout), str(hold), str(gap)],
+        capture_output=True,
+        text=True,
+        timeout=n * (timeout + gap) + hold + 30,
+    )
     if p.returncode != 0:
         raise RuntimeError(f"tcp connects failed: {p.stderr.strip()}")
     return json.loads(p.stdout.strip().splitlines()[0])
@@ -142,8 +150,12 @@ while time.monotonic() < end:
 
 def tcp_listener(ns: str, addr: str, port: int, seconds: float = 60) -> subprocess.Popen:
     """A listener that accepts and holds connections for `seconds` (then exits)."""
-    p = subprocess.Popen(exec_prefix(ns) + [PY, "-c", _TCP_LISTEN, addr, str(port), str(seconds)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        exec_prefix(ns) + [PY, "-c", _TCP_LISTEN, addr, str(port), str(seconds)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = p.stdout.readline() if p.stdout else ""
     if "ready" not in line:
         p.kill()
@@ -158,12 +170,25 @@ class IperfResult:
     seconds: float
 
 
-def iperf3(server_ns: str, client_ns: str, server_ip: str, *, port: int = 5201, seconds: float = 5,
-           reverse: bool = False, omit: int = 1, bind: str | None = None) -> IperfResult:
+def iperf3(
+    server_ns: str,
+    client_ns: str,
+    server_ip: str,
+    *,
+    port: int = 5201,
+    seconds: float = 5,
+    reverse: bool = False,
+    omit: int = 1,
+    bind: str | None = None,
+) -> IperfResult:
     """TCP goodput between namespaces (receiver side), bounded in time."""
     exe = need("iperf3")
-    srv = subprocess.Popen(exec_prefix(server_ns) + [exe, "-s", "-1", "-p", str(port), "-B", server_ip],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    srv = subprocess.Popen(
+        exec_prefix(server_ns) + [exe, "-s", "-1", "-p", str(port), "-B", server_ip],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         cmd = [exe, "-c", server_ip, "-p", str(port), "-t", str(seconds), "-O", str(omit), "-J"]
         if reverse:
@@ -172,8 +197,9 @@ def iperf3(server_ns: str, client_ns: str, server_ip: str, *, port: int = 5201, 
             cmd += ["-B", bind]
         out = None
         for _ in range(50):  # wait for the server to listen
-            p = subprocess.run(exec_prefix(client_ns) + cmd, capture_output=True, text=True,
-                               timeout=seconds + omit + 30)
+            p = subprocess.run(
+                exec_prefix(client_ns) + cmd, capture_output=True, text=True, timeout=seconds + omit + 30
+            )
             data = json.loads(p.stdout or "{}")
             if p.returncode == 0 and "error" not in data:
                 out = data
@@ -197,8 +223,7 @@ def iperf3(server_ns: str, client_ns: str, server_ip: str, *, port: int = 5201, 
 
 def save_counters(ns: str, family: int = 4) -> str:
     tool = need("iptables-legacy-save" if family == 4 else "ip6tables-legacy-save")
-    return subprocess.run(exec_prefix(ns) + [tool, "-c"], capture_output=True, text=True, check=True,
-                          timeout=30).stdout
+    return subprocess.run(exec_prefix(ns) + [tool, "-c"], capture_output=True, text=True, check=True, timeout=30).stdout
 
 
 def counter_by_comment(ns: str, comment: str, family: int = 4) -> int:

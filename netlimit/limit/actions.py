@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import unquote
 
 log = logging.getLogger("netlimit.sidecar")
@@ -152,43 +152,54 @@ class ActionPlan:
                 elif item == "method":
                     g.append((_METHOD, "method", ""))
                 elif item.startswith("header:"):
-                    g.append((_HEADER, item, item[len("header:"):].lower()))
+                    g.append((_HEADER, item, item[len("header:") :].lower()))
                 elif item.startswith("generic:"):
-                    k, _, v = item[len("generic:"):].partition("=")
+                    k, _, v = item[len("generic:") :].partition("=")
                     g.append((_GENERIC, k, v))
                 else:
                     raise ValueError(f"unknown action {item!r}")
             groups.append(tuple(g))
         self.groups = tuple(groups)
         self.trusted = TrustedProxies(trusted_proxies)
-        self._trusting = bool(self.trusted)   # (a plain bool: no __bool__ call per request)
+        self._trusting = bool(self.trusted)  # (a plain bool: no __bool__ call per request)
         self.needs_path = any(a[0] == _PATH for g in self.groups for a in g)
         self.needs_method = any(a[0] == _METHOD for g in self.groups for a in g)
         self.needs_remote = any(a[0] == _REMOTE for g in self.groups for a in g)
         #: :meth:`descriptors` with positional arguments (the fast paths' call); for
         #: the most common plan, ``[[remote_address]]`` without trusted proxies, a
         #: version that skips the loop
-        self.build: Callable[..., list[list[Entry]]] = \
-            self._build_peer if self.groups == (((_REMOTE, "remote_address", ""),),) and not self._trusting \
+        self.build: Callable[..., list[list[Entry]]] = (
+            self._build_peer
+            if self.groups == (((_REMOTE, "remote_address", ""),),) and not self._trusting
             else self._build
+        )
 
-    def descriptors(self, *, peer: str, method: str, path: str | Callable[[], str],
-                    headers: Mapping[str, str], xff: str | None = None) -> list[list[Entry]]:
+    def descriptors(
+        self,
+        *,
+        peer: str,
+        method: str,
+        path: str | Callable[[], str],
+        headers: Mapping[str, str],
+        xff: str | None = None,
+    ) -> list[list[Entry]]:
         """Descriptor lists for one request.  ``headers.get`` is called with
         lower-case names (aiohttp's case-insensitive CIMultiDictProxy, or a dict
         with lower-case keys); ``xff`` defaults to its X-Forwarded-For; ``path``
         may be a callable, called only when an action needs it."""
         return self.build(peer, method, path, headers, xff)
 
-    def _build_peer(self, peer: str, method: str, path: str | Callable[[], str], headers: Mapping[str, str],
-                    xff: str | None = None) -> list[list[Entry]]:
+    def _build_peer(
+        self, peer: str, method: str, path: str | Callable[[], str], headers: Mapping[str, str], xff: str | None = None
+    ) -> list[list[Entry]]:
         """:meth:`_build` for ``[[remote_address]]`` without trusted proxies."""
         if peer.startswith("::ffff:"):
             peer = client_address(peer, None, self.trusted)
         return [[("remote_address", peer)]]
 
-    def _build(self, peer: str, method: str, path: str | Callable[[], str], headers: Mapping[str, str],
-               xff: str | None = None) -> list[list[Entry]]:
+    def _build(
+        self, peer: str, method: str, path: str | Callable[[], str], headers: Mapping[str, str], xff: str | None = None
+    ) -> list[list[Entry]]:
         out: list[list[Entry]] = []
         client: str | None = None
         p: str | None = None
@@ -203,7 +214,7 @@ class ActionPlan:
                             client = client_address(peer, xff, self.trusted)
                         elif peer.startswith("::ffff:"):
                             client = client_address(peer, None, self.trusted)
-                        else:   # what client_address returns without trusted proxies
+                        else:  # what client_address returns without trusted proxies
                             client = peer
                     entries.append((key, client))
                 elif kind == _PATH:

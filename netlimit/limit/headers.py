@@ -28,12 +28,13 @@ PROBLEM_HEADER = "X-Netlimit-Problem"
 
 _ceil = math.ceil
 _inf = math.inf
+_isnan = math.isnan
 
 
 def retry_seconds(st: DescriptorStatus) -> int:
     """Whole seconds until a retry can succeed, rounded up, at least 1."""
     ra = st.decision.retry_after  # type: ignore[union-attr]
-    if ra == _inf or ra != ra:
+    if ra == _inf or _isnan(ra):
         p = st.rule.period if st.rule is not None else 0
         return p if p >= 1 else 1
     # 1e-6 absorbs float noise of `reset - now` at epoch magnitudes (ulp ~2e-7)
@@ -71,21 +72,24 @@ def problem_body(result: CheckResult, status: int = 429) -> str:
     rule = st.rule
     secs = retry_seconds(st)
     if st.source == SRC_CLOSED:
-        detail = (f"the rate-limit store is unavailable and on_store_failure is 'closed'; "
-                  f"retry after {secs} s")
+        detail = f"the rate-limit store is unavailable and on_store_failure is 'closed'; retry after {secs} s"
     else:
         detail = f"rate limit {rule.name!r} exceeded ({rule.requests_per_unit} per {rule.unit}); retry after {secs} s"
-    return json.dumps({
-        "type": "about:blank",
-        "title": "Too Many Requests",
-        "status": status,
-        "detail": detail,
-        "rule": rule.name,
-        "domain": rule.domain,
-        "retry_after": secs,
-    }, separators=(",", ":"))
+    return json.dumps(
+        {
+            "type": "about:blank",
+            "title": "Too Many Requests",
+            "status": status,
+            "detail": detail,
+            "rule": rule.name,
+            "domain": rule.domain,
+            "retry_after": secs,
+        },
+        separators=(",", ":"),
+    )
 
 
 def simple_problem(status: int, title: str, detail: str) -> str:
-    return json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail},
-                      separators=(",", ":"))
+    return json.dumps(
+        {"type": "about:blank", "title": title, "status": status, "detail": detail}, separators=(",", ":")
+    )

@@ -36,8 +36,9 @@ import asyncio
 import logging
 import time
 from bisect import bisect_left
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .algorithms import Decision
 from .rules import Entry, Rule, RuleSet
@@ -55,10 +56,10 @@ OVER_LIMIT = 2
 CODE_NAMES = {UNKNOWN: "UNKNOWN", OK: "OK", OVER_LIMIT: "OVER_LIMIT"}
 
 # DescriptorStatus.source
-SRC_NONE = ""          # no rule matched, or unlimited
-SRC_STORE = "store"    # the configured store decided
-SRC_LOCAL = "local"    # the local fallback store decided (primary unavailable)
-SRC_OPEN = "open"      # primary unavailable, on_store_failure: open
+SRC_NONE = ""  # no rule matched, or unlimited
+SRC_STORE = "store"  # the configured store decided
+SRC_LOCAL = "local"  # the local fallback store decided (primary unavailable)
+SRC_OPEN = "open"  # primary unavailable, on_store_failure: open
 SRC_CLOSED = "closed"  # primary unavailable, on_store_failure: closed
 
 
@@ -67,8 +68,8 @@ class DescriptorStatus:
     code: int
     rule: Rule | None = None
     decision: Decision | None = None
-    shadow_over: bool = False   # over the limit, but the rule is in shadow mode
-    near: bool = False          # allowed with >= 80% of the limit used
+    shadow_over: bool = False  # over the limit, but the rule is in shadow mode
+    near: bool = False  # allowed with >= 80% of the limit used
     source: str = SRC_NONE
 
 
@@ -77,7 +78,7 @@ class CheckResult:
     code: int
     statuses: list[DescriptorStatus]
     report: DescriptorStatus | None = None
-    delay: float = 0.0          # leaky bucket queue mode: hold the request this long
+    delay: float = 0.0  # leaky bucket queue mode: hold the request this long
 
     @property
     def allowed(self) -> bool:
@@ -94,7 +95,7 @@ class Histogram:
 
     def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS):
         self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)   # last = above every bound
+        self.counts = [0] * (len(bounds) + 1)  # last = above every bound
         self.sum = 0.0
         self.count = 0
 
@@ -161,32 +162,42 @@ class Limiter:
     ``local`` is the fallback store (created when not given).
     """
 
-    def __init__(self, rules: RuleSet, store: Any = None, *, local: MemoryStore | None = None,
-                 on_store_failure: str = "local", retry_interval: float = 1.0, log_interval: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        rules: RuleSet,
+        store: Any = None,
+        *,
+        local: MemoryStore | None = None,
+        on_store_failure: str = "local",
+        retry_interval: float = 1.0,
+        log_interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if on_store_failure not in ("open", "local", "closed"):
             raise ValueError(f"on_store_failure must be open, local or closed, not {on_store_failure!r}")
         self.stats = CoreStats()
         cfg = rules.config
         if store is None:
-            store = MemoryStore(max_keys=cfg.max_keys if cfg else 100_000,
-                                max_key_length=cfg.max_key_length if cfg else 256)
+            store = MemoryStore(
+                max_keys=cfg.max_keys if cfg else 100_000, max_key_length=cfg.max_key_length if cfg else 256
+            )
         self.store = store
         self._mem: MemoryStore | None = store if isinstance(store, MemoryStore) else None
         #: True when the primary store is in-process: :meth:`check_nowait` can decide
         #: (a plain attribute: the fast paths read it per request)
         self.is_sync = self._mem is not None
         if local is None and self._mem is None:
-            local = MemoryStore(max_keys=cfg.max_keys if cfg else 100_000,
-                                max_key_length=cfg.max_key_length if cfg else 256)
+            local = MemoryStore(
+                max_keys=cfg.max_keys if cfg else 100_000, max_key_length=cfg.max_key_length if cfg else 256
+            )
         self.local = local
         self.on_store_failure = on_store_failure
         self.retry_interval = float(retry_interval)
         self._clock = clock
-        self._down_until = 0.0       # breaker open until (clock time); 0 = closed
+        self._down_until = 0.0  # breaker open until (clock time); 0 = closed
         self._down_since = 0.0
         self._probing = False
-        self._fallbacks = 0          # decisions made without the primary since it went down
+        self._fallbacks = 0  # decisions made without the primary since it went down
         self._fail_log = _LogEvery(log_interval, clock)
         self._rule_log = _LogEvery(log_interval, clock)
         self.rules = rules
@@ -232,7 +243,7 @@ class Limiter:
         if domain != self.rules.domain:
             return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
         res = self.check_fast(descriptors, cost)
-        return self.as_result(*res) if res.__class__ is tuple else res  # type: ignore[misc,return-value]
+        return self.as_result(*res) if isinstance(res, tuple) else res
 
     @staticmethod
     def as_result(r: Rule, dec: Decision) -> CheckResult:
@@ -253,8 +264,7 @@ class Limiter:
         result.delay = 0.0
         return result
 
-    def check_fast(self, descriptors: Sequence[Sequence[Entry]],
-                   cost: int = 1) -> tuple[Rule, Decision] | CheckResult:
+    def check_fast(self, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> tuple[Rule, Decision] | CheckResult:
         """:meth:`check_nowait` in the rules' own domain, for the fast paths:
         ``(rule, decision)`` for the common answer -- one descriptor, admitted by
         an enforced rule with no delay, counted as check_nowait counts it, but no
@@ -280,7 +290,7 @@ class Limiter:
                     if near:
                         stats.near += cost
                     if not r.shadow and dec.delay <= 0.0:
-                        result = r, dec   # type: ignore[assignment]
+                        result = r, dec  # type: ignore[assignment]
                     else:
                         st = DescriptorStatus(OK, r, dec, False, near, SRC_STORE)
                         result = CheckResult(OK, [st]) if r.shadow else CheckResult(OK, [st], st, dec.delay)
@@ -290,10 +300,12 @@ class Limiter:
             rules = self._match(rs, descriptors)
             hit = mem.hit_sync
             key = rs.store_key
-            decided = [None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
-                       for d, r in zip(descriptors, rules)]
+            decided = [
+                None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
+                for d, r in zip(descriptors, rules)
+            ]
             result = self._evaluate(descriptors, rules, decided, cost)
-        v = _perf() - t0   # Histogram.observe, inlined
+        v = _perf() - t0  # Histogram.observe, inlined
         h = self.stats.latency
         h.counts[_bisect_left(h.bounds, v)] += 1
         h.sum += v
@@ -310,8 +322,11 @@ class Limiter:
         if domain != rs.domain:
             return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
         rules = self._match(rs, descriptors)
-        pending = [(i, r, rs.store_key(r, d)) for i, (d, r) in enumerate(zip(descriptors, rules))
-                   if r is not None and r.limit is not None]
+        pending = [
+            (i, r, rs.store_key(r, d))
+            for i, (d, r) in enumerate(zip(descriptors, rules))
+            if r is not None and r.limit is not None
+        ]
         decided: list[Any] = [None] * len(rules)
         if len(pending) == 1:
             i, r, k = pending[0]
@@ -356,6 +371,7 @@ class Limiter:
                     report = st
                 else:
                     rd = report.decision
+                    assert rd is not None  # a reported status always carries its decision
                     if dec.remaining < rd.remaining or (dec.remaining == rd.remaining and dec.limit < rd.limit):
                         report = st
                 continue
@@ -383,7 +399,7 @@ class Limiter:
             self._probing = probe = True
         try:
             dec = await self.store.hit(key, rule.limit, cost)
-        except Exception as exc:  # noqa: BLE001 - StoreError or a store bug: either way the store is sick
+        except Exception as exc:
             self._failed(exc)
             return self._fallback(key, rule, cost)
         finally:
@@ -398,7 +414,8 @@ class Limiter:
         self._fallbacks += 1
         self.stats.fallbacks[mode] += 1
         if mode == "local":
-            return self.local.hit_sync(key, rule.limit, cost), SRC_LOCAL  # type: ignore[union-attr]
+            assert self.local is not None and rule.limit is not None  # made in __init__; limited rules only
+            return self.local.hit_sync(key, rule.limit, cost), SRC_LOCAL
         if mode == "open":
             return None, SRC_OPEN
         ri = self.retry_interval
@@ -414,18 +431,30 @@ class Limiter:
         self._down_until = now + self.retry_interval
         held = self._fail_log.due("store")
         if held >= 0:
-            what = {"local": "deciding with the local in-memory store",
-                    "open": "allowing every request",
-                    "closed": "denying every limited request"}[self.on_store_failure]
+            what = {
+                "local": "deciding with the local in-memory store",
+                "open": "allowing every request",
+                "closed": "denying every limited request",
+            }[self.on_store_failure]
             msg = exc.args[0] if isinstance(exc, StoreError) and exc.args else repr(exc)
-            log.warning("store failure (%s): %s; %s (on_store_failure: %s), retrying every %gs%s",
-                        reason, msg, what, self.on_store_failure, self.retry_interval,
-                        f"; {held} more failures since the last report" if held else "")
+            log.warning(
+                "store failure (%s): %s; %s (on_store_failure: %s), retrying every %gs%s",
+                reason,
+                msg,
+                what,
+                self.on_store_failure,
+                self.retry_interval,
+                f"; {held} more failures since the last report" if held else "",
+            )
 
     def _recovered(self) -> None:
         down_for = self._clock() - self._down_since
-        log.warning("store is back after %.1fs; %d decisions were made without it (on_store_failure: %s)",
-                    down_for, self._fallbacks, self.on_store_failure)
+        log.warning(
+            "store is back after %.1fs; %d decisions were made without it (on_store_failure: %s)",
+            down_for,
+            self._fallbacks,
+            self.on_store_failure,
+        )
         self._down_until = 0.0
         self._fallbacks = 0
 
@@ -436,8 +465,22 @@ class Limiter:
         desc = ", ".join(f"{k}={v!r}" for k, v in entries)
         more = f"; {held} more since the last report" if held else ""
         if kind == "shadow":
-            log.info("shadow_mode rule %r (domain %s, %s) would have limited %s, retry after %.3gs%s",
-                     rule.name, rule.domain, rule.description, desc, dec.retry_after, more)
+            log.info(
+                "shadow_mode rule %r (domain %s, %s) would have limited %s, retry after %.3gs%s",
+                rule.name,
+                rule.domain,
+                rule.description,
+                desc,
+                dec.retry_after,
+                more,
+            )
         else:
-            log.info("rule %r (domain %s, %s) over limit for %s, retry after %.3gs%s",
-                     rule.name, rule.domain, rule.description, desc, dec.retry_after, more)
+            log.info(
+                "rule %r (domain %s, %s) over limit for %s, retry after %.3gs%s",
+                rule.name,
+                rule.domain,
+                rule.description,
+                desc,
+                dec.retry_after,
+                more,
+            )

@@ -63,13 +63,19 @@ class Metrics:
         fams = [
             ("netlimit_http_rule_hits", "Hits charged to a rule (every matching request)", "hits"),
             ("netlimit_http_rule_within_limit", "Hits a rule allowed", "within"),
-            ("netlimit_http_rule_over_limit",
-             "Hits over a rule's limit (shadow_mode rules included, as Lyft counts them)", "over"),
+            (
+                "netlimit_http_rule_over_limit",
+                "Hits over a rule's limit (shadow_mode rules included, as Lyft counts them)",
+                "over",
+            ),
             ("netlimit_http_rule_near_limit", "Allowed hits with at least 80% of the rule's limit used", "near"),
-            ("netlimit_http_rule_shadow_over_limit", "Hits a shadow_mode rule would have denied (not enforced)",
-             "shadow"),
+            (
+                "netlimit_http_rule_shadow_over_limit",
+                "Hits a shadow_mode rule would have denied (not enforced)",
+                "shadow",
+            ),
         ]
-        per_rule: dict[tuple[str, str], object] = {}   # rules sharing a name share their stats
+        per_rule: dict[tuple[str, str], object] = {}  # rules sharing a name share their stats
         for r in rules:
             per_rule.setdefault((r.domain, r.name), r.stats)
         for name, doc, attr in fams:
@@ -78,20 +84,27 @@ class Metrics:
                 f.add_metric([domain, rule], getattr(stats, attr))
             yield f
         st = lim.stats
-        f = CounterMetricFamily("netlimit_http_store_errors",
-                                "Failed calls to the shared store (reason: timeout, connection, error)",
-                                labels=["reason"])
+        f = CounterMetricFamily(
+            "netlimit_http_store_errors",
+            "Failed calls to the shared store (reason: timeout, connection, error)",
+            labels=["reason"],
+        )
         for reason, n in st.store_errors.items():
             f.add_metric([reason], n)
         yield f
-        f = CounterMetricFamily("netlimit_http_store_fallbacks",
-                                "Decisions made without the shared store (mode: local, open, closed)",
-                                labels=["mode"])
+        f = CounterMetricFamily(
+            "netlimit_http_store_fallbacks",
+            "Decisions made without the shared store (mode: local, open, closed)",
+            labels=["mode"],
+        )
         for mode, n in st.fallbacks.items():
             f.add_metric([mode], n)
         yield f
-        yield GaugeMetricFamily("netlimit_http_store_up", "1 when the shared store is used, 0 while it is bypassed",
-                                value=1 if lim.store_available else 0)
+        yield GaugeMetricFamily(
+            "netlimit_http_store_up",
+            "1 when the shared store is used, 0 while it is bypassed",
+            value=1 if lim.store_available else 0,
+        )
         h = st.latency
         buckets = []
         acc = 0
@@ -99,18 +112,24 @@ class Metrics:
             acc += n
             buckets.append((repr(float(bound)), acc))
         buckets.append(("+Inf", h.count))
-        yield HistogramMetricFamily("netlimit_http_decision_seconds", "Time to decide one request (limiter core)",
-                                    buckets=buckets, sum_value=h.sum)
+        yield HistogramMetricFamily(
+            "netlimit_http_decision_seconds",
+            "Time to decide one request (limiter core)",
+            buckets=buckets,
+            sum_value=h.sum,
+        )
         fr = self.front
-        f = CounterMetricFamily("netlimit_http_requests", "Requests by front door and outcome",
-                                labels=["endpoint", "result"])
-        for (e, r), n in fr.requests.items():
-            f.add_metric([e, r], n)
+        f = CounterMetricFamily(
+            "netlimit_http_requests", "Requests by front door and outcome", labels=["endpoint", "result"]
+        )
+        for (endpoint, result), n in fr.requests.items():
+            f.add_metric([endpoint, result], n)
         yield f
         f = CounterMetricFamily("netlimit_http_config_reloads", "Rule reloads (result: ok, error)", labels=["result"])
-        for r, n in fr.reloads.items():
-            f.add_metric([r], n)
+        for result, n in fr.reloads.items():
+            f.add_metric([result], n)
         yield f
-        yield GaugeMetricFamily("netlimit_http_config_last_reload_successful", "1 when the last reload succeeded",
-                                value=fr.last_reload_ok)
+        yield GaugeMetricFamily(
+            "netlimit_http_config_last_reload_successful", "1 when the last reload succeeded", value=fr.last_reload_ok
+        )
         yield GaugeMetricFamily("netlimit_http_rules", "Rules loaded", value=len(rules))

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..config.loader import Problem
 from ..config.model import Descriptor, HttpConfig
@@ -67,30 +68,30 @@ class RuleStats:
     def __init__(self) -> None:
         self.hits = 0
         self.within = 0
-        self.over = 0      # over the limit, shadow_mode rules included (as Lyft counts)
-        self.near = 0      # allowed with >= 80% of the limit used
-        self.shadow = 0    # over the limit but not enforced (shadow_mode)
+        self.over = 0  # over the limit, shadow_mode rules included (as Lyft counts)
+        self.near = 0  # allowed with >= 80% of the limit used
+        self.shadow = 0  # over the limit but not enforced (shadow_mode)
 
 
 @dataclass(eq=False, slots=True)
 class Rule:
     """One node of the tree that carries ``rate_limit`` or ``unlimited``."""
 
-    name: str                 # rate_limit.name, else the Lyft stat path "key_value.key"
-    path: str                 # the Lyft stat path, unique per rule
+    name: str  # rate_limit.name, else the Lyft stat path "key_value.key"
+    path: str  # the Lyft stat path, unique per rule
     domain: str
-    keys: tuple[str, ...]     # descriptor keys from the root to this node
+    keys: tuple[str, ...]  # descriptor keys from the root to this node
     unit: str
     requests_per_unit: int
     period: int
     algorithm: str
-    limit: Limit | None       # None when unlimited
+    limit: Limit | None  # None when unlimited
     unlimited: bool = False
     shadow: bool = False
     replaces: tuple[str, ...] = ()
-    key_prefix: str = ""      # store key = key_prefix + values
-    policy: str = ""          # 'RateLimit-Policy' item, e.g. '"api";q=10;w=60'
-    sf_name: str = '""'       # the rule name as an sf-string
+    key_prefix: str = ""  # store key = key_prefix + values
+    policy: str = ""  # 'RateLimit-Policy' item, e.g. '"api";q=10;w=60'
+    sf_name: str = '""'  # the rule name as an sf-string
     #: allowed decisions with used >= 80% of the limit count as near_limit
     near_threshold: int = 0
     stats: RuleStats = field(default_factory=RuleStats)
@@ -121,8 +122,9 @@ class RuleSet:
 
     __slots__ = ("domain", "root", "rules", "has_replaces", "max_key_length", "config")
 
-    def __init__(self, domain: str, root: Node, rules: list[Rule], max_key_length: int = 256,
-                 config: HttpConfig | None = None):
+    def __init__(
+        self, domain: str, root: Node, rules: list[Rule], max_key_length: int = 256, config: HttpConfig | None = None
+    ):
         self.domain = domain
         self.root = root
         self.rules = rules
@@ -136,7 +138,7 @@ class RuleSet:
         """The rule for one request descriptor (a list of (key, value)), or None."""
         node = self.root
         last = len(entries) - 1
-        if last == 0:   # one entry (the common descriptor): the loop below, unrolled
+        if last == 0:  # one entry (the common descriptor): the loop below, unrolled
             key, value = entries[0]
             m = node.exact.get(key)
             if m is not None:
@@ -152,8 +154,7 @@ class RuleSet:
             return None if nxt is None else nxt.rule
         if last < 0:
             return None
-        i = 0
-        for key, value in entries:
+        for i, (key, value) in enumerate(entries):
             nxt = None
             m = node.exact.get(key)
             if m is not None:
@@ -174,7 +175,6 @@ class RuleSet:
             if not nxt.has_children:
                 return None
             node = nxt
-            i += 1
         return None  # pragma: no cover
 
     def store_key(self, rule: Rule, entries: Sequence[Entry]) -> str:
@@ -193,15 +193,15 @@ class RuleSet:
             v = _SEP.join(vals)
         key = rule.key_prefix + v
         if len(key) > self.max_key_length:
-            key = rule.key_prefix + "#" + hashlib.blake2b(v.encode("utf-8", "surrogatepass"),
-                                                          digest_size=16).hexdigest()
+            key = (
+                rule.key_prefix + "#" + hashlib.blake2b(v.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+            )
         return key
 
     def describe(self) -> list[dict[str, Any]]:
         out = []
         for r in self.rules:
-            d: dict[str, Any] = {"name": r.name, "path": r.path, "keys": list(r.keys),
-                                 "shadow_mode": r.shadow}
+            d: dict[str, Any] = {"name": r.name, "path": r.path, "keys": list(r.keys), "shadow_mode": r.shadow}
             if r.unlimited:
                 d["unlimited"] = True
             else:
@@ -236,16 +236,19 @@ def build(http: HttpConfig, loaded: Loaded | None = None, *, base: tuple[Any, ..
     rules: list[Rule] = []
     domain = http.domain
 
-    def walk(node: Node, descs: Iterable[Descriptor], keys: tuple[str, ...], stat: tuple[str, ...],
-             where: tuple[Any, ...]) -> None:
+    def walk(
+        node: Node, descs: Iterable[Descriptor], keys: tuple[str, ...], stat: tuple[str, ...], where: tuple[Any, ...]
+    ) -> None:
         seen: dict[tuple[str, str | None], int] = {}
         for i, d in enumerate(descs):
             here = where + ("descriptors", i)
             sig = (d.key, d.value)
             if sig in seen:
                 what = f"key {d.key!r}" + (f" value {d.value!r}" if d.value else " (no value)")
-                problem(here + ("key",), f"duplicate descriptor: {what} already appears as sibling "
-                                         f"#{seen[sig] + 1} at this level")
+                problem(
+                    here + ("key",),
+                    f"duplicate descriptor: {what} already appears as sibling #{seen[sig] + 1} at this level",
+                )
                 continue
             seen[sig] = i
             child = Node()
@@ -259,8 +262,12 @@ def build(http: HttpConfig, loaded: Loaded | None = None, *, base: tuple[Any, ..
             k2 = keys + (d.key,)
             s2 = stat + (_stat_part(d),)
             if d.detailed_metric:
-                log.warning("%s: descriptor %s: detailed_metric is ignored: metrics are labelled by rule "
-                            "only, never by request values", filename, ".".join(s2))
+                log.warning(
+                    "%s: descriptor %s: detailed_metric is ignored: metrics are labelled by rule "
+                    "only, never by request values",
+                    filename,
+                    ".".join(s2),
+                )
             if d.rate_limit is not None or d.unlimited:
                 rule = _make_rule(d, domain, k2, ".".join(s2), here, problem)
                 if rule is not None:
@@ -280,19 +287,38 @@ def build(http: HttpConfig, loaded: Loaded | None = None, *, base: tuple[Any, ..
     return RuleSet(domain, root, rules, http.max_key_length, http)
 
 
-def _make_rule(d: Descriptor, domain: str, keys: tuple[str, ...], path: str, where: tuple[Any, ...],
-               problem) -> Rule | None:
+def _make_rule(
+    d: Descriptor, domain: str, keys: tuple[str, ...], path: str, where: tuple[Any, ...], problem
+) -> Rule | None:
     if d.unlimited:
-        return Rule(name=path, path=path, domain=domain, keys=keys, unit="", requests_per_unit=0,
-                    period=0, algorithm="", limit=None, unlimited=True, shadow=d.shadow_mode,
-                    replaces=tuple(r.name for r in d.replaces),
-                    key_prefix="", sf_name=sf_string(path))
+        return Rule(
+            name=path,
+            path=path,
+            domain=domain,
+            keys=keys,
+            unit="",
+            requests_per_unit=0,
+            period=0,
+            algorithm="",
+            limit=None,
+            unlimited=True,
+            shadow=d.shadow_mode,
+            replaces=tuple(r.name for r in d.replaces),
+            key_prefix="",
+            sf_name=sf_string(path),
+        )
     rl = d.rate_limit
     assert rl is not None
     name = rl.name or path
     try:
-        limit = Limit(algorithm=d.algorithm, limit=rl.requests_per_unit, period=float(rl.period),
-                      burst=d.burst, delay=d.delay, name=name)
+        limit = Limit(
+            algorithm=d.algorithm,
+            limit=rl.requests_per_unit,
+            period=float(rl.period),
+            burst=d.burst,
+            delay=d.delay,
+            name=name,
+        )
     except ValueError as exc:
         problem(where + ("rate_limit",), f"descriptor {path}: {exc}")
         return None
@@ -300,10 +326,20 @@ def _make_rule(d: Descriptor, domain: str, keys: tuple[str, ...], path: str, whe
     # Store keys: domain, rule path (unique per rule) and the request's values.
     prefix = f"{domain}|{path}|"
     return Rule(
-        name=name, path=path, domain=domain, keys=keys, unit=rl.unit,
-        requests_per_unit=rl.requests_per_unit, period=rl.period, algorithm=d.algorithm,
-        limit=limit, shadow=d.shadow_mode, replaces=tuple(r.name for r in d.replaces),
-        key_prefix=prefix, sf_name=sfn, policy=f"{sfn};q={rl.requests_per_unit};w={rl.period}",
+        name=name,
+        path=path,
+        domain=domain,
+        keys=keys,
+        unit=rl.unit,
+        requests_per_unit=rl.requests_per_unit,
+        period=rl.period,
+        algorithm=d.algorithm,
+        limit=limit,
+        shadow=d.shadow_mode,
+        replaces=tuple(r.name for r in d.replaces),
+        key_prefix=prefix,
+        sf_name=sfn,
+        policy=f"{sfn};q={rl.requests_per_unit};w={rl.period}",
         # used >= 0.8 * capacity  <=>  remaining <= capacity - ceil(0.8 * capacity)
         near_threshold=limit.capacity - (4 * limit.capacity + 4) // 5,
     )
@@ -313,7 +349,15 @@ def from_loaded(loaded: Loaded) -> RuleSet:
     """The rule set of a loaded file; ConfigError when it has no ``http:`` section."""
     http = loaded.config.http
     if http is None:
-        raise ConfigError([Problem(loaded.path, 1, 1, "http",
-                                   "the file has no 'http:' section: the sidecar needs one "
-                                   "(domain, actions, descriptors)")])
+        raise ConfigError(
+            [
+                Problem(
+                    loaded.path,
+                    1,
+                    1,
+                    "http",
+                    "the file has no 'http:' section: the sidecar needs one (domain, actions, descriptors)",
+                )
+            ]
+        )
     return build(http, loaded)

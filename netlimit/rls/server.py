@@ -38,8 +38,9 @@ class GrpcServer:
     """RateLimitService + Health on ``host:port`` (port 0: any free port, see
     :attr:`port` after :meth:`start`)."""
 
-    def __init__(self, limiter: Limiter, host: str = "127.0.0.1", port: int = 0, *, front: Any = None,
-                 max_delay: float = 60.0):
+    def __init__(
+        self, limiter: Limiter, host: str = "127.0.0.1", port: int = 0, *, front: Any = None, max_delay: float = 60.0
+    ):
         self.host = host
         self.requested_port = port
         self.port = 0
@@ -52,16 +53,18 @@ class GrpcServer:
         return format_hostport(self.host, self.port)
 
     async def start(self) -> int:
-        server = grpc.aio.server(options=[
-            ("grpc.so_reuseport", 0),   # a second sidecar on the same port must fail, not share it
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-        ])
+        server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),  # a second sidecar on the same port must fail, not share it
+                ("grpc.max_receive_message_length", MAX_MESSAGE),
+            ]
+        )
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         target = format_hostport(self.host, self.requested_port)
         try:
             port = server.add_insecure_port(target)
-        except RuntimeError as exc:   # grpcio raises on a failed bind
+        except RuntimeError as exc:  # grpcio raises on a failed bind
             raise OSError(f"cannot listen for gRPC on {target}: {exc}") from None
         if port == 0:  # older grpcio report a failed bind as port 0
             raise OSError(f"cannot listen for gRPC on {target}: the address is in use or not available")
@@ -79,6 +82,6 @@ class GrpcServer:
             return
         try:
             await self.health.enter_graceful_shutdown()
-        except Exception:  # noqa: BLE001 - health is best effort on the way out
+        except Exception:
             pass
         await server.stop(grace)

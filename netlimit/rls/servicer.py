@@ -58,7 +58,8 @@ import hashlib
 import logging
 import math
 import time
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -121,7 +122,7 @@ def parse_request(req: Any) -> Parsed:
         raise BadRequest("the descriptor list must not be empty")
     if n > MAX_DESCRIPTORS:
         raise BadRequest(f"at most {MAX_DESCRIPTORS} descriptors per request, got {n}")
-    cost = req.hits_addend or 1   # proto3: unset is 0, which means 1 (Lyft)
+    cost = req.hits_addend or 1  # proto3: unset is 0, which means 1 (Lyft)
     if cost > MAX_COST:
         raise BadRequest(f"hits_addend must be at most {MAX_COST}, got {cost}")
     descs: list[list[tuple[str, str]]] = []
@@ -151,8 +152,9 @@ def parse_request(req: Any) -> Parsed:
             lim = d.limit
             unit = OVERRIDE_UNITS.get(lim.unit)
             if unit is None:
-                raise BadRequest(f"descriptors[{i}].limit.unit must be SECOND, MINUTE, HOUR, DAY, MONTH or YEAR, "
-                                 f"got {lim.unit}")
+                raise BadRequest(
+                    f"descriptors[{i}].limit.unit must be SECOND, MINUTE, HOUR, DAY, MONTH or YEAR, got {lim.unit}"
+                )
             mult = lim.unit_multiplier.value if lim.HasField("unit_multiplier") else 1
             overrides.append(Override(unit, lim.requests_per_unit, max(1, mult)))
         else:
@@ -192,7 +194,7 @@ class Decider:
         t0 = time.perf_counter()
         rs = lim.rules
         descs = p.descriptors
-        if p.domain != rs.domain:   # Lyft: an unknown domain has no limits, overrides included
+        if p.domain != rs.domain:  # Lyft: an unknown domain has no limits, overrides included
             return CheckResult(OK, [DescriptorStatus(OK) for _ in descs])
         rules: list[Rule | None] = []
         for d, ov in zip(descs, p.overrides):
@@ -201,8 +203,10 @@ class Decider:
         if rs.has_replaces:  # as the core, over configured rules only (an override has no name)
             replaced = {n for r, ov in zip(rules, p.overrides) if r is not None and ov is None for n in r.replaces}
             if replaced:
-                rules = [None if r is not None and ov is None and r.name in replaced else r
-                         for r, ov in zip(rules, p.overrides)]
+                rules = [
+                    None if r is not None and ov is None and r.name in replaced else r
+                    for r, ov in zip(rules, p.overrides)
+                ]
         decided: list[Any] = [None] * len(descs)
         if lim.is_sync:
             store = lim.store
@@ -210,8 +214,11 @@ class Decider:
                 if r is not None and r.limit is not None:
                     decided[i] = (store.hit_sync(rs.store_key(r, d), r.limit, c), SRC_STORE)
         else:
-            pending = [(i, r, rs.store_key(r, d), c) for i, (d, r, c) in enumerate(zip(descs, rules, p.costs))
-                       if r is not None and r.limit is not None]
+            pending = [
+                (i, r, rs.store_key(r, d), c)
+                for i, (d, r, c) in enumerate(zip(descs, rules, p.costs))
+                if r is not None and r.limit is not None
+            ]
             res = await asyncio.gather(*[lim._hit(k, r, c) for _, r, k, c in pending])
             for (i, _, _, _), dr in zip(pending, res):
                 decided[i] = dr
@@ -220,9 +227,10 @@ class Decider:
         lim.stats.latency.observe(time.perf_counter() - t0)
         return result
 
-    def _override_rule(self, rs: RuleSet, entries: Sequence[tuple[str, str]], ov: Override,
-                       matched: Rule | None) -> Rule:
-        if self._ov_rules is not rs:       # rules reloaded: rebuild lazily
+    def _override_rule(
+        self, rs: RuleSet, entries: Sequence[tuple[str, str]], ov: Override, matched: Rule | None
+    ) -> Rule:
+        if self._ov_rules is not rs:  # rules reloaded: rebuild lazily
             self._ov_rules = rs
             self._ov_cache = {}
         keys = tuple(k for k, _ in entries)
@@ -247,18 +255,27 @@ def override_rule(domain: str, keys: tuple[str, ...], ov: Override, matched: Rul
     name = f"override {ov.requests_per_unit} per {per}"
     # the Limit's name keeps override state apart from configured rules' state; it
     # holds no request keys, so the number of distinct Limits stays small
-    limit = Limit(algorithm=algorithm, limit=ov.requests_per_unit, period=float(period), burst=None,
-                  delay=delay, name=name)
+    limit = Limit(
+        algorithm=algorithm, limit=ov.requests_per_unit, period=float(period), burst=None, delay=delay, name=name
+    )
     path = ".".join(keys)
     tag = "\x1f".join(keys)
     if len(tag) > 64:
         tag = "#" + hashlib.blake2b(tag.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
     sfn = sf_string(name)
     return Rule(
-        name=name, path=f"override:{path}", domain=domain, keys=keys, unit=ov.unit,
-        requests_per_unit=ov.requests_per_unit, period=period, algorithm=algorithm, limit=limit,
+        name=name,
+        path=f"override:{path}",
+        domain=domain,
+        keys=keys,
+        unit=ov.unit,
+        requests_per_unit=ov.requests_per_unit,
+        period=period,
+        algorithm=algorithm,
+        limit=limit,
         key_prefix=f"{domain}|~override {ov.requests_per_unit}/{period}s {algorithm}|{tag}|",
-        sf_name=sfn, policy=f"{sfn};q={ov.requests_per_unit};w={period}",
+        sf_name=sfn,
+        policy=f"{sfn};q={ov.requests_per_unit};w={period}",
         near_threshold=limit.capacity - (4 * limit.capacity + 4) // 5,
         # counted with the configured rule it overrides, if any (metric labels stay
         # bounded by the configuration); otherwise not per rule
@@ -293,6 +310,7 @@ def combine(parts: list[CheckResult]) -> CheckResult:
             report = st
         else:
             rd = report.decision
+            assert rd is not None and dec is not None
             if dec.remaining < rd.remaining or (dec.remaining == rd.remaining and dec.limit < rd.limit):
                 report = st
     return CheckResult(code, statuses, report, delay if code == OK else 0.0)
@@ -307,7 +325,7 @@ def _u32(n: int) -> int:
 
 def build_response(result: CheckResult, overrides: Sequence[Override | None] = ()) -> Any:
     """The RateLimitResponse of a core decision."""
-    resp = RateLimitResponse(overall_code=result.code)
+    resp = RateLimitResponse(overall_code=result.code)  # type: ignore[arg-type]  # Lyft's Code numbers
     add = resp.statuses.add
     for i, st in enumerate(result.statuses):
         s = add(code=st.code)
@@ -325,7 +343,7 @@ def build_response(result: CheckResult, overrides: Sequence[Override | None] = (
         if ov is not None and ov.multiplier > 1:
             cl.unit_multiplier.value = ov.multiplier
         d = st.decision
-        if d is None:          # on_store_failure: open, nothing was decided
+        if d is None:  # on_store_failure: open, nothing was decided
             continue
         s.limit_remaining = _u32(d.remaining)
         reset = d.reset
@@ -345,7 +363,7 @@ def build_response(result: CheckResult, overrides: Sequence[Override | None] = (
 
 def ok_response(n: int) -> Any:
     """The fail-open answer: OK, one OK status per descriptor, no headers."""
-    resp = RateLimitResponse(overall_code=OK)
+    resp = RateLimitResponse(overall_code=OK)  # type: ignore[arg-type]  # Lyft's Code numbers
     for _ in range(n):
         resp.statuses.add(code=OK)
     return resp
@@ -361,14 +379,15 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
     ``endpoint="grpc"``), so /metrics shows all front doors together.
     """
 
-    def __init__(self, limiter: Limiter, front: Any = None, *, max_delay: float = MAX_DELAY,
-                 log_interval: float = 10.0):
+    def __init__(
+        self, limiter: Limiter, front: Any = None, *, max_delay: float = MAX_DELAY, log_interval: float = 10.0
+    ):
         self.decider = Decider(limiter)
         self.front = front
         self.max_delay = max_delay
-        self.counts = {r: 0 for r in RESULTS}   # also without a FrontStats (tests, bench)
+        self.counts = dict.fromkeys(RESULTS, 0)  # also without a FrontStats (tests, bench)
         if front is not None:
-            for r in RESULTS:   # the front door's series exist from the start (0)
+            for r in RESULTS:  # the front door's series exist from the start (0)
                 front.requests.setdefault((ENDPOINT, r), 0)
         self._log_interval = log_interval
         self._next_log = {"bad": 0.0, "error": 0.0, "negative": 0.0}
@@ -404,15 +423,20 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
             resp = build_response(result, p.overrides)
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - fail open: never fail Envoy's request because of netlimit
+        except Exception:  # fail open: never fail Envoy's request because of netlimit
             self._count("error")
             if self._log_due("error"):
                 log.exception("gRPC ShouldRateLimit failed; answering OK (fail open)")
             return ok_response(len(p.descriptors))
-        if any(c == 0 for c in p.costs) and any(d.is_negative_hits for d in request.descriptors) \
-                and self._log_due("negative"):
-            log.info("gRPC ShouldRateLimit: is_negative_hits (a refund) is not supported; those descriptors "
-                     "were decided as free probes")
+        if (
+            any(c == 0 for c in p.costs)
+            and any(d.is_negative_hits for d in request.descriptors)
+            and self._log_due("negative")
+        ):
+            log.info(
+                "gRPC ShouldRateLimit: is_negative_hits (a refund) is not supported; those descriptors "
+                "were decided as free probes"
+            )
         self._count("over_limit" if result.code == OVER_LIMIT else "ok")
         if result.delay > 0:
             await asyncio.sleep(min(result.delay, self.max_delay))

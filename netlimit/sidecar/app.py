@@ -52,13 +52,13 @@ from yarl import URL
 
 from ..config.validate import ConfigError, load_file
 from ..limit.actions import ActionPlan, path_of_uri
-from .httphead import MAX_HEAD, http_date, ok_response, parse_check
 from ..limit.headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_headers, simple_problem
 from ..limit.limiter import CODE_NAMES, OVER_LIMIT, SRC_NONE, CheckResult, Limiter
 from ..limit.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..limit.metrics import FrontStats, Metrics
 from ..limit.rules import from_loaded
 from ..limit.stores import MemoryStore, RedisStore
+from .httphead import MAX_HEAD, http_date, ok_response, parse_check
 
 log = logging.getLogger("netlimit.sidecar")
 
@@ -71,10 +71,19 @@ ADMIN_PREFIX = "/_netlimit"
 
 # RFC 9110 §7.6.1: Connection and the fields it names, plus the classic
 # hop-by-hop fields, are not forwarded.  Expect is answered by this hop.
-HOP_BY_HOP = frozenset((
-    "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
-    "proxy-authenticate", "proxy-authorization",
-))
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    )
+)
 _SKIP_AUTO = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
 
@@ -90,11 +99,11 @@ class Reply:
     def __init__(self, status: int, headers: dict[str, str], body: str = "", delay: float = 0.0):
         self.status = status
         self.headers = headers
-        self.body = body          # a problem+json document, or "" (no body)
-        self.delay = delay        # leaky bucket queue mode: answer after this many seconds
+        self.body = body  # a problem+json document, or "" (no body)
+        self.delay = delay  # leaky bucket queue mode: answer after this many seconds
 
     @classmethod
-    def problem(cls, status: int, title: str, detail: str) -> "Reply":
+    def problem(cls, status: int, title: str, detail: str) -> Reply:
         return cls(status, {}, simple_problem(status, title, detail))
 
     async def response(self) -> web.Response:
@@ -115,9 +124,17 @@ def _hop_tokens(headers) -> frozenset[str] | None:
 class Sidecar:
     """Config, limiter and front doors of one sidecar process."""
 
-    def __init__(self, config_path: str, *, upstream: str | None = None, redis_url: str | None = None,
-                 reload_interval: float = 1.0, retry_interval: float = 1.0, log_interval: float = 10.0,
-                 upstream_timeout: float = 300.0):
+    def __init__(
+        self,
+        config_path: str,
+        *,
+        upstream: str | None = None,
+        redis_url: str | None = None,
+        reload_interval: float = 1.0,
+        retry_interval: float = 1.0,
+        log_interval: float = 10.0,
+        upstream_timeout: float = 300.0,
+    ):
         self.config_path = str(config_path)
         loaded = load_file(self.config_path)  # ConfigError goes to the caller
         rules = from_loaded(loaded)
@@ -133,12 +150,17 @@ class Sidecar:
             store: Any = MemoryStore(max_keys=http.max_keys, max_key_length=http.max_key_length)
         else:
             store = RedisStore(self.storage, timeout_ms=http.store_timeout_ms, max_key_length=http.max_key_length)
-        self.limiter = Limiter(rules, store, on_store_failure=http.on_store_failure,
-                               retry_interval=retry_interval, log_interval=log_interval)
+        self.limiter = Limiter(
+            rules,
+            store,
+            on_store_failure=http.on_store_failure,
+            retry_interval=retry_interval,
+            log_interval=log_interval,
+        )
         self.metrics = Metrics(self.limiter, self.front)
         self.upstream = URL(upstream.rstrip("/")) if upstream else None
         self.upstream_timeout = upstream_timeout
-        self.pool: Any = None   # proxy.UpstreamPool (the proxy fast path), made in start()
+        self.pool: Any = None  # proxy.UpstreamPool (the proxy fast path), made in start()
         self.reload_interval = reload_interval
         self.last_reload_error: str | None = None
         self.session: ClientSession | None = None
@@ -146,7 +168,7 @@ class Sidecar:
         self._file_sig = self._stat()
         self._stat_error_logged = False
         self._xff_warned = False
-        self.fast_conns: set = set()   # FastCheckProtocol connections (idle ones are swept)
+        self.fast_conns: set = set()  # FastCheckProtocol connections (idle ones are swept)
         # answers held back until the end of this loop iteration (FastCheckProtocol._write)
         self.out_batch: list | None = None
 
@@ -173,11 +195,17 @@ class Sidecar:
                 log.error("%s", p)
             n = len(exc.problems)
             self.last_reload_error = "; ".join(str(p) for p in exc.problems[:5])
-            log.error("%s: reload (%s) failed with %d problem%s; keeping the previous rules (sha256 %s)",
-                      path, why, n, "" if n == 1 else "s", self.loaded.sha256[:12])
+            log.error(
+                "%s: reload (%s) failed with %d problem%s; keeping the previous rules (sha256 %s)",
+                path,
+                why,
+                n,
+                "" if n == 1 else "s",
+                self.loaded.sha256[:12],
+            )
             self.front.reload(False)
             return False
-        except Exception as exc:  # noqa: BLE001 - a reload must never take the sidecar down
+        except Exception as exc:  # a reload must never take the sidecar down
             self.last_reload_error = repr(exc)
             log.exception("%s: reload (%s) failed: %r; keeping the previous rules", path, why, exc)
             self.front.reload(False)
@@ -186,15 +214,25 @@ class Sidecar:
         if self.redis_override:  # --redis wins over http.storage anyway
             settings = (self._store_settings[0],) + settings[1:]
         if settings != self._store_settings:
-            log.warning("%s: storage, store_timeout_ms, max_keys and max_key_length take effect at restart; "
-                        "the running store is kept", path)
+            log.warning(
+                "%s: storage, store_timeout_ms, max_keys and max_key_length take effect at restart; "
+                "the running store is kept",
+                path,
+            )
         self.plan = plan
         self.limiter.set_rules(rules, http.on_store_failure)
         self.loaded = loaded
         self.last_reload_error = None
         self.front.reload(True)
-        log.info("%s: reloaded (%s): domain %r, %d rules, on_store_failure %s, sha256 %s",
-                 path, why, rules.domain, len(rules.rules), http.on_store_failure, loaded.sha256[:12])
+        log.info(
+            "%s: reloaded (%s): domain %r, %d rules, on_store_failure %s, sha256 %s",
+            path,
+            why,
+            rules.domain,
+            len(rules.rules),
+            http.on_store_failure,
+            loaded.sha256[:12],
+        )
         return True
 
     async def watch(self) -> None:
@@ -226,7 +264,7 @@ class Sidecar:
     def flush_out(self) -> None:
         """Write the answers FastCheckProtocol held back in this loop iteration."""
         batch = self.out_batch
-        if batch is None:   # already written (a connection handed to aiohttp)
+        if batch is None:  # already written (a connection handed to aiohttp)
             return
         self.out_batch = None
         for t, out, close in batch:
@@ -235,7 +273,7 @@ class Sidecar:
                     t.write(out)
                     if close:
                         t.close()
-                except Exception:  # noqa: BLE001 - a transport gone under us: the others still go out
+                except Exception:  # a transport gone under us: the others still go out
                     log.debug("answer not written", exc_info=True)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -244,10 +282,14 @@ class Sidecar:
         if self.upstream is not None:
             self.session = ClientSession(
                 connector=TCPConnector(limit=1024, limit_per_host=0, keepalive_timeout=30, ttl_dns_cache=60),
-                cookie_jar=DummyCookieJar(), auto_decompress=False, skip_auto_headers=_SKIP_AUTO,
-                timeout=ClientTimeout(total=None, connect=5, sock_read=self.upstream_timeout), trust_env=False,
+                cookie_jar=DummyCookieJar(),
+                auto_decompress=False,
+                skip_auto_headers=_SKIP_AUTO,
+                timeout=ClientTimeout(total=None, connect=5, sock_read=self.upstream_timeout),
+                trust_env=False,
             )
             from .proxy import UpstreamPool
+
             self.pool = UpstreamPool(self.upstream, connect_timeout=5.0, read_timeout=self.upstream_timeout)
         self._watch_task = asyncio.create_task(self.watch())
 
@@ -269,12 +311,20 @@ class Sidecar:
     def _descriptors(self, peer: str, h, method: str, path) -> list:
         """``h.get`` takes lower-case names (CIMultiDictProxy or a lower-case dict)."""
         plan = self.plan
-        if not self._xff_warned and plan.needs_remote and h.get("x-forwarded-for") is not None \
-                and peer not in plan.trusted:
+        if (
+            not self._xff_warned
+            and plan.needs_remote
+            and h.get("x-forwarded-for") is not None
+            and peer not in plan.trusted
+        ):
             self._xff_warned = True
-            log.warning("request from %s carries X-Forwarded-For but %s is not in http.trusted_proxies: "
-                        "the header is ignored and remote_address is the peer (add the proxy's address "
-                        "to trusted_proxies if it is yours)", peer, peer)
+            log.warning(
+                "request from %s carries X-Forwarded-For but %s is not in http.trusted_proxies: "
+                "the header is ignored and remote_address is the peer (add the proxy's address "
+                "to trusted_proxies if it is yours)",
+                peer,
+                peer,
+            )
         return plan.build(peer, method, path, h)
 
     # -- decision endpoints (shared by the aiohttp handlers and the fast path) -------------
@@ -291,14 +341,17 @@ class Sidecar:
                         return Reply.problem(400, "Bad Request", f"deny_status must be a 4xx status code, got {ds!r}")
                     deny_status = int(ds)
         plan = self.plan
-        path = "/"   # the path and the method only when an action uses them
+        path = "/"  # the path and the method only when an action uses them
         if plan.needs_path:
             uri = h.get("x-original-uri") or h.get("x-forwarded-uri")
             if uri is None:
                 self.front.request("check", "bad_request")
-                return Reply.problem(400, "Bad Request",
-                                     "the actions use 'path' but the request has no X-Original-URI header "
-                                     "(nginx: proxy_set_header X-Original-URI $request_uri;)")
+                return Reply.problem(
+                    400,
+                    "Bad Request",
+                    "the actions use 'path' but the request has no X-Original-URI header "
+                    "(nginx: proxy_set_header X-Original-URI $request_uri;)",
+                )
             path = path_of_uri(uri)
         method = (h.get("x-original-method") or h.get("x-forwarded-method") or "GET") if plan.needs_method else "GET"
         return self._descriptors(peer, h, method, path), deny_status
@@ -306,7 +359,7 @@ class Sidecar:
     def authz_request(self, peer: str, h, method: str, raw_path: str) -> list:
         """Envoy ext_authz (path_prefix /v1/authz): the original path follows the prefix."""
         i = raw_path.find("/v1/authz")
-        tail = raw_path[i + 9:] if i >= 0 else raw_path
+        tail = raw_path[i + 9 :] if i >= 0 else raw_path
         return self._descriptors(peer, h, method, lambda: path_of_uri(tail or "/"))
 
     def decision_reply(self, endpoint: str, result: CheckResult, deny_status: int) -> Reply:
@@ -365,8 +418,7 @@ class Sidecar:
         headers = rate_headers(result)
         over = result.code == OVER_LIMIT
         self.front.request("json", "over_limit" if over else "ok")
-        return web.Response(status=429 if over else 200, text=body, content_type="application/json",
-                            headers=headers)
+        return web.Response(status=429 if over else 200, text=body, content_type="application/json", headers=headers)
 
     # -- admin -----------------------------------------------------------------------------
 
@@ -396,8 +448,9 @@ class Sidecar:
     # -- reverse proxy -----------------------------------------------------------------
 
     async def proxy(self, request: web.BaseRequest) -> web.StreamResponse:
-        descs = self._descriptors(request.remote or "", request.headers, request.method,
-                                  lambda: path_of_uri(request.raw_path))
+        descs = self._descriptors(
+            request.remote or "", request.headers, request.method, lambda: path_of_uri(request.raw_path)
+        )
         result = await self.limiter.check(self.limiter.rules.domain, descs)
         rh = rate_headers(result)
         if result.code == OVER_LIMIT:
@@ -427,8 +480,9 @@ class Sidecar:
         url = URL(str(self.upstream) + request.raw_path, encoded=True)
         resp: web.StreamResponse | None = None
         try:
-            async with self.session.request(request.method, url, headers=fwd, data=data,
-                                            allow_redirects=False, compress=None) as up:
+            async with self.session.request(
+                request.method, url, headers=fwd, data=data, allow_redirects=False, compress=None
+            ) as up:
                 resp = web.StreamResponse(status=up.status, reason=up.reason)
                 uh = up.headers
                 drop = _hop_tokens(uh)
@@ -445,14 +499,17 @@ class Sidecar:
                     async for chunk in up.content.iter_any():
                         await resp.write(chunk)
                 await resp.write_eof()
-        except (client_exceptions.ClientConnectorError, client_exceptions.ServerDisconnectedError,
-                client_exceptions.ClientOSError) as exc:
+        except (
+            client_exceptions.ClientConnectorError,
+            client_exceptions.ServerDisconnectedError,
+            client_exceptions.ClientOSError,
+        ) as exc:
             if resp is not None and resp.prepared:
                 raise
             self.front.request("proxy", "upstream_error")
             log.warning("upstream %s: %r", self.upstream, exc)
             return _problem(502, "Bad Gateway", "the upstream application is unreachable", rh)
-        except (asyncio.TimeoutError, client_exceptions.ServerTimeoutError):
+        except (TimeoutError, client_exceptions.ServerTimeoutError):
             if resp is not None and resp.prepared:
                 raise
             self.front.request("proxy", "upstream_error")
@@ -492,19 +549,22 @@ class Sidecar:
             if path == check_path:
                 if request.method == "POST":
                     return await json_check(request)
-                return await check_get(request, "" if q < 0 else raw[q + 1:])
+                return await check_get(request, "" if q < 0 else raw[q + 1 :])
             if path.startswith(authz_slash) or path == authz:
                 return await self.authz(request)
             h = admin_get.get(path)
             if h is not None:
                 if request.method not in ("GET", "HEAD"):
-                    return _problem(405, "Method Not Allowed", f"{path} answers GET only",
-                                    {"Allow": "GET, HEAD"})
+                    return _problem(405, "Method Not Allowed", f"{path} answers GET only", {"Allow": "GET, HEAD"})
                 return await h(request)
             if proxy is not None:
                 return await proxy(request)
-            return _problem(404, "Not Found", f"no endpoint {path!r}: try GET /v1/check, POST /v1/check, "
-                                              "/v1/authz/<path>, /v1/rules, /healthz or /metrics")
+            return _problem(
+                404,
+                "Not Found",
+                f"no endpoint {path!r}: try GET /v1/check, POST /v1/check, "
+                "/v1/authz/<path>, /v1/rules, /healthz or /metrics",
+            )
 
         return handle
 
@@ -518,15 +578,17 @@ async def _continue(request: web.BaseRequest) -> None:
 
 
 def _problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=simple_problem(status, title, detail), content_type=PROBLEM_TYPE,
-                        headers=headers)
+    return web.Response(
+        status=status, text=simple_problem(status, title, detail), content_type=PROBLEM_TYPE, headers=headers
+    )
 
 
 # --- fast path -----------------------------------------------------------------------------
 
-IDLE_TIMEOUT = 75.0      # keep-alive connections idle longer are closed (aiohttp's default)
+IDLE_TIMEOUT = 75.0  # keep-alive connections idle longer are closed (aiohttp's default)
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 _STATUS_LINES = {c: f"HTTP/1.1 {c} {_REASONS[c]}\r\n" for c in (200, 400, 403, 429, 500)}
+
 
 def _http_date() -> bytes:
     """The Date header value (formatted at most once per second), as bytes."""
@@ -565,7 +627,7 @@ class FastHTTPProtocol(asyncio.Protocol):
     def _handoff(self, buf: bytes) -> None:
         """Give the connection to aiohttp (with the unparsed bytes) for good."""
         t = self.transport
-        if self.sc.out_batch:   # answers of earlier requests first (aiohttp writes the next ones)
+        if self.sc.out_batch:  # answers of earlier requests first (aiohttp writes the next ones)
             self.sc.flush_out()
         self.sc.fast_conns.discard(self)
         self.buf = b""
@@ -592,7 +654,7 @@ class FastHTTPProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-_ENDPOINT = ("check", "authz")          # by the fast path's request kind
+_ENDPOINT = ("check", "authz")  # by the fast path's request kind
 _OK = (("check", "ok"), ("authz", "ok"))  # FrontStats.requests keys
 _monotonic = time.monotonic
 
@@ -613,7 +675,7 @@ class FastCheckProtocol(FastHTTPProtocol):
 
     __slots__ = ("sc", "aio", "transport", "buf", "busy", "peer", "last", "paused", "http10", "loop")
 
-    def __init__(self, sc: "Sidecar", aio_factory) -> None:
+    def __init__(self, sc: Sidecar, aio_factory) -> None:
         self.sc = sc
         self.aio = aio_factory
         self.transport: asyncio.Transport | None = None
@@ -623,7 +685,7 @@ class FastCheckProtocol(FastHTTPProtocol):
         self.peer = ""
         self.last = time.monotonic()
         self.http10 = False
-        self.loop: asyncio.AbstractEventLoop | None = None   # see _loop
+        self.loop: asyncio.AbstractEventLoop | None = None  # see _loop
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -673,10 +735,10 @@ class FastCheckProtocol(FastHTTPProtocol):
         lim = sc.limiter
         if lim.is_sync:
             result = lim.check_fast(descs)
-            if result.__class__ is tuple:   # one descriptor, admitted: (rule, decision)
+            if result.__class__ is tuple:  # one descriptor, admitted: (rule, decision)
                 reported = result
             elif result.code != OVER_LIMIT and result.delay <= 0 and result.report is not None:
-                reported = (result.report.rule, result.report.decision)   # several, admitted
+                reported = (result.report.rule, result.report.decision)  # several, admitted
             else:
                 reported = None
             if reported is not None:
@@ -690,7 +752,7 @@ class FastCheckProtocol(FastHTTPProtocol):
                         return
                     self._write(out, not keep)
                     return
-                if result.__class__ is tuple:   # what ok_response leaves to Python (see httphead)
+                if result.__class__ is tuple:  # what ok_response leaves to Python (see httphead)
                     result = lim.as_result(*result)
             endpoint = _ENDPOINT[kind]
             reply = sc.decision_reply(endpoint, result, deny)
@@ -709,7 +771,7 @@ class FastCheckProtocol(FastHTTPProtocol):
             reply = sc.decision_reply(endpoint, result, deny)
             if reply.delay > 0:
                 await asyncio.sleep(reply.delay)
-        except Exception:  # noqa: BLE001 - never leave the connection hanging
+        except Exception:  # never leave the connection hanging
             log.exception("decision failed")
             reply = Reply.problem(500, "Internal Server Error", "the sidecar failed to decide; see its log")
             keep = False
@@ -754,7 +816,7 @@ class FastCheckProtocol(FastHTTPProtocol):
         15 % less sidecar CPU per request."""
         t = self.transport
         if close:
-            self.buf = b""   # nothing after a last answer is read
+            self.buf = b""  # nothing after a last answer is read
         sc = self.sc
         batch = sc.out_batch
         if batch is None:
@@ -776,8 +838,10 @@ class FastCheckProtocol(FastHTTPProtocol):
 def parse_json_request(raw: bytes) -> tuple[str, list[list[tuple[str, str]]], int]:
     """Validate a JSON API body; BadRequest with a message that names the field."""
     if not raw.strip():
-        raise BadRequest('empty body: expected JSON like {"domain": "api", "descriptors": '
-                         '[{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}')
+        raise BadRequest(
+            'empty body: expected JSON like {"domain": "api", "descriptors": '
+            '[{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}'
+        )
     try:
         obj = json.loads(raw)
     except UnicodeDecodeError:
@@ -788,14 +852,15 @@ def parse_json_request(raw: bytes) -> tuple[str, list[list[tuple[str, str]]], in
         raise BadRequest(f"the body must be a JSON object, got {type(obj).__name__}")
     unknown = set(obj) - {"domain", "descriptors", "hits_addend", "hitsAddend"}
     if unknown:
-        raise BadRequest(f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}: expected domain, descriptors, "
-                         "hits_addend")
+        raise BadRequest(
+            f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}: expected domain, descriptors, hits_addend"
+        )
     domain = obj.get("domain")
     if not isinstance(domain, str) or not domain:
         raise BadRequest("'domain' must be a non-empty string")
     descs = obj.get("descriptors")
     if not isinstance(descs, list):
-        raise BadRequest("'descriptors' must be a list of {\"entries\": [{\"key\": ..., \"value\": ...}]}")
+        raise BadRequest('\'descriptors\' must be a list of {"entries": [{"key": ..., "value": ...}]}')
     if len(descs) > MAX_DESCRIPTORS:
         raise BadRequest(f"at most {MAX_DESCRIPTORS} descriptors per request, got {len(descs)}")
     out: list[list[tuple[str, str]]] = []
@@ -846,8 +911,11 @@ def result_json(result: CheckResult) -> dict[str, Any]:
             if rule.unlimited:
                 s["unlimited"] = True
             else:
-                s["currentLimit"] = {"name": rule.name, "requestsPerUnit": rule.requests_per_unit,
-                                     "unit": rule.unit.upper()}
+                s["currentLimit"] = {
+                    "name": rule.name,
+                    "requestsPerUnit": rule.requests_per_unit,
+                    "unit": rule.unit.upper(),
+                }
                 s["algorithm"] = rule.algorithm
                 s["shadowMode"] = rule.shadow
                 d = st.decision
@@ -856,6 +924,7 @@ def result_json(result: CheckResult) -> dict[str, Any]:
                     s["durationUntilReset"] = _duration(d.reset)
                     if not d.allowed:
                         from ..limit.headers import retry_seconds
+
                         s["retryAfter"] = retry_seconds(st)
                     if d.delay > 0:
                         s["delay"] = _duration(d.delay)
@@ -883,11 +952,13 @@ async def serve(sidecar: Sidecar, host: str, port: int, *, fast_path: bool = Tru
     fast = fast_path
     if fast and sidecar.upstream is not None:
         from .proxy import FastProxyProtocol
+
         pool = sidecar.pool
 
         def factory() -> asyncio.Protocol:
             return FastProxyProtocol(sidecar, aio, pool)
     elif fast:
+
         def factory() -> asyncio.Protocol:
             return FastCheckProtocol(sidecar, aio)
     else:
@@ -906,9 +977,16 @@ async def serve(sidecar: Sidecar, host: str, port: int, *, fast_path: bool = Tru
     rs = sidecar.limiter.rules
     mode = f"proxy to {sidecar.upstream}" if sidecar.upstream is not None else "decision endpoint"
     store = "memory" if sidecar.storage == "memory" else "redis"
-    log.info("listening on http://%s (%s%s; domain %r, %d rules, store %s, on_store_failure %s)",
-             shown, mode, ", fast path" if fast else "", rs.domain, len(rs.rules), store,
-             sidecar.limiter.on_store_failure)
+    log.info(
+        "listening on http://%s (%s%s; domain %r, %d rules, store %s, on_store_failure %s)",
+        shown,
+        mode,
+        ", fast path" if fast else "",
+        rs.domain,
+        len(rs.rules),
+        store,
+        sidecar.limiter.on_store_failure,
+    )
     try:
         await stop.wait()
     finally:
@@ -928,8 +1006,9 @@ async def serve(sidecar: Sidecar, host: str, port: int, *, fast_path: bool = Tru
         await sidecar.stop()
 
 
-async def serve_with_grpc(sidecar: Any, host: str, port: int, grpc_host: str, grpc_port: int, *,
-                          fast_path: bool = True) -> None:
+async def serve_with_grpc(
+    sidecar: Any, host: str, port: int, grpc_host: str, grpc_port: int, *, fast_path: bool = True
+) -> None:
     """``app.serve`` plus the gRPC server on the same loop, sharing the sidecar's
     limiter (rules, reloads, store) and metrics.  The gRPC server stops before
     the sidecar closes its store."""
@@ -942,11 +1021,14 @@ async def serve_with_grpc(sidecar: Any, host: str, port: int, grpc_host: str, gr
         await sidecar.limiter.close()
         raise SystemExit(str(exc)) from None
     rs = sidecar.limiter.rules
-    log.info("gRPC listening on %s (envoy.service.ratelimit.v3.RateLimitService, grpc.health.v1.Health; "
-             "domain %r)", gs.address, rs.domain)
+    log.info(
+        "gRPC listening on %s (envoy.service.ratelimit.v3.RateLimitService, grpc.health.v1.Health; domain %r)",
+        gs.address,
+        rs.domain,
+    )
     sidecar_stop = sidecar.stop
 
-    async def stop() -> None:   # serve() calls sidecar.stop() on its way out
+    async def stop() -> None:  # serve() calls sidecar.stop() on its way out
         await gs.stop()
         await sidecar_stop()
 

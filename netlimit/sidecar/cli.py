@@ -10,15 +10,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 
 def _setup_logging(level: str) -> None:
     # journald adds its own timestamps (and sets JOURNAL_STREAM); elsewhere add them.
-    fmt = "%(levelname)s %(message)s" if os.environ.get("JOURNAL_STREAM") else \
-        "%(asctime)s %(levelname)s %(message)s"
+    fmt = "%(levelname)s %(message)s" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s %(levelname)s %(message)s"
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(fmt))
     root = logging.getLogger("netlimit")
@@ -34,30 +32,45 @@ def _setup_logging(level: str) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def sidecar(
-        config: Path = typer.Option(..., "--config", "-c", help="The netlimit YAML file (its http: section).",
-                                    show_default=False),
-        listen: str = typer.Option("127.0.0.1:8181", "--listen", "-l",
-                                   help="HOST:PORT or [IPv6]:PORT to serve on (port 0 = any free port)."),
-        upstream: Optional[str] = typer.Option(
-            None, "--upstream", "-u", show_default=False,
+        config: Path = typer.Option(
+            ..., "--config", "-c", help="The netlimit YAML file (its http: section).", show_default=False
+        ),
+        listen: str = typer.Option(
+            "127.0.0.1:8181", "--listen", "-l", help="HOST:PORT or [IPv6]:PORT to serve on (port 0 = any free port)."
+        ),
+        upstream: str | None = typer.Option(
+            None,
+            "--upstream",
+            "-u",
+            show_default=False,
             help="Reverse-proxy mode: forward allowed requests to this base URL "
-                 "(own endpoints then live under /_netlimit/)."),
+            "(own endpoints then live under /_netlimit/).",
+        ),
         upstream_timeout: float = typer.Option(
-            300.0, "--upstream-timeout", min=0.001,
+            300.0,
+            "--upstream-timeout",
+            min=0.001,
             help="Proxy mode: seconds the upstream may stay silent (before its response head: 504; "
-                 "in the middle of a body: the client connection is aborted)."),
-        redis: Optional[str] = typer.Option(None, "--redis", show_default=False,
-                                            help="Redis URL; overrides http.storage."),
+            "in the middle of a body: the client connection is aborted).",
+        ),
+        redis: str | None = typer.Option(
+            None, "--redis", show_default=False, help="Redis URL; overrides http.storage."
+        ),
         log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
         fast_path: bool = typer.Option(
-            True, "--fast-path/--no-fast-path",
+            True,
+            "--fast-path/--no-fast-path",
             help="Answer bodiless /v1/check and /v1/authz requests, and in proxy mode forward plain "
-                 "HTTP/1.1 requests over pooled upstream connections, with lean asyncio protocols "
-                 "(aiohttp serves everything else); --no-fast-path leaves all to aiohttp."),
-        grpc: Optional[str] = typer.Option(
-            None, "--grpc", show_default=False,
+            "HTTP/1.1 requests over pooled upstream connections, with lean asyncio protocols "
+            "(aiohttp serves everything else); --no-fast-path leaves all to aiohttp.",
+        ),
+        grpc: str | None = typer.Option(
+            None,
+            "--grpc",
+            show_default=False,
             help="Also serve Envoy's rate limit gRPC API (envoy.service.ratelimit.v3, as envoyproxy/ratelimit) "
-                 "and grpc.health.v1 on HOST:PORT, on the same rules and store."),
+            "and grpc.health.v1 on HOST:PORT, on the same rules and store.",
+        ),
     ) -> None:
         """Run the HTTP rate-limit sidecar (decision endpoint, JSON API, or reverse proxy).
 
@@ -101,6 +114,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             import uvloop
+
             factory = uvloop.new_event_loop
         except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
             factory = None
@@ -108,6 +122,7 @@ def register(app: typer.Typer) -> None:
             with asyncio.Runner(loop_factory=factory) as runner:
                 if grpc is not None:
                     from .app import serve_with_grpc
+
                     runner.run(serve_with_grpc(sc, host, port, grpc_host, grpc_port, fast_path=fast_path))
                 else:
                     runner.run(serve(sc, host, port, fast_path=fast_path))

@@ -50,10 +50,20 @@ import os
 import time
 from email.utils import formatdate
 
-__all__ = ["MAX_HEAD", "IMPLEMENTATION", "parse_request", "parse_check", "ok_response", "http_date",
-           "py_parse_request", "py_parse_check", "py_ok_response", "py_http_date"]
+__all__ = [
+    "IMPLEMENTATION",
+    "MAX_HEAD",
+    "http_date",
+    "ok_response",
+    "parse_check",
+    "parse_request",
+    "py_http_date",
+    "py_ok_response",
+    "py_parse_check",
+    "py_parse_request",
+]
 
-MAX_HEAD = 8190          # request line + fields, as aiohttp's default
+MAX_HEAD = 8190  # request line + fields, as aiohttp's default
 
 _FRAMING = ("content-length", "transfer-encoding", "host")
 _TCHAR = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -91,7 +101,7 @@ def py_parse_request(buf: bytes, hs: list | None = None):
             return False
         k = name.lower()
         value = value.strip(" \t")
-        if k not in h:   # the first occurrence wins, as CIMultiDict.get
+        if k not in h:  # the first occurrence wins, as CIMultiDict.get
             h[k] = value
         elif k in _FRAMING:
             return False
@@ -125,7 +135,7 @@ def py_parse_check(buf: bytes):
         keep = "keep-alive" in conn.lower()
     else:
         keep = "close" not in conn.lower()
-    return buf[end + 4:], kind, method, target, "" if q < 0 else target[q + 1:], keep, http10, h
+    return buf[end + 4 :], kind, method, target, "" if q < 0 else target[q + 1 :], keep, http10, h
 
 
 _date_cache: list = [-1, ""]
@@ -140,9 +150,11 @@ def py_http_date() -> str:
     return _date_cache[1]
 
 
-_CONN = ("Content-Length: 0\r\nServer: netlimit\r\nDate: ",
-         "Content-Length: 0\r\nConnection: keep-alive\r\nServer: netlimit\r\nDate: ",
-         "Content-Length: 0\r\nConnection: close\r\nServer: netlimit\r\nDate: ")
+_CONN = (
+    "Content-Length: 0\r\nServer: netlimit\r\nDate: ",
+    "Content-Length: 0\r\nConnection: keep-alive\r\nServer: netlimit\r\nDate: ",
+    "Content-Length: 0\r\nConnection: close\r\nServer: netlimit\r\nDate: ",
+)
 _ceil = math.ceil
 
 
@@ -152,19 +164,26 @@ def py_ok_response(rule, decision, conn: int) -> bytes | None:
         raise ValueError("ok_response(): conn must be 0, 1 or 2")
     policy, sf_name = rule.policy, rule.sf_name
     limit, remaining, reset = decision.limit, decision.remaining, decision.reset
-    if limit.__class__ is not int or remaining.__class__ is not int or reset.__class__ is not float \
-            or not isinstance(policy, str) or not isinstance(sf_name, str):
+    if (
+        limit.__class__ is not int
+        or remaining.__class__ is not int
+        or reset.__class__ is not float
+        or not isinstance(policy, str)
+        or not isinstance(sf_name, str)
+    ):
         return None
     t = 0
     if reset > 0:
-        x = reset - 1e-6   # as headers.rate_headers
+        x = reset - 1e-6  # as headers.rate_headers
         if not x < 8.9e18:
             return None
         t = _ceil(x)
     try:
-        return (f"HTTP/1.1 200 OK\r\nX-RateLimit-Limit: {limit}\r\nX-RateLimit-Remaining: {remaining}\r\n"
-                f"RateLimit-Policy: {policy}\r\nRateLimit: {sf_name};r={remaining};t={t}\r\n"
-                f"{_CONN[conn]}{py_http_date()}\r\n\r\n").encode("latin-1")
+        return (
+            f"HTTP/1.1 200 OK\r\nX-RateLimit-Limit: {limit}\r\nX-RateLimit-Remaining: {remaining}\r\n"
+            f"RateLimit-Policy: {policy}\r\nRateLimit: {sf_name};r={remaining};t={t}\r\n"
+            f"{_CONN[conn]}{py_http_date()}\r\n\r\n"
+        ).encode("latin-1")
     except UnicodeEncodeError:
         return None
 
@@ -176,8 +195,8 @@ ok_response = py_ok_response
 http_date = py_http_date
 if not os.environ.get("NETLIMIT_NO_EXTENSIONS"):
     try:
-        from ._httphead import (http_date, ok_response, parse_check,  # type: ignore[no-redef]  # noqa: F811
-                                parse_request)
+        from ._httphead import http_date, ok_response, parse_check, parse_request  # type: ignore[no-redef]
+
         IMPLEMENTATION = "c"
-    except ImportError:   # not built (no compiler at install time): the Python ones
+    except ImportError:  # not built (no compiler at install time): the Python ones
         pass

@@ -42,19 +42,19 @@ import time
 from yarl import URL
 
 from ..limit.actions import path_of_uri
-from .app import ADMIN_PREFIX, HOP_BY_HOP, MAX_DELAY, FastHTTPProtocol, Reply, _http_date, set_nodelay
-from .httphead import MAX_HEAD, parse_request
 from ..limit.headers import PROBLEM_TYPE, problem_body, rate_headers
 from ..limit.limiter import OVER_LIMIT
+from .app import ADMIN_PREFIX, HOP_BY_HOP, MAX_DELAY, FastHTTPProtocol, Reply, _http_date, set_nodelay
+from .httphead import MAX_HEAD, parse_request
 
 log = logging.getLogger("netlimit.sidecar")
 
-MAX_IDLE = 256              # idle upstream connections kept
-IDLE_UPSTREAM = 30.0        # seconds an idle upstream connection is trusted (as the old TCPConnector)
-MAX_RESPONSE_HEAD = 65536   # upstream response head
-MAX_CHUNK_LINE = 4096       # chunk-size line (with extensions) or one trailer line
-LINGER = 2.0               # seconds an unwanted request body is read and dropped before closing
-HIGH_WATER = 256 * 1024     # request body bytes buffered while the upstream connection is being made
+MAX_IDLE = 256  # idle upstream connections kept
+IDLE_UPSTREAM = 30.0  # seconds an idle upstream connection is trusted (as the old TCPConnector)
+MAX_RESPONSE_HEAD = 65536  # upstream response head
+MAX_CHUNK_LINE = 4096  # chunk-size line (with extensions) or one trailer line
+LINGER = 2.0  # seconds an unwanted request body is read and dropped before closing
+HIGH_WATER = 256 * 1024  # request body bytes buffered while the upstream connection is being made
 IDEMPOTENT = frozenset(("GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"))
 
 _NONE, _LENGTH, _CHUNKED, _CLOSE = range(4)
@@ -97,7 +97,7 @@ class UpstreamPool:
         self.idle: list[UpstreamConn] = []
         self.closed = False
 
-    def take(self) -> "UpstreamConn | None":
+    def take(self) -> UpstreamConn | None:
         idle = self.idle
         if not idle:
             return None
@@ -109,27 +109,28 @@ class UpstreamPool:
             c.close()
         return None
 
-    async def connect(self) -> "UpstreamConn":
+    async def connect(self) -> UpstreamConn:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(lambda: UpstreamConn(self), self.host, self.port, ssl=self.ssl),
-                self.connect_timeout)
-        except asyncio.TimeoutError:
+                self.connect_timeout,
+            )
+        except TimeoutError:
             raise UpstreamError(504, "the upstream application did not answer in time") from None
         except (OSError, _ssl.SSLError) as exc:
             log.warning("upstream %s:%s: %r", self.host, self.port, exc)
             raise UpstreamError(502, "the upstream application is unreachable") from None
         return conn
 
-    def release(self, c: "UpstreamConn") -> None:
+    def release(self, c: UpstreamConn) -> None:
         if self.closed or len(self.idle) >= MAX_IDLE or c.transport is None or c.transport.is_closing():
             c.close()
             return
         c.idle_since = time.monotonic()
         self.idle.append(c)
 
-    def discard(self, c: "UpstreamConn") -> None:
+    def discard(self, c: UpstreamConn) -> None:
         try:
             self.idle.remove(c)
         except ValueError:
@@ -151,15 +152,15 @@ class UpstreamConn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.client: FastProxyProtocol | None = None
         self.idle_since = 0.0
-        self.used = 0            # requests sent on this connection
-        self.got = False         # any response byte for the current request
+        self.used = 0  # requests sent on this connection
+        self.got = False  # any response byte for the current request
         self.head_done = False
         self.hbuf = b""
         self.mode = _NONE
-        self.left = 0            # _LENGTH: body bytes to come; _CHUNKED: data bytes of this chunk
+        self.left = 0  # _LENGTH: body bytes to come; _CHUNKED: data bytes of this chunk
         self.cstate = _C_SIZE
-        self.line = b""          # partial chunk-size / trailer line
-        self.keep = True         # the upstream allows reuse
+        self.line = b""  # partial chunk-size / trailer line
+        self.keep = True  # the upstream allows reuse
         self.head_only = False
         self.reading_paused = False
         self.timer: asyncio.TimerHandle | None = None
@@ -170,7 +171,7 @@ class UpstreamConn(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.loop = asyncio.get_running_loop()   # once (a getpid() per call on Python 3.11)
+        self.loop = asyncio.get_running_loop()  # once (a getpid() per call on Python 3.11)
         set_nodelay(transport)
 
     def connection_lost(self, exc) -> None:
@@ -187,7 +188,7 @@ class UpstreamConn(asyncio.Protocol):
         self.client = None
         c.up_lost(self, self.head_done, self.got)
 
-    def pause_writing(self) -> None:     # request body backpressure
+    def pause_writing(self) -> None:  # request body backpressure
         if self.client is not None:
             self.client.pause_reading(2)
 
@@ -197,7 +198,7 @@ class UpstreamConn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         c = self.client
-        if c is None:   # an idle connection must not talk
+        if c is None:  # an idle connection must not talk
             self.close()
             return
         self.got = True
@@ -205,7 +206,7 @@ class UpstreamConn(asyncio.Protocol):
         try:
             self._feed(data, c)
             if c.hpend and self.client is c:
-                c.flush_head()      # the head alone (its body comes later)
+                c.flush_head()  # the head alone (its body comes later)
         except UpstreamError as exc:
             self.keep = False
             self.client = None
@@ -214,7 +215,7 @@ class UpstreamConn(asyncio.Protocol):
 
     # -- one exchange --------------------------------------------------------------------
 
-    def start(self, client: "FastProxyProtocol", data: bytes, head_only: bool) -> None:
+    def start(self, client: FastProxyProtocol, data: bytes, head_only: bool) -> None:
         self.client = client
         self.used += 1
         self.got = False
@@ -234,8 +235,10 @@ class UpstreamConn(asyncio.Protocol):
             return
         quiet = time.monotonic() - self.last_rx
         if quiet < self.pool.read_timeout:
-            self.timer = self.loop.call_later(self.pool.read_timeout - quiet,  # type: ignore[union-attr]
-                                             self._on_timer)
+            self.timer = self.loop.call_later(
+                self.pool.read_timeout - quiet,  # type: ignore[union-attr]
+                self._on_timer,
+            )
             return
         self.client = None
         self.keep = False
@@ -247,7 +250,7 @@ class UpstreamConn(asyncio.Protocol):
             self.timer.cancel()
             self.timer = None
 
-    def _finish(self, c: "FastProxyProtocol", extra: bool) -> None:
+    def _finish(self, c: FastProxyProtocol, extra: bool) -> None:
         self._cancel_timer()
         self.client = None
         if self.reading_paused:
@@ -265,7 +268,7 @@ class UpstreamConn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _feed(self, data: bytes, c: "FastProxyProtocol") -> None:
+    def _feed(self, data: bytes, c: FastProxyProtocol) -> None:
         if not self.head_done:
             data = self._head(data, c)
             if data is None:
@@ -294,7 +297,7 @@ class UpstreamConn(asyncio.Protocol):
         else:
             self._finish(c, bool(data))
 
-    def _head(self, data: bytes, c: "FastProxyProtocol") -> bytes | None:
+    def _head(self, data: bytes, c: FastProxyProtocol) -> bytes | None:
         """Parse the response head (skipping 1xx interim responses); return the
         bytes after it, or None when the head is not complete yet."""
         buf = self.hbuf + data if self.hbuf else data
@@ -306,7 +309,7 @@ class UpstreamConn(asyncio.Protocol):
                 self.hbuf = buf
                 return None
             head = buf[:end].decode("latin-1")
-            buf = buf[end + 4:]
+            buf = buf[end + 4 :]
             lines = head.split("\r\n")
             st = lines[0].split(" ", 2)
             if len(st) < 2 or not st[0].startswith("HTTP/1.") or len(st[1]) != 3 or not st[1].isdigit():
@@ -315,9 +318,9 @@ class UpstreamConn(asyncio.Protocol):
             if code < 100:
                 raise UpstreamError(502, "the upstream application sent an invalid response")
             if code < 200:
-                if code == 101:   # never asked for: requests with Upgrade go to aiohttp
+                if code == 101:  # never asked for: requests with Upgrade go to aiohttp
                     raise UpstreamError(502, "the upstream application switched protocols unasked")
-                continue           # 100 / 102 / 103: interim, dropped
+                continue  # 100 / 102 / 103: interim, dropped
             break
         self.hbuf = b""
         reason = st[2] if len(st) > 2 else ""
@@ -384,7 +387,7 @@ class UpstreamConn(asyncio.Protocol):
                 if len(self.line) > MAX_CHUNK_LINE:
                     raise UpstreamError(502, "the upstream application sent an invalid response")
                 return -1
-            line = self.line + data[i:j + 1]
+            line = self.line + data[i : j + 1]
             self.line = b""
             i = j + 1
             if len(line) > MAX_CHUNK_LINE:
@@ -402,9 +405,8 @@ class UpstreamConn(asyncio.Protocol):
                 if line.strip():
                     raise UpstreamError(502, "the upstream application sent an invalid response")
                 self.cstate = _C_SIZE
-            else:  # trailer section: ends with an empty line
-                if not line.strip():
-                    return i
+            elif not line.strip():  # trailer section: ends with an empty line
+                return i
         return -1
 
 
@@ -434,16 +436,16 @@ class FastProxyProtocol(FastHTTPProtocol):
         self.busy = False
         self.peer = ""
         self.last = time.monotonic()
-        self.loop: asyncio.AbstractEventLoop | None = None   # FastHTTPProtocol._loop
-        self.paused = 0          # reasons reading is paused: 1 buffer full, 2 upstream busy, 4 waiting
+        self.loop: asyncio.AbstractEventLoop | None = None  # FastHTTPProtocol._loop
+        self.paused = 0  # reasons reading is paused: 1 buffer full, 2 upstream busy, 4 waiting
         self.write_paused = False
         # the request in flight
         self.up: UpstreamConn | None = None
         self.keep = True
         self.head_only = False
         self.method = "GET"
-        self.body_left = 0       # request body bytes still to come from the client
-        self.pending: list[bytes] = []   # request bytes waiting for an upstream connection
+        self.body_left = 0  # request body bytes still to come from the client
+        self.pending: list[bytes] = []  # request bytes waiting for an upstream connection
         self.pending_size = 0
         self.discarding = False  # a 429 was sent: swallow the rest of the body
         self.rh: dict[str, str] = {}
@@ -464,12 +466,12 @@ class FastProxyProtocol(FastHTTPProtocol):
         self.buf = b""
         self.pending = []
         up = self.up
-        if up is not None:   # mid-exchange: the upstream connection cannot be reused
+        if up is not None:  # mid-exchange: the upstream connection cannot be reused
             self.up = None
             up.client = None
             up.close()
 
-    def pause_writing(self) -> None:     # response backpressure
+    def pause_writing(self) -> None:  # response backpressure
         self.write_paused = True
         up = self.up
         if up is not None and not up.reading_paused and up.transport is not None:
@@ -538,9 +540,9 @@ class FastProxyProtocol(FastHTTPProtocol):
                 return self._handoff(buf)
             end, method, target, http10, h = r
             if http10:
-                return self._handoff(buf)      # HTTP/1.0: aiohttp
+                return self._handoff(buf)  # HTTP/1.0: aiohttp
             if not target.startswith("/") or not method:
-                return self._handoff(buf)      # absolute-form, asterisk-form
+                return self._handoff(buf)  # absolute-form, asterisk-form
             if target.startswith(ADMIN_PREFIX) and (len(target) == 10 or target[10] in "/?"):
                 return self._handoff(buf)
             if "transfer-encoding" in h or "expect" in h or "upgrade" in h:
@@ -551,12 +553,12 @@ class FastProxyProtocol(FastHTTPProtocol):
             blen = int(cl) if cl else 0
             conn = h.get("connection")
             conn_tokens = _tokens(conn) if conn is not None else None
-            if conn_tokens is not None:   # "Connection" may come more than once
-                for name, value, k in hs:
+            if conn_tokens is not None:  # "Connection" may come more than once
+                for _, value, k in hs:
                     if k == "connection":
                         conn_tokens |= _tokens(value)
             self.keep = conn_tokens is None or "close" not in conn_tokens
-            buf = buf[end + 4:]
+            buf = buf[end + 4 :]
             body = b""
             if blen:
                 body = buf[:blen]
@@ -593,7 +595,7 @@ class FastProxyProtocol(FastHTTPProtocol):
         lim = self.sc.limiter
         try:
             result = await lim.check(lim.rules.domain, descs)
-        except Exception:  # noqa: BLE001 - never leave the connection hanging
+        except Exception:  # never leave the connection hanging
             log.exception("decision failed")
             self.keep = False
             self._reply(Reply.problem(500, "Internal Server Error", "the sidecar failed to decide; see its log"))
@@ -611,7 +613,7 @@ class FastProxyProtocol(FastHTTPProtocol):
             self.pending_size = 0
             if self.body_left:
                 self.discarding = True
-                self.keep = False   # do not wait for the rest of a body nobody wants
+                self.keep = False  # do not wait for the rest of a body nobody wants
             self._reply(Reply(429, rh, problem_body(result, 429)))
             return self._done()
         # body bytes that came while an asynchronous decision was pending follow `body`
@@ -718,12 +720,12 @@ class FastProxyProtocol(FastHTTPProtocol):
             out.append("Transfer-Encoding: chunked\r\n")
             self.rechunk = mode == _CLOSE
         if self.body_left:
-            self.keep = False    # the upstream answered before the whole body came
+            self.keep = False  # the upstream answered before the whole body came
         if not self.keep:
             out.append("Connection: close\r\n")
         out.append("\r\n")
         self.sent_head = True
-        self.hpend = "".join(out).encode("latin-1")   # written with the first body bytes
+        self.hpend = "".join(out).encode("latin-1")  # written with the first body bytes
 
     def up_body(self, data: bytes) -> None:
         t = self.transport
@@ -731,7 +733,7 @@ class FastProxyProtocol(FastHTTPProtocol):
             h = self.hpend
             if h:
                 self.hpend = b""
-                t.write(h + data)   # one segment, one wake-up of the client, for small responses
+                t.write(h + data)  # one segment, one wake-up of the client, for small responses
             else:
                 t.write(data)
 
@@ -772,9 +774,15 @@ class FastProxyProtocol(FastHTTPProtocol):
             self.pending_size = len(self.sent)
             self._loop().create_task(self._connect())
             return
-        self.up_failed(UpstreamError(502, "the upstream application closed the connection before answering"
-                                     if not head_done else "the upstream application broke off its response"),
-                       head_done)
+        self.up_failed(
+            UpstreamError(
+                502,
+                "the upstream application closed the connection before answering"
+                if not head_done
+                else "the upstream application broke off its response",
+            ),
+            head_done,
+        )
 
     def up_failed(self, exc: UpstreamError, head_done: bool) -> None:
         self.up = None
@@ -791,8 +799,10 @@ class FastProxyProtocol(FastHTTPProtocol):
         if self.body_left:
             self.discarding = True
             self.keep = False
-        self._reply(Reply.problem(exc.status, "Bad Gateway" if exc.status == 502 else "Gateway Timeout",
-                                  exc.detail), extra=self.rh)
+        self._reply(
+            Reply.problem(exc.status, "Bad Gateway" if exc.status == 502 else "Gateway Timeout", exc.detail),
+            extra=self.rh,
+        )
         self._done()
 
     # -- own answers -------------------------------------------------------------------------

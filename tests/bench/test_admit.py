@@ -30,9 +30,9 @@ def _events(rng: random.Random, n: int):
     for _ in range(n):
         r = rng.random()
         if r < 0.03:
-            now -= rng.random() * 2          # the clock steps back
+            now -= rng.random() * 2  # the clock steps back
         elif r < 0.5:
-            now += rng.random() * 0.05       # bursts
+            now += rng.random() * 0.05  # bursts
         else:
             now += rng.expovariate(2.0)
         cost = rng.choice((1, 1, 1, 1, 0, 2, 3, 50))

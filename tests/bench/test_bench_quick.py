@@ -18,8 +18,13 @@ pytestmark = [pytest.mark.netns, pytest.mark.redis, pytest.mark.nginx, pytest.ma
 
 
 def test_bench_quick(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)], cwd=REPO,
-                       capture_output=True, text=True, timeout=230)
+    p = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=230,
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     doc = json.loads((tmp_path / "latest.json").read_text())
     assert doc["mode"] == "quick"

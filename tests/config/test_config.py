@@ -1,15 +1,13 @@
 """Config loading and validation: every error names FILE:LINE:COL: RULE and says what to do."""
 
 import textwrap
+from pathlib import Path
 
 import pytest
-
-from pathlib import Path
 
 from netlimit.config import kernel_limits
 from netlimit.config.model import Config
 from netlimit.config.validate import ConfigError, hashlimit_name, load_file, load_string
-
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +45,9 @@ def test_yaml_syntax_error():
     assert problems("""
         version: 1
         network: [
-    """) == ["f.yaml:3:1: yaml: YAML syntax error: while parsing a flow node: expected the node content, but found '<stream end>'"]
+    """) == [
+        "f.yaml:3:1: yaml: YAML syntax error: while parsing a flow node: expected the node content, but found '<stream end>'"
+    ]
 
 
 def test_bad_indentation_is_a_syntax_error_with_position():
@@ -57,8 +57,10 @@ def test_bad_indentation_is_a_syntax_error_with_position():
           - name: a
            limit: 3/m
     """)
-    assert out == ["f.yaml:4:4: yaml: YAML syntax error: while parsing a block collection: expected <block end>, "
-                   "but found '<block mapping start>'"]
+    assert out == [
+        "f.yaml:4:4: yaml: YAML syntax error: while parsing a block collection: expected <block end>, "
+        "but found '<block mapping start>'"
+    ]
 
 
 def test_duplicate_key():
@@ -103,8 +105,10 @@ def test_unknown_field_without_close_match_lists_known_fields():
             rate: 1mbit
             zzz: 1
     """)
-    assert out == ["f.yaml:6:5: b: unknown field 'zzz'; known fields: name, interface, direction, ports, "
-                   "protocol, sources, rate, burst"]
+    assert out == [
+        "f.yaml:6:5: b: unknown field 'zzz'; known fields: name, interface, direction, ports, "
+        "protocol, sources, rate, burst"
+    ]
 
 
 def test_version_and_empty_file():
@@ -112,7 +116,8 @@ def test_version_and_empty_file():
     assert problems("version: 2\n") == ["f.yaml:1:10: version: 'version' must be one of 1, got 2"]
     assert problems("\n") == ["f.yaml:1:1: file: the file is empty: start with 'version: 1'"]
     assert problems("- a\n- b\n") == [
-        "f.yaml:1:1: file: the file must be a mapping with 'version: 1' and sections network / bandwidth / http"]
+        "f.yaml:1:1: file: the file must be a mapping with 'version: 1' and sections network / bandwidth / http"
+    ]
 
 
 def test_bad_units_name_rule_and_column():
@@ -177,8 +182,10 @@ def test_bad_names():
           - name: "bad name!"
             limit: 1/s
     """)
-    assert out == ["f.yaml:3:11: bad name!: name 'bad name!' must be 1-48 characters of letters, digits, '-', "
-                   "'_' or '.', starting with a letter or digit"]
+    assert out == [
+        "f.yaml:3:11: bad name!: name 'bad name!' must be 1-48 characters of letters, digits, '-', "
+        "'_' or '.', starting with a letter or digit"
+    ]
 
 
 def test_duplicate_names_across_sections():
@@ -191,13 +198,14 @@ def test_duplicate_names_across_sections():
           - name: web
             interface: eth0
             rate: 1mbit
-    """) == ["f.yaml:6:11: web: duplicate rule name (first used at line 3); names must be unique across "
-             "network and bandwidth"]
+    """) == [
+        "f.yaml:6:11: web: duplicate rule name (first used at line 3); names must be unique across "
+        "network and bandwidth"
+    ]
 
 
 def test_recent_hitcount_above_kernel_limit(monkeypatch):
-    monkeypatch.setattr(kernel_limits, "host_limits",
-                        lambda: kernel_limits.KernelLimits(20, "test", 250, "test"))
+    monkeypatch.setattr(kernel_limits, "host_limits", lambda: kernel_limits.KernelLimits(20, "test", 250, "test"))
     assert problems("""
         version: 1
         network:
@@ -206,8 +214,10 @@ def test_recent_hitcount_above_kernel_limit(monkeypatch):
             ports: [22]
             limit: 30/minute
             method: recent
-    """) == ["f.yaml:6:12: ssh: method: recent can count at most 20 hits per address (test); 30/minute needs "
-             "more: use method: hashlimit"]
+    """) == [
+        "f.yaml:6:12: ssh: method: recent can count at most 20 hits per address (test); 30/minute needs "
+        "more: use method: hashlimit"
+    ]
 
 
 def test_recent_limit_is_read_from_sys_or_defaults_to_20(tmp_path, monkeypatch):
@@ -264,10 +274,14 @@ def test_rates_hashlimit_cannot_express_exactly():
         network:
           - name: odd
             limit: 2/7s
-    """) == ["f.yaml:4:12: odd: hashlimit counts per second, minute, hour or day: 2/7s is not a whole number "
-             "per any of them; pick another rate or use method: recent"]
-    c = load_string("version: 1\nnetwork:\n  - name: ok\n    protocol: tcp\n    new_connections: true\n"
-                    "    limit: 3/10s\n    method: recent\n").config
+    """) == [
+        "f.yaml:4:12: odd: hashlimit counts per second, minute, hour or day: 2/7s is not a whole number "
+        "per any of them; pick another rate or use method: recent"
+    ]
+    c = load_string(
+        "version: 1\nnetwork:\n  - name: ok\n    protocol: tcp\n    new_connections: true\n"
+        "    limit: 3/10s\n    method: recent\n"
+    ).config
     assert c.network[0].limit.period == 10
 
 
@@ -279,22 +293,25 @@ def test_source_prefix_needs_per_source():
             limit: 10/s
             per: destination
             source_prefix: 24
-    """) == ["f.yaml:6:20: d: source_prefix groups sources, but per is destination: use per: source "
-             "(or source+port)"]
+    """) == ["f.yaml:6:20: d: source_prefix groups sources, but per is destination: use per: source (or source+port)"]
 
 
 def test_recent_without_new_connections_is_a_warning():
-    loaded = load_string(textwrap.dedent("""
+    loaded = load_string(
+        textwrap.dedent("""
         version: 1
         network:
           - name: pings
             protocol: icmp
             limit: 5/minute
             method: recent
-    """).lstrip("\n"), "f.yaml")
+    """).lstrip("\n"),
+        "f.yaml",
+    )
     assert [str(w) for w in loaded.warnings] == [
         "f.yaml:6:13: pings: warning: method: recent without new_connections: true counts every packet as a hit "
-        "(fine for e.g. pings; for connections set new_connections: true)"]
+        "(fine for e.g. pings; for connections set new_connections: true)"
+    ]
 
 
 def test_hashlimit_names_fit_the_kernel_and_never_collide():
@@ -322,13 +339,13 @@ def test_prefix_family_mismatch():
             sources: ["2001:db8::/32"]
             source_prefix: 24
             limit: 1/s
-    """) == ["f.yaml:5:20: v6only: source_prefix is for IPv4 but this rule only matches IPv6 addresses: "
-             "use source_prefix6"]
+    """) == [
+        "f.yaml:5:20: v6only: source_prefix is for IPv4 but this rule only matches IPv6 addresses: use source_prefix6"
+    ]
 
 
 def test_tc_burst_below_one_mtu_per_tick(monkeypatch):
-    monkeypatch.setattr(kernel_limits, "host_limits",
-                        lambda: kernel_limits.KernelLimits(255, "test", 250, "test"))
+    monkeypatch.setattr(kernel_limits, "host_limits", lambda: kernel_limits.KernelLimits(255, "test", 250, "test"))
     assert problems("""
         version: 1
         bandwidth:
@@ -336,8 +353,10 @@ def test_tc_burst_below_one_mtu_per_tick(monkeypatch):
             interface: eth0
             rate: 1gbit
             burst: 1kb
-    """) == ["f.yaml:6:12: fat: burst 1024 bytes is below one MTU-sized frame per timer tick at this rate "
-             "(500000 bytes at HZ=250); the cap would not be reached. Raise it or omit burst (default 1000448 bytes)"]
+    """) == [
+        "f.yaml:6:12: fat: burst 1024 bytes is below one MTU-sized frame per timer tick at this rate "
+        "(500000 bytes at HZ=250); the cap would not be reached. Raise it or omit burst (default 1000448 bytes)"
+    ]
 
 
 def test_connlimit_shape():
@@ -366,8 +385,10 @@ def test_one_whole_interface_cap_per_direction():
           - name: b
             interface: eth0
             rate: 2mbit
-    """) == ["f.yaml:7:16: b: egress on eth0 already has a whole-interface rate in rule 'a': one interface has "
-             "one cap per direction"]
+    """) == [
+        "f.yaml:7:16: b: egress on eth0 already has a whole-interface rate in rule 'a': one interface has "
+        "one cap per direction"
+    ]
 
 
 def test_http_section_errors():
@@ -402,7 +423,8 @@ def test_http_section_errors():
 
 
 def test_lyft_values_are_text_and_units_case_insensitive():
-    c = load_string(textwrap.dedent("""
+    c = load_string(
+        textwrap.dedent("""
         version: 1
         http:
           domain: d
@@ -410,7 +432,8 @@ def test_lyft_values_are_text_and_units_case_insensitive():
             - key: port
               value: 80
               rate_limit: {unit: MINUTE, requests_per_unit: 5}
-    """)).config
+    """)
+    ).config
     d = c.http.descriptors[0]
     assert d.value == "80" and d.rate_limit.unit == "minute" and d.rate_limit.period == 60
 
@@ -442,8 +465,21 @@ def test_schema_is_json_schema_of_the_contract():
     assert s["additionalProperties"] is False
     assert set(s["properties"]) >= {"version", "exempt", "network", "bandwidth", "http", "on_stop"}
     nr = s["$defs"]["NetworkRule"]["properties"]
-    for f in ("name", "protocol", "ports", "new_connections", "limit", "burst", "per", "method", "action",
-              "source_prefix", "source_prefix6", "sources", "max_connections"):
+    for f in (
+        "name",
+        "protocol",
+        "ports",
+        "new_connections",
+        "limit",
+        "burst",
+        "per",
+        "method",
+        "action",
+        "source_prefix",
+        "source_prefix6",
+        "sources",
+        "max_connections",
+    ):
         assert f in nr, f
     assert nr["limit"]["anyOf"][0]["type"] == "string"
 

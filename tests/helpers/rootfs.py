@@ -22,8 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("NETLIMIT_TEST_CACHE", "/var/cache/netlimit-test"))
 SUITE = "bookworm"
-PACKAGES = ["systemd", "systemd-sysv", "dbus", "iproute2", "iptables", "python3", "python3-venv",
-            "libc-bin", "procps"]
+PACKAGES = ["systemd", "systemd-sysv", "dbus", "iproute2", "iptables", "python3", "python3-venv", "libc-bin", "procps"]
 
 
 class RootfsError(RuntimeError):
@@ -95,8 +94,18 @@ def ensure_rootfs(progress=print) -> Path:
         with open(CACHE / "build.log", "w") as log:
             progress(f"building the systemd test root file system in {target} (once; a few minutes)")
             if not base_done.exists():
-                _run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(tmp),
-                      apt_mirror()], log, timeout=1500)
+                _run(
+                    [
+                        "debootstrap",
+                        "--variant=minbase",
+                        f"--include={','.join(PACKAGES)}",
+                        SUITE,
+                        str(tmp),
+                        apt_mirror(),
+                    ],
+                    log,
+                    timeout=1500,
+                )
                 base_done.write_text(base_key)
             progress("building dependency wheels for the container")
             shutil.rmtree(wheels, ignore_errors=True)
@@ -105,12 +114,29 @@ def ensure_rootfs(progress=print) -> Path:
             shutil.rmtree(tmp / "opt/netlimit", ignore_errors=True)
             shutil.copytree(wheels, tmp / "opt/wheels")
             _run(["chroot", str(tmp), "python3", "-m", "venv", "/opt/netlimit"], log)
-            _run(["chroot", str(tmp), "/opt/netlimit/bin/pip", "install", "-q", "--no-index",
-                  "--find-links", "/opt/wheels", *_dependencies()], log)
+            _run(
+                [
+                    "chroot",
+                    str(tmp),
+                    "/opt/netlimit/bin/pip",
+                    "install",
+                    "-q",
+                    "--no-index",
+                    "--find-links",
+                    "/opt/wheels",
+                    *_dependencies(),
+                ],
+                log,
+            )
             # A container boots faster and quieter without these.
             base_done.unlink()
-            for unit in ("systemd-networkd-wait-online.service", "apt-daily.timer", "apt-daily-upgrade.timer",
-                         "e2scrub_all.timer", "fstrim.timer"):
+            for unit in (
+                "systemd-networkd-wait-online.service",
+                "apt-daily.timer",
+                "apt-daily-upgrade.timer",
+                "e2scrub_all.timer",
+                "fstrim.timer",
+            ):
                 (tmp / "etc/systemd/system" / unit).unlink(missing_ok=True)
                 os.symlink("/dev/null", tmp / "etc/systemd/system" / unit)
             (tmp / "etc/machine-id").write_text("")

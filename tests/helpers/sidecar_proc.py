@@ -76,13 +76,18 @@ class Resp:
         return json.loads(self.body)
 
 
-def request(port: int, method: str, path: str, headers: dict[str, str] | list[tuple[str, str]] | None = None,
-            body: bytes | None = None, timeout: float = 10.0) -> Resp:
+def request(
+    port: int,
+    method: str,
+    path: str,
+    headers: dict[str, str] | list[tuple[str, str]] | None = None,
+    body: bytes | None = None,
+    timeout: float = 10.0,
+) -> Resp:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         items = list(headers.items() if isinstance(headers, dict) else (headers or []))
-        conn.putrequest(method, path, skip_accept_encoding=True,
-                        skip_host=any(k.lower() == "host" for k, _ in items))
+        conn.putrequest(method, path, skip_accept_encoding=True, skip_host=any(k.lower() == "host" for k, _ in items))
         for k, v in items:
             conn.putheader(k, v)
         if body is not None:
@@ -121,8 +126,11 @@ class LogProc:
 
     def __init__(self, argv: list[str], *, stream: str = "stderr", env: dict | None = None, cwd=None):
         self.argv = argv
-        kw = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if stream == "stdout" else \
-            {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+        kw = (
+            {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT}
+            if stream == "stdout"
+            else {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+        )
         self.proc = subprocess.Popen(argv, env=env, cwd=cwd, text=True, bufsize=1, **kw)
         self.lines: list[str] = []
         self._cv = threading.Condition()
@@ -155,8 +163,10 @@ class LogProc:
                 if left <= 0 or (self.proc.poll() is not None and not self._t.is_alive()):
                     break
                 self._cv.wait(min(left, 0.2))
-        raise AssertionError(f"no line matching {pattern!r} within {timeout}s from {self.argv[:3]} "
-                             f"(exit code {self.proc.poll()}); output:\n{self.log()[-4000:]}")
+        raise AssertionError(
+            f"no line matching {pattern!r} within {timeout}s from {self.argv[:3]} "
+            f"(exit code {self.proc.poll()}); output:\n{self.log()[-4000:]}"
+        )
 
     def mark(self) -> int:
         with self._cv:
@@ -183,8 +193,7 @@ class Sidecar(LogProc):
     from its "listening on" log line (no free-port race)."""
 
     def __init__(self, config: Path, *extra: str):
-        super().__init__([*netlimit_cmd(), "sidecar", "--config", str(config), "--listen", "127.0.0.1:0",
-                          *extra])
+        super().__init__([*netlimit_cmd(), "sidecar", "--config", str(config), "--listen", "127.0.0.1:0", *extra])
         try:
             m = self.wait_line(r"listening on http://127\.0\.0\.1:(\d+)", timeout=15)
         except BaseException:
@@ -219,8 +228,11 @@ class Upstream(LogProc):
         return request(self.port, "GET", "/count").json()["n"]
 
 
-NGINX = os.environ.get("NETLIMIT_NGINX") or shutil.which("nginx") or (
-    "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+NGINX = (
+    os.environ.get("NETLIMIT_NGINX")
+    or shutil.which("nginx")
+    or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+)
 
 
 class Nginx(LogProc):
@@ -228,8 +240,11 @@ class Nginx(LogProc):
 
     def __init__(self, server_body: str, sidecar_port: int):
         if NGINX is None:
-            pytest.fail("nginx is not installed (looked in PATH and /usr/sbin/nginx): the nginx tests need a "
-                        "real nginx: `apt-get install nginx-light` or set NETLIMIT_NGINX", pytrace=False)
+            pytest.fail(
+                "nginx is not installed (looked in PATH and /usr/sbin/nginx): the nginx tests need a "
+                "real nginx: `apt-get install nginx-light` or set NETLIMIT_NGINX",
+                pytrace=False,
+            )
         self.dir = Path(tempfile.mkdtemp(prefix="netlimit-nginx-"))
         (self.dir / "logs").mkdir()
         (self.dir / "tmp").mkdir()
@@ -260,8 +275,9 @@ http {{
 }}
 """
         (d / "nginx.conf").write_text(conf)
-        check = subprocess.run([NGINX, "-t", "-p", str(d), "-c", str(d / "nginx.conf")],
-                               capture_output=True, text=True, timeout=20)
+        check = subprocess.run(
+            [NGINX, "-t", "-p", str(d), "-c", str(d / "nginx.conf")], capture_output=True, text=True, timeout=20
+        )
         if check.returncode != 0:
             shutil.rmtree(d, ignore_errors=True)
             raise AssertionError(f"nginx -t rejected the config:\n{check.stderr}\n{conf}")

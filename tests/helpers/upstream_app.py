@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import hashlib
-import json
 import sys
 
 from aiohttp import web
@@ -70,14 +69,26 @@ async def upload(request):
     async for chunk in request.content.iter_any():
         h.update(chunk)
         size += len(chunk)
-    return web.json_response({"size": size, "sha256": h.hexdigest(),
-                              "chunked": "chunked" in request.headers.get("Transfer-Encoding", ""),
-                              "content_length": request.headers.get("Content-Length")})
+    return web.json_response(
+        {
+            "size": size,
+            "sha256": h.hexdigest(),
+            "chunked": "chunked" in request.headers.get("Transfer-Encoding", ""),
+            "content_length": request.headers.get("Content-Length"),
+        }
+    )
 
 
 async def hop(request):
-    return web.Response(text="hop", headers={"Connection": "X-Hop-Secret", "X-Hop-Secret": "drop me",
-                                             "Keep-Alive": "timeout=5", "X-End-To-End": "keep me"})
+    return web.Response(
+        text="hop",
+        headers={
+            "Connection": "X-Hop-Secret",
+            "X-Hop-Secret": "drop me",
+            "Keep-Alive": "timeout=5",
+            "X-End-To-End": "keep me",
+        },
+    )
 
 
 async def counter(request):
@@ -86,12 +97,14 @@ async def counter(request):
 
 async def echo(request):
     body = await request.read()
-    resp = web.json_response({
-        "method": request.method,
-        "raw_path": request.raw_path,
-        "headers": [[k, v] for k, v in request.headers.items()],
-        "body": body.decode("utf-8", "replace"),
-    })
+    resp = web.json_response(
+        {
+            "method": request.method,
+            "raw_path": request.raw_path,
+            "headers": [[k, v] for k, v in request.headers.items()],
+            "body": body.decode("utf-8", "replace"),
+        }
+    )
     resp.headers.add("Set-Cookie", "a=1; Path=/")
     resp.headers.add("Set-Cookie", "b=2; Path=/")
     resp.headers["X-Upstream"] = "yes"

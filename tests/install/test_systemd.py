@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from nspawn import Container
 
 from netlimit.install import UNITS, render_unit
-
-from nspawn import Container
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -46,8 +45,9 @@ def test_unit_security_exposure(tmp_path, unit, limit):
     _need("systemd-analyze")
     dest = tmp_path / unit
     dest.write_text(render_unit((ROOT / "systemd" / unit).read_text(), BIN))
-    res = subprocess.run(["systemd-analyze", "security", "--offline=true", str(dest)], capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(dest)], capture_output=True, text=True, timeout=60
+    )
     line = [x for x in res.stdout.splitlines() if "Overall exposure level" in x]
     assert line, res.stdout + res.stderr
     score = float(line[0].split(":")[1].split()[0])
@@ -83,8 +83,9 @@ EXTRA = """\
 
 
 def owned(ns: str) -> list[str]:
-    out = subprocess.run(["ip", "netns", "exec", ns, "iptables-legacy-save"], capture_output=True, text=True,
-                         timeout=30).stdout
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, "iptables-legacy-save"], capture_output=True, text=True, timeout=30
+    ).stdout
     return [x for x in out.splitlines() if x.startswith("-A") and "netlimit" in x]
 
 
@@ -125,11 +126,25 @@ def test_netlimitd_and_sidecar_under_systemd(container):
     c.run(["systemctl", "daemon-reload"])
 
     c.run(["systemctl", "start", "netlimitd"], timeout=90)
-    assert c.run(["systemctl", "is-active", "netlimitd"], check=False).stdout.strip() == "active", \
-        c.journal("netlimitd")
+    assert c.run(["systemctl", "is-active", "netlimitd"], check=False).stdout.strip() == "active", c.journal(
+        "netlimitd"
+    )
     assert any('"netlimit:udp-flood"' in r for r in owned(c.netns)), c.journal("netlimitd")
-    show = c.run(["systemctl", "show", "netlimitd", "-p", "StatusText", "-p", "NoNewPrivileges",
-                  "-p", "ProtectSystem", "-p", "CapabilityBoundingSet"]).stdout
+    show = c.run(
+        [
+            "systemctl",
+            "show",
+            "netlimitd",
+            "-p",
+            "StatusText",
+            "-p",
+            "NoNewPrivileges",
+            "-p",
+            "ProtectSystem",
+            "-p",
+            "CapabilityBoundingSet",
+        ]
+    ).stdout
     assert "StatusText=1 rules from /etc/netlimit/netlimit.yaml" in show
     assert "ProtectSystem=strict" in show and "NoNewPrivileges=yes" in show
     assert "CapabilityBoundingSet=cap_net_admin cap_net_raw" in show
@@ -143,11 +158,13 @@ def test_netlimitd_and_sidecar_under_systemd(container):
 
     # the sidecar: no capabilities, a dynamic user, answers on loopback
     c.run(["systemctl", "start", "netlimit-sidecar"], timeout=60)
-    probe = ("import urllib.request,time\n"
-             "for i in range(100):\n"
-             "    try:\n"
-             "        print(urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=2).status); break\n"
-             "    except OSError: time.sleep(0.1)\n")
+    probe = (
+        "import urllib.request,time\n"
+        "for i in range(100):\n"
+        "    try:\n"
+        "        print(urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=2).status); break\n"
+        "    except OSError: time.sleep(0.1)\n"
+    )
     out = c.run(["/opt/netlimit/bin/python", "-c", probe], timeout=60).stdout.strip()
     assert out == "200", c.journal("netlimit-sidecar")
     user = c.run(["systemctl", "show", "netlimit-sidecar", "-p", "DynamicUser", "-p", "CapabilityBoundingSet"]).stdout

@@ -8,7 +8,7 @@ from netlimit.kernel import traffic
 
 pytestmark = pytest.mark.netns
 
-PAYLOAD = 1448 / 1514     # TCP goodput per 1514-byte frame (timestamps on): ~0.956
+PAYLOAD = 1448 / 1514  # TCP goodput per 1514-byte frame (timestamps on): ~0.956
 TOL = 0.03
 
 
@@ -18,11 +18,14 @@ def _goodput(topo, *, reverse: bool, port: int = 5201, expect_bits: float):
     conf = expect_bits * PAYLOAD
     runs = []
     for _attempt in range(2):
-        r = traffic.iperf3(topo.srv if not reverse else topo.srv, topo.cli, topo.srv4, port=port, seconds=5,
-                           reverse=reverse)
+        r = traffic.iperf3(
+            topo.srv if not reverse else topo.srv, topo.cli, topo.srv4, port=port, seconds=5, reverse=reverse
+        )
         runs.append(r.bits_per_second)
-        print(f"configured {expect_bits / 1e6:g} mbit x {PAYLOAD:.4f} = {conf / 1e6:.3f}; measured "
-              f"{r.bits_per_second / 1e6:.3f} mbit/s ({r.bits_per_second / conf:.4f}), retransmits {r.retransmits}")
+        print(
+            f"configured {expect_bits / 1e6:g} mbit x {PAYLOAD:.4f} = {conf / 1e6:.3f}; measured "
+            f"{r.bits_per_second / 1e6:.3f} mbit/s ({r.bits_per_second / conf:.4f}), retransmits {r.retransmits}"
+        )
         if abs(r.bits_per_second - conf) <= TOL * conf:
             return r.bits_per_second, conf
     return runs[-1], conf

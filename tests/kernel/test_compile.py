@@ -18,7 +18,7 @@ from netlimit.kernel.render import plan_dict, plan_json, plan_text, rule_line
 ROOT = Path(__file__).resolve().parents[2]
 RULES = sorted((ROOT / "rules").glob("*.yaml"))
 GOLDEN = ROOT / "tests" / "kernel" / "golden"
-HZ = 250   # the golden files are rendered with a fixed HZ so they do not depend on the host
+HZ = 250  # the golden files are rendered with a fixed HZ so they do not depend on the host
 
 
 def compiled(text: str, hz: int = HZ):
@@ -46,9 +46,9 @@ network:
 """)
     assert lines(d) == [
         '-A NETLIMIT -s 10.0.0.0/8 -p udp -m comment --comment "netlimit:dns" -m multiport --dports 53 '
-        '-m hashlimit --hashlimit-above 100/sec --hashlimit-burst 10 --hashlimit-mode srcip --hashlimit-name dns '
-        '--hashlimit-htable-size 4096 --hashlimit-htable-max 65536 --hashlimit-htable-expire 10000 '
-        '--hashlimit-srcmask 24 -j DROP',
+        "-m hashlimit --hashlimit-above 100/sec --hashlimit-burst 10 --hashlimit-mode srcip --hashlimit-name dns "
+        "--hashlimit-htable-size 4096 --hashlimit-htable-max 65536 --hashlimit-htable-expire 10000 "
+        "--hashlimit-srcmask 24 -j DROP",
         '-I INPUT 1 -m comment --comment "netlimit: jump" -j NETLIMIT',
     ]
 
@@ -100,8 +100,10 @@ network:
     method: recent
 """)
     v4 = lines(d, 4)
-    assert v4[0].endswith("-m conntrack --ctstate NEW -m recent --update --seconds 60 --hitcount 3 --name ssh "
-                          "--mask 255.255.255.255 --rsource -j DROP")
+    assert v4[0].endswith(
+        "-m conntrack --ctstate NEW -m recent --update --seconds 60 --hitcount 3 --name ssh "
+        "--mask 255.255.255.255 --rsource -j DROP"
+    )
     assert v4[1].endswith("-m recent --set --name ssh --mask 255.255.255.255 --rsource")
     v6 = lines(d, 6)
     assert "--mask ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff --rsource -j DROP" in v6[0]
@@ -124,26 +126,32 @@ network:
     source_prefix6: 64
 """)
     v4, v6 = lines(d, 4), lines(d, 6)
-    assert v4[0].endswith("-m conntrack --ctstate NEW -m connlimit --connlimit-above 20 --connlimit-mask 32 "
-                          "--connlimit-saddr -j REJECT --reject-with tcp-reset")
+    assert v4[0].endswith(
+        "-m conntrack --ctstate NEW -m connlimit --connlimit-above 20 --connlimit-mask 32 "
+        "--connlimit-saddr -j REJECT --reject-with tcp-reset"
+    )
     assert "--connlimit-mask 128 --connlimit-saddr" in v6[0]
     assert "--connlimit-above 5 --connlimit-mask 64 --connlimit-daddr -j DROP" in v6[1]
 
 
 def test_log_action_counts_and_logs_never_drops():
-    d = compiled("""
+    d = compiled(
+        """
 version: 1
 network:
   - name: shadow
     protocol: tcp
     ports: [8080]
     limit: 10/second
-""".replace("limit: 10/second", "limit: 10/second\n    action: log"))
+""".replace("limit: 10/second", "limit: 10/second\n    action: log")
+    )
     v4 = lines(d, 4)
     chain = log_chain_name("shadow")
     assert v4[0].endswith(f"-j {chain}")
-    assert v4[1] == (f'-A {chain} -m comment --comment "netlimit:shadow" -m limit --limit 10/min --limit-burst 5 '
-                     '-j LOG --log-prefix "netlimit:shadow "')
+    assert v4[1] == (
+        f'-A {chain} -m comment --comment "netlimit:shadow" -m limit --limit 10/min --limit-burst 5 '
+        '-j LOG --log-prefix "netlimit:shadow "'
+    )
     assert not any("DROP" in l or "REJECT" in l for l in v4)
     assert [c.name for c in d.chains if c.family == 4] == ["NETLIMIT", chain]
 
@@ -204,8 +212,10 @@ network:
             assert all(r.comment == COMMENT_EXEMPT and r.target == "RETURN" for r in in_chain[:n_exempt])
             assert all(r.comment != COMMENT_EXEMPT for r in in_chain[n_exempt:])
         jumps = [r for r in rules if r.comment == COMMENT_JUMP]
-        assert [(j.chain, j.target, j.position) for j in jumps] == [("INPUT", "NETLIMIT", 0),
-                                                                     ("FORWARD", "NETLIMIT-FWD", 0)]
+        assert [(j.chain, j.target, j.position) for j in jumps] == [
+            ("INPUT", "NETLIMIT", 0),
+            ("FORWARD", "NETLIMIT-FWD", 0),
+        ]
     assert any("-i eth1 " in l for l in lines(d, 4))
 
 
@@ -246,9 +256,11 @@ bandwidth:
     c = [o for o in dev.objects if isinstance(o, TcClass)]
     f = [o for o in dev.objects if isinstance(o, TcFilter)]
     assert [(o.handle, o.default_minor) for o in q] == [(0x4E4C0000, 2)]
-    assert [(hex(o.classid), o.rule, o.rate) for o in c] == [("0x4e4c0002", "", 100 * 10**9),
-                                                           ("0x4e4c0010", "web", 10**7),
-                                                           ("0x4e4c0011", "peer", 5 * 10**7)]
+    assert [(hex(o.classid), o.rule, o.rate) for o in c] == [
+        ("0x4e4c0002", "", 100 * 10**9),
+        ("0x4e4c0010", "web", 10**7),
+        ("0x4e4c0011", "peer", 5 * 10**7),
+    ]
     assert all(o.quantum <= 60000 for o in c)
     assert c[2].burst == 65536 and c[1].burst == 10240
     web4 = [o for o in f if o.rule == "web" and o.protocol == "ip"]
@@ -278,8 +290,10 @@ bandwidth:
     assert ing.kind == "ingress" and ing.dev == "eth0"
     assert red.redirect_to == "nlifb-eth0" and red.dev == "eth0"
     txt = plan_text(d)
-    assert "tc filter add dev eth0 parent ffff: protocol all prio 20044 u32 match u32 0x00000000 0x00000000 at 0 " \
-           "action mirred egress redirect dev nlifb-eth0" in txt
+    assert (
+        "tc filter add dev eth0 parent ffff: protocol all prio 20044 u32 match u32 0x00000000 0x00000000 at 0 "
+        "action mirred egress redirect dev nlifb-eth0" in txt
+    )
 
 
 def test_ifb_names_are_short_and_deterministic():
@@ -356,8 +370,9 @@ def test_plan_text_is_restore_input():
 
 def _run_cli(*args):
     env = dict(os.environ)
-    return subprocess.run([sys.executable, "-m", "netlimit.cli", *args], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "netlimit.cli", *args], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env
+    )
 
 
 def test_cli_plan_without_root_and_fast_imports():
@@ -367,9 +382,11 @@ def test_cli_plan_without_root_and_fast_imports():
     pj = _run_cli("plan", "rules/example-all.yaml", "--json")
     assert json.loads(pj.stdout)["rules"]
     # plan must not load python-iptables or pyroute2
-    code = ("import sys; from typer.testing import CliRunner; from netlimit.cli import app; "
-            "r = CliRunner().invoke(app, ['plan', 'rules/example-all.yaml']); assert r.exit_code == 0, r.output; "
-            "bad = [m for m in ('iptc', 'pyroute2') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys; from typer.testing import CliRunner; from netlimit.cli import app; "
+        "r = CliRunner().invoke(app, ['plan', 'rules/example-all.yaml']); assert r.exit_code == 0, r.output; "
+        "bad = [m for m in ('iptc', 'pyroute2') if m in sys.modules]; assert not bad, bad"
+    )
     c = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert c.returncode == 0, c.stderr
 
@@ -400,6 +417,9 @@ def test_golden_plan(path: Path):
             golden.parent.mkdir(parents=True, exist_ok=True)
             golden.write_text(text)
             continue
-        assert golden.exists(), f"no golden file {golden.relative_to(ROOT)}: run NETLIMIT_UPDATE_GOLDEN=1 pytest -k golden"
+        assert golden.exists(), (
+            f"no golden file {golden.relative_to(ROOT)}: run NETLIMIT_UPDATE_GOLDEN=1 pytest -k golden"
+        )
         assert text == golden.read_text(), (
-            f"plan of {rel} changed; if intended, regenerate with NETLIMIT_UPDATE_GOLDEN=1 pytest -k golden")
+            f"plan of {rel} changed; if intended, regenerate with NETLIMIT_UPDATE_GOLDEN=1 pytest -k golden"
+        )

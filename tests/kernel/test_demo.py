@@ -32,7 +32,7 @@ def test_demo_runs_and_cleans_up():
     for rule in ("udp-flood", "(exempt)", "new-conns", "max-conns", "bulk-out", "uploads-in"):
         assert rule in out
     assert "all within tolerance" in out and "MISS" not in out
-    assert "[demo]" in errout            # the progress line
+    assert "[demo]" in errout  # the progress line
     assert took < 60
     assert _demo_namespaces(p.pid) == []
 
@@ -45,7 +45,7 @@ def test_demo_interrupted_tears_down():
     while not _demo_namespaces(p.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _demo_namespaces(p.pid), "the demo did not create its namespaces"
-    time.sleep(1.5)                       # traffic is running now
+    time.sleep(1.5)  # traffic is running now
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=60)
     assert p.returncode != 0

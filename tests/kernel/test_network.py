@@ -19,8 +19,23 @@ def _count_rule(topo, src: str, family: int = 4) -> str:
     """A foreign ACCEPT rule after netlimit's jump: it counts what got through."""
     comment = f"test-count-{src}"
     tool = "iptables-legacy" if family == 4 else "ip6tables-legacy"
-    topo.sx(tool, "-A", "INPUT", "-s", src, "-p", "udp", "--dport", str(PORT), "-m", "comment",
-            "--comment", comment, "-j", "ACCEPT")
+    topo.sx(
+        tool,
+        "-A",
+        "INPUT",
+        "-s",
+        src,
+        "-p",
+        "udp",
+        "--dport",
+        str(PORT),
+        "-m",
+        "comment",
+        "--comment",
+        comment,
+        "-j",
+        "ACCEPT",
+    )
     return comment
 
 
@@ -66,8 +81,10 @@ def _measure_hashlimit(topo, sources, dst, family=4, rate=100, burst=10, shared=
         dur = max(r.duration for r in results)
         exp = _expected(rate, burst, dur)
         ok = _within(sum(got), exp, 0.01) if shared else all(_within(g, exp, 0.01) for g in got)
-        print(f"hashlimit {rate}/s burst {burst} sources={sources} shared={shared}: offered "
-              f"{[r.sent for r in results]} in {dur:.3f} s, delivered {got}, expected {exp:.1f}")
+        print(
+            f"hashlimit {rate}/s burst {burst} sources={sources} shared={shared}: offered "
+            f"{[r.sent for r in results]} in {dur:.3f} s, delivered {got}, expected {exp:.1f}"
+        )
         if ok or attempt == 1:
             return got, exp, results
         # a retry needs fresh buckets: wait for them to refill completely

@@ -75,22 +75,30 @@ def _save(topo) -> str:
 
 def _strip_dates(text: str) -> str:
     """Without comments (dates) and without built-in chain policy counters (IPv6 ND moves them)."""
-    return "\n".join(re.sub(r"^(:[A-Z]+ [A-Z]+) \[\d+:\d+\]", r"\1", l) for l in text.splitlines()
-                     if not l.startswith("#"))
+    return "\n".join(
+        re.sub(r"^(:[A-Z]+ [A-Z]+) \[\d+:\d+\]", r"\1", l) for l in text.splitlines() if not l.startswith("#")
+    )
 
 
 def _tc(topo) -> str:
     out = []
     for dev in (topo.srv_if, "nlifb-s0"):
-        for what in (["qdisc", "show", "dev", dev], ["class", "show", "dev", dev], ["filter", "show", "dev", dev],
-                     ["filter", "show", "dev", dev, "ingress"]):
+        for what in (
+            ["qdisc", "show", "dev", dev],
+            ["class", "show", "dev", dev],
+            ["filter", "show", "dev", dev],
+            ["filter", "show", "dev", dev, "ingress"],
+        ):
             out.append(topo.sx("tc", *what, check=False).stdout)
     return "\n".join(out)
 
 
 def _owned_summary(st) -> dict:
-    ipt = {fam: {c: [lr.kspec for lr in s.rules.get(c, [])] for c in s.chains} | {
-        f"jumps:{b}": [lr.kspec for lr in j] for b, j in s.jumps.items()} for fam, s in st.iptables.items()}
+    ipt = {
+        fam: {c: [lr.kspec for lr in s.rules.get(c, [])] for c in s.chains}
+        | {f"jumps:{b}": [lr.kspec for lr in j] for b, j in s.jumps.items()}
+        for fam, s in st.iptables.items()
+    }
     tc = sorted(str(x.obj) for x in st.tc.objects())
     return {"iptables": ipt, "tc": tc}
 
@@ -129,11 +137,14 @@ def test_rollback_when_a_later_step_fails(topo, backend):
     before = _owned_summary(topo.state())
     before_text = _strip_dates(topo.sx("iptables-legacy-save").stdout + topo.sx("ip6tables-legacy-save").stdout)
     # iptables changes fine (new rate), then tc fails: the bandwidth rule names a missing interface
-    bad = full(topo, rate="70/second") + """
+    bad = (
+        full(topo, rate="70/second")
+        + """
   - name: nowhere
     interface: nosuch0
     rate: 10mbit
 """
+    )
     with pytest.raises(ApplyError) as ei:
         topo.apply(bad)
     msg = str(ei.value)
@@ -141,8 +152,7 @@ def test_rollback_when_a_later_step_fails(topo, backend):
     assert "nowhere" in msg and "nosuch0" in msg and "restored" in msg
     assert ei.value.rolled_back
     assert _owned_summary(topo.state()) == before
-    assert _strip_dates(topo.sx("iptables-legacy-save").stdout + topo.sx("ip6tables-legacy-save").stdout) \
-        == before_text
+    assert _strip_dates(topo.sx("iptables-legacy-save").stdout + topo.sx("ip6tables-legacy-save").stdout) == before_text
     assert not topo.apply(full(topo)).changed
 
 
@@ -152,11 +162,14 @@ def test_kernel_refusal_names_the_rule_and_rolls_back(topo, backend):
     # a foreign root qdisc on the interface the file wants to shape: netlimit must not replace it
     topo.sx("ip", "link", "add", "x0", "type", "veth", "peer", "name", "x1")
     topo.sx("tc", "qdisc", "add", "dev", "x0", "root", "handle", "1:", "htb", "default", "1")
-    bad = full(topo, rate="70/second") + """
+    bad = (
+        full(topo, rate="70/second")
+        + """
   - name: foreign-dev
     interface: x0
     rate: 10mbit
 """
+    )
     with pytest.raises(ApplyError) as ei:
         topo.apply(bad)
     assert "foreign-dev" in str(ei.value) and "x0" in str(ei.value)
@@ -165,8 +178,21 @@ def test_kernel_refusal_names_the_rule_and_rolls_back(topo, backend):
 
 
 def _add_foreign(topo) -> str:
-    topo.sx("iptables-legacy", "-A", "INPUT", "-p", "tcp", "--dport", "9999", "-m", "comment", "--comment",
-            "other-tool", "-j", "ACCEPT")
+    topo.sx(
+        "iptables-legacy",
+        "-A",
+        "INPUT",
+        "-p",
+        "tcp",
+        "--dport",
+        "9999",
+        "-m",
+        "comment",
+        "--comment",
+        "other-tool",
+        "-j",
+        "ACCEPT",
+    )
     topo.sx("iptables-legacy", "-N", "OTHER")
     topo.sx("iptables-legacy", "-A", "OTHER", "-s", "198.51.100.0/24", "-j", "DROP")
     topo.sx("iptables-legacy", "-I", "INPUT", "1", "-j", "OTHER")
@@ -174,14 +200,32 @@ def _add_foreign(topo) -> str:
     topo.sx("ip6tables-legacy", "-A", "INPUT", "-p", "udp", "--dport", "9999", "-j", "DROP")
     topo.sx("ip", "link", "add", "x0", "type", "veth", "peer", "name", "x1")
     topo.sx("tc", "qdisc", "add", "dev", "x0", "root", "handle", "1:", "htb", "default", "1")
-    topo.sx("tc", "qdisc", "add", "dev", "x1", "root", "handle", "5:", "tbf", "rate", "1mbit", "burst", "10kb",
-            "latency", "50ms")
+    topo.sx(
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        "x1",
+        "root",
+        "handle",
+        "5:",
+        "tbf",
+        "rate",
+        "1mbit",
+        "burst",
+        "10kb",
+        "latency",
+        "50ms",
+    )
     return _foreign(topo)
 
 
 def _foreign(topo) -> str:
-    ipt = [l for l in (topo.sx("iptables-legacy", "-S").stdout + topo.sx("ip6tables-legacy", "-S").stdout).splitlines()
-           if "netlimit" not in l and "NETLIMIT" not in l]
+    ipt = [
+        l
+        for l in (topo.sx("iptables-legacy", "-S").stdout + topo.sx("ip6tables-legacy", "-S").stdout).splitlines()
+        if "netlimit" not in l and "NETLIMIT" not in l
+    ]
     tcq = topo.sx("tc", "qdisc", "show", "dev", "x0").stdout + topo.sx("tc", "qdisc", "show", "dev", "x1").stdout
     return "\n".join(ipt) + "\n" + tcq
 
@@ -190,9 +234,9 @@ def test_foreign_rules_and_qdiscs_survive_apply_reapply_flush(topo, backend):
     foreign = _add_foreign(topo)
     topo.apply(full(topo))
     assert _foreign(topo) == foreign
-    topo.apply(full(topo, rate="70/second", bw="20mbit"))   # a changed file
+    topo.apply(full(topo, rate="70/second", bw="20mbit"))  # a changed file
     assert _foreign(topo) == foreign
-    topo.apply(full(topo, rate="70/second", bw="20mbit"))   # no change
+    topo.apply(full(topo, rate="70/second", bw="20mbit"))  # no change
     reconcile.flush(topo.srv)
     assert _foreign(topo) == foreign
     assert topo.state().empty
@@ -208,7 +252,7 @@ def test_flush_leaves_zero_owned_objects(topo, backend):
     for marker in ("netlimit", "NETLIMIT", "nlifb", "4e4c"):
         assert marker not in text
     assert "ingress" not in topo.sx("tc", "qdisc", "show", "dev", topo.srv_if).stdout
-    reconcile.flush(topo.srv)   # flushing nothing is fine
+    reconcile.flush(topo.srv)  # flushing nothing is fine
 
 
 def test_list_shows_objects_and_counters(topo, backend):
@@ -218,16 +262,23 @@ def test_list_shows_objects_and_counters(topo, backend):
     by_rule = {}
     for r in rows:
         by_rule.setdefault(r["rule"], []).append(r)
-    assert {"udp-flood", "ssh-guard", "conns", "shadow", "fwd", "bulk", "to-client", "in-cap", "(exempt)"} \
-        <= set(by_rule)
+    assert {"udp-flood", "ssh-guard", "conns", "shadow", "fwd", "bulk", "to-client", "in-cap", "(exempt)"} <= set(
+        by_rule
+    )
     flood = [r for r in by_rule["udp-flood"] if r["layer"] == "iptables"][0]
     assert flood["dropped"] > 800 and flood["table"] == "hashlimit udp-flood" and flood["table_entries"] == 1
     assert any(r["layer"] == "tc" and r["kind"] == "class" for r in by_rule["bulk"])
 
 
 def _cli(*args: str, check: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(NETLIMIT + list(args), capture_output=True, text=True, timeout=120, check=check,
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    return subprocess.run(
+        NETLIMIT + list(args),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=check,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
 
 
 def test_cli_apply_plan_live_list_flush(topo, tmp_path):
@@ -235,7 +286,7 @@ def test_cli_apply_plan_live_list_flush(topo, tmp_path):
     f.write_text(full(topo))
     live = _cli("plan", str(f), "--live", "--netns", topo.srv)
     assert live.returncode == 0 and "+ iptables" in live.stdout and "nothing was changed" in live.stdout
-    assert topo.state().empty                      # plan --live changed nothing
+    assert topo.state().empty  # plan --live changed nothing
     a1 = _cli("apply", str(f), "--netns", topo.srv)
     assert a1.returncode == 0, a1.stderr
     assert "applied" in a1.stdout
@@ -278,7 +329,7 @@ def test_read_diff_api_for_the_daemon(topo, backend):
     reconcile.apply(d, topo.srv)
     ch = reconcile.diff(d, reconcile.read_owned(topo.srv))
     assert ch.empty and ch.lines() == []
-    topo.sx("iptables-legacy", "-F", "NETLIMIT")       # drift
+    topo.sx("iptables-legacy", "-F", "NETLIMIT")  # drift
     lines = reconcile.diff(d, reconcile.read_owned(topo.srv)).lines()
     assert lines and all(l.startswith("+ iptables") for l in lines)
 
@@ -288,8 +339,15 @@ def test_concurrent_applies_do_not_lose_rules(topo, tmp_path):
     the kernel ends equal to the file, nothing is lost or duplicated."""
     f = tmp_path / "rules.yaml"
     f.write_text(full(topo))
-    procs = [subprocess.Popen(NETLIMIT + ["apply", str(f), "--netns", topo.srv, "-q"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            NETLIMIT + ["apply", str(f), "--netns", topo.srv, "-q"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     assert sum("applied" in o for o, _ in outs) == 1
@@ -303,11 +361,21 @@ def test_cli_apply_confirm_rolls_back_without_confirmation(topo, tmp_path):
     before = _owned_summary(topo.state())
     f = tmp_path / "new.yaml"
     f.write_text(full(topo, rate="70/second", bw="20mbit"))
-    p = subprocess.run(NETLIMIT + ["apply", str(f), "--netns", topo.srv, "--confirm", "2"], stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        NETLIMIT + ["apply", str(f), "--netns", topo.srv, "--confirm", "2"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "restored" in p.stderr
     assert _owned_summary(topo.state()) == before
-    ok = subprocess.run(NETLIMIT + ["apply", str(f), "--netns", topo.srv, "--confirm", "5"], input="\n",
-                        capture_output=True, text=True, timeout=60)
+    ok = subprocess.run(
+        NETLIMIT + ["apply", str(f), "--netns", topo.srv, "--confirm", "5"],
+        input="\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr
     assert not topo.apply(full(topo, rate="70/second", bw="20mbit")).changed

@@ -138,8 +138,9 @@ def _save_rules(topo, family: int) -> dict[str, list[str]]:
 
 def _tables(topo) -> str:
     """Both families' filter tables without dates and counters."""
-    text = topo.sx("iptables-legacy-save", "-t", "filter").stdout + topo.sx("ip6tables-legacy-save", "-t",
-                                                                            "filter").stdout
+    text = (
+        topo.sx("iptables-legacy-save", "-t", "filter").stdout + topo.sx("ip6tables-legacy-save", "-t", "filter").stdout
+    )
     return "\n".join(re.sub(r"\[\d+:\d+\]", "", ln) for ln in text.splitlines() if not ln.startswith("#"))
 
 
@@ -156,8 +157,13 @@ def test_render_round_trips_through_save(topo, which):
         if not text:
             continue
         tool = "iptables-legacy" if fam == 4 else "ip6tables-legacy"
-        p = subprocess.run(["ip", "netns", "exec", topo.srv, f"{tool}-restore", "--noflush"], input=text,
-                           capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            ["ip", "netns", "exec", topo.srv, f"{tool}-restore", "--noflush"],
+            input=text,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert p.returncode == 0, p.stderr
         live = _save_rules(topo, fam)
         want: dict[str, list[str]] = {}
@@ -232,7 +238,7 @@ def test_kernel_refused_rule_changes_nothing_and_is_named(topo, backend):
     msg = str(ei.value)
     print(backend, "refused:", msg)
     assert "bad-one" in msg and ei.value.rolled_back
-    if backend == "restore":   # found by trying the new rules alone: only the culprit is named
+    if backend == "restore":  # found by trying the new rules alone: only the culprit is named
         assert ei.value.rule == "bad-one" and "tcp-reset" in msg
     assert _tables(topo) == before
     assert not reconcile.apply(d0, topo.srv).changed
@@ -278,8 +284,9 @@ def test_noop_runs_no_restore_and_a_change_keeps_other_counters(topo, monkeypatc
     assert not reconcile.apply(d0, topo.srv, backend="restore").changed
     assert calls == [], "a no-op apply ran iptables-restore"
     # change only the connlimit rule: udp-flood is not rewritten, its counter stays
-    res = reconcile.apply(topo.desired(BASE.replace("max_connections: 20", "max_connections: 30")), topo.srv,
-                          backend="restore")
+    res = reconcile.apply(
+        topo.desired(BASE.replace("max_connections: 20", "max_connections: 30")), topo.srv, backend="restore"
+    )
     assert res.changes.counts() == {"add": 2, "remove": 2, "reorder": 0}, res.changes.lines()
     assert calls == [4, 6]
     assert traffic.counter_by_comment(topo.srv, "netlimit:udp-flood") >= flood
@@ -308,8 +315,10 @@ def test_jump_moved_by_another_tool_is_kept_and_duplicates_go(topo):
     res = reconcile.apply(d0, topo.srv, backend="restore")
     assert res.changes.counts()["remove"] == 1
     lines = topo.sx("iptables-legacy", "-S", "INPUT").stdout.splitlines()
-    assert lines[1:] == ["-A INPUT -p tcp -m tcp --dport 9 -j ACCEPT",
-                         '-A INPUT -m comment --comment "netlimit: jump" -j NETLIMIT']
+    assert lines[1:] == [
+        "-A INPUT -p tcp -m tcp --dport 9 -j ACCEPT",
+        '-A INPUT -m comment --comment "netlimit: jump" -j NETLIMIT',
+    ]
 
 
 def test_unknown_backend_is_refused_before_touching_anything(topo):

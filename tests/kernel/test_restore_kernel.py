@@ -8,27 +8,33 @@ import subprocess
 
 import pytest
 
-from netlimit.kernel import reconcile, restore_backend as rb
+from netlimit.kernel import reconcile
+from netlimit.kernel import restore_backend as rb
 from netlimit.kernel.iptables import IptablesError
 from netlimit.kernel.objects import IptRule, Match
 from netlimit.kernel.savefmt import canon, parse_spec, split, unquote
 
-HL = ("-p udp -m comment --comment \"netlimit:a\" -m multiport --dports 5000 -m hashlimit --hashlimit-above {rate} "
-      "--hashlimit-burst 5 --hashlimit-mode srcip --hashlimit-name a --hashlimit-htable-size 4096 "
-      "--hashlimit-htable-max 65536 --hashlimit-htable-expire {expire} -j DROP")
+HL = (
+    '-p udp -m comment --comment "netlimit:a" -m multiport --dports 5000 -m hashlimit --hashlimit-above {rate} '
+    "--hashlimit-burst 5 --hashlimit-mode srcip --hashlimit-name a --hashlimit-htable-size 4096 "
+    "--hashlimit-htable-max 65536 --hashlimit-htable-expire {expire} -j DROP"
+)
 
 
-@pytest.mark.parametrize("rate,expire,want_rate,expire_shown", [
-    ("100/sec", 10000, "100/sec", True),
-    ("100/second", 10000, "100/sec", True),
-    ("86400/day", 10000, "1/sec", True),        # the kernel stores a period: the finest exact unit comes back
-    ("3600/hour", 1000, "1/sec", False),        # expire equal to the printed unit (1 s) is left out
-    ("18/min", 16667, "18/min", True),
-    ("5/min", 60000, "5/min", False),
-    ("5/minute", 60000, "5/min", False),
-    ("1000/hour", 18000, "1000/hour", True),
-    ("7", 10000, "7/sec", True),
-])
+@pytest.mark.parametrize(
+    "rate,expire,want_rate,expire_shown",
+    [
+        ("100/sec", 10000, "100/sec", True),
+        ("100/second", 10000, "100/sec", True),
+        ("86400/day", 10000, "1/sec", True),  # the kernel stores a period: the finest exact unit comes back
+        ("3600/hour", 1000, "1/sec", False),  # expire equal to the printed unit (1 s) is left out
+        ("18/min", 16667, "18/min", True),
+        ("5/min", 60000, "5/min", False),
+        ("5/minute", 60000, "5/min", False),
+        ("1000/hour", 18000, "1000/hour", True),
+        ("7", 10000, "7/sec", True),
+    ],
+)
 def test_hashlimit_rates_and_expire(rate, expire, want_rate, expire_shown):
     got = canon(HL.format(rate=rate, expire=expire), 4)
     assert f"--hashlimit-above {want_rate} " in got
@@ -39,32 +45,42 @@ def test_hashlimit_rates_and_expire(rate, expire, want_rate, expire_shown):
 def test_hashlimit_default_expire_is_the_written_unit():
     # no expire given: iptables uses the unit as written (60 s for /minute), printed when it differs
     spec = "-m hashlimit --hashlimit-above 100000/minute --hashlimit-burst 1 --hashlimit-name x"
-    assert canon(spec, 4) == ("-m hashlimit --hashlimit-above 1666/sec --hashlimit-burst 1 --hashlimit-name x "
-                              "--hashlimit-htable-expire 60000")
+    assert canon(spec, 4) == (
+        "-m hashlimit --hashlimit-above 1666/sec --hashlimit-burst 1 --hashlimit-name x --hashlimit-htable-expire 60000"
+    )
 
 
 def test_hashlimit_masks_modes_and_gc():
-    spec = ("-m hashlimit --hashlimit-above 5/sec --hashlimit-burst 5 --hashlimit-mode dstport,srcip "
-            "--hashlimit-name x --hashlimit-htable-gcinterval 1000 --hashlimit-srcmask {m}")
-    assert canon(spec.format(m=32), 4) == ("-m hashlimit --hashlimit-above 5/sec --hashlimit-burst 5 "
-                                           "--hashlimit-mode srcip,dstport --hashlimit-name x")
-    assert "--hashlimit-srcmask 32" in canon(spec.format(m=32), 6)        # not the whole IPv6 address
+    spec = (
+        "-m hashlimit --hashlimit-above 5/sec --hashlimit-burst 5 --hashlimit-mode dstport,srcip "
+        "--hashlimit-name x --hashlimit-htable-gcinterval 1000 --hashlimit-srcmask {m}"
+    )
+    assert canon(spec.format(m=32), 4) == (
+        "-m hashlimit --hashlimit-above 5/sec --hashlimit-burst 5 --hashlimit-mode srcip,dstport --hashlimit-name x"
+    )
+    assert "--hashlimit-srcmask 32" in canon(spec.format(m=32), 6)  # not the whole IPv6 address
     assert "--hashlimit-srcmask 128" not in canon(spec.format(m=128), 6)
     assert "--hashlimit-srcmask 24" in canon(spec.format(m=24), 4)
 
 
 def test_limit_burst_default_and_rate():
-    assert canon('-m limit --limit 10/minute --limit-burst 5 -j LOG --log-prefix "p "', 4) == \
-        '-m limit --limit 10/min -j LOG --log-prefix "p "'
+    assert (
+        canon('-m limit --limit 10/minute --limit-burst 5 -j LOG --log-prefix "p "', 4)
+        == '-m limit --limit 10/min -j LOG --log-prefix "p "'
+    )
     assert canon("-m limit --limit 600/min --limit-burst 9", 4) == "-m limit --limit 10/sec --limit-burst 9"
 
 
 def test_addresses_protocols_and_long_options():
-    assert canon("-s 10.1.2.3/8 -d 2001:DB8:0:0::1/32 -p 58 -j DROP", 6) == "-s 10.0.0.0/8 -d 2001:db8::/32 " \
+    assert (
+        canon("-s 10.1.2.3/8 -d 2001:DB8:0:0::1/32 -p 58 -j DROP", 6) == "-s 10.0.0.0/8 -d 2001:db8::/32 "
         "-p ipv6-icmp -j DROP"
+    )
     assert canon("--source 192.0.2.1 --protocol TCP --jump ACCEPT", 4) == "-s 192.0.2.1/32 -p tcp -j ACCEPT"
-    assert canon("-p icmpv6 -m recent --set --name r --mask FFFF:FFFF:: --rsource", 6) == \
-        "-p ipv6-icmp -m recent --set --name r --mask ffff:ffff:: --rsource"
+    assert (
+        canon("-p icmpv6 -m recent --set --name r --mask FFFF:FFFF:: --rsource", 6)
+        == "-p ipv6-icmp -m recent --set --name r --mask ffff:ffff:: --rsource"
+    )
 
 
 def test_quoting_and_unknown_modules_are_kept():
@@ -75,8 +91,10 @@ def test_quoting_and_unknown_modules_are_kept():
 
 
 def test_parse_spec_builds_the_rule():
-    kw = parse_spec('-s 10.0.0.0/8 -i eth0 -p tcp -m comment --comment "netlimit:x" -m recent --set --name x '
-                    '--rsource -j LOG --log-prefix "netlimit:x "')
+    kw = parse_spec(
+        '-s 10.0.0.0/8 -i eth0 -p tcp -m comment --comment "netlimit:x" -m recent --set --name x '
+        '--rsource -j LOG --log-prefix "netlimit:x "'
+    )
     assert kw["src"] == "10.0.0.0/8" and kw["in_iface"] == "eth0" and kw["protocol"] == "tcp"
     assert kw["comment"] == "netlimit:x"
     assert kw["matches"] == (Match("recent", (("set", None), ("name", "x"), ("rsource", None))),)
@@ -112,7 +130,8 @@ def test_parse_save_keeps_only_what_netlimit_owns():
     assert st.chains == ["NETLIMIT", "NETLIMIT-L-s"]
     assert [lr.kspec for lr in st.rules["NETLIMIT"]] == [
         '-s 10.0.0.0/8 -m comment --comment "netlimit: exempt" -j RETURN',
-        '-p udp -m comment --comment "netlimit:s" -m limit --limit 10/min -j NETLIMIT-L-s']
+        '-p udp -m comment --comment "netlimit:s" -m limit --limit 10/min -j NETLIMIT-L-s',
+    ]
     assert [(lr.index, lr.packets, lr.bytes) for lr in st.rules["NETLIMIT"]] == [(0, 2, 120), (1, 3, 180)]
     assert st.rules["NETLIMIT"][1].rule.rule == "s" and st.rules["NETLIMIT"][0].rule.rule == ""
     # both jumps to NETLIMIT are owned (with or without the comment); OTHER's rules are not read
@@ -163,7 +182,11 @@ def test_plan_appends_at_the_end_and_fills_a_new_chain():
     assert [ln.text for ln in rb._commit_lines(p, counters=False)] == [f"-A NETLIMIT {B}", f"-A NETLIMIT {C}"]
     p = _plan(None, [A, B], jump_live=False)
     assert [ln.text for ln in rb._commit_lines(p, counters=False)] == [
-        ":NETLIMIT - [0:0]", f"-A NETLIMIT {A}", f"-A NETLIMIT {B}", f"-I INPUT 1 {JUMP}"]
+        ":NETLIMIT - [0:0]",
+        f"-A NETLIMIT {A}",
+        f"-A NETLIMIT {B}",
+        f"-I INPUT 1 {JUMP}",
+    ]
 
 
 def test_plan_reorder_is_reported_as_a_move():
@@ -173,8 +196,7 @@ def test_plan_reorder_is_reported_as_a_move():
 
 def test_plan_flush_deletes_jumps_then_chains():
     p = rb.plan_family(4, [], {}, [], _state([A, B]))
-    assert [ln.text for ln in rb._commit_lines(p, counters=False)] == [
-        f"-D INPUT {JUMP}", "-F NETLIMIT", "-X NETLIMIT"]
+    assert [ln.text for ln in rb._commit_lines(p, counters=False)] == [f"-D INPUT {JUMP}", "-F NETLIMIT", "-X NETLIMIT"]
 
 
 def test_hashlimit_settings_change_needs_a_first_commit():
@@ -210,8 +232,11 @@ class _Fake:
 
 def test_restore_failure_names_the_rule_on_that_line(monkeypatch):
     p = _plan([A, B, C], [A, B.replace("2", "22"), C])
-    fake = _Fake(2, "iptables-restore v1.8.9 (legacy): unknown option \"--x\"\nError occurred at line: 3\n"
-                    "Try `iptables-restore -h' or 'iptables-restore --help' for more information.\n")
+    fake = _Fake(
+        2,
+        'iptables-restore v1.8.9 (legacy): unknown option "--x"\nError occurred at line: 3\n'
+        "Try `iptables-restore -h' or 'iptables-restore --help' for more information.\n",
+    )
     monkeypatch.setattr(rb, "_run", fake)
     with pytest.raises(IptablesError) as ei:
         rb.RestoreBackend().write(p)
@@ -227,7 +252,7 @@ def test_restore_refused_at_commit_is_blamed(monkeypatch):
     with pytest.raises(IptablesError) as ei:
         rb.RestoreBackend().write(p)
     assert ei.value.rule == "c" and "the kernel refused" in str(ei.value)
-    monkeypatch.setattr(rb, "blame", lambda fam, wants, chains: None)   # no culprit found alone
+    monkeypatch.setattr(rb, "blame", lambda fam, wants, chains: None)  # no culprit found alone
     with pytest.raises(IptablesError) as ei:
         rb.RestoreBackend().write(p)
     assert ei.value.rule == "b, c"
@@ -258,19 +283,31 @@ def test_backend_choice(monkeypatch):
 def test_render_spec_is_unchanged_by_the_match_cache():
     from netlimit.kernel.render import rule_spec
 
-    r = IptRule(family=4, table="filter", chain="NETLIMIT", rule="x", comment="netlimit:x", protocol="udp",
-                matches=(Match("multiport", (("dports", "1,2"),)), Match("recent", (("set", None), ("name", "x")))),
-                target="LOG", target_options=(("log-prefix", "netlimit:x "),))
-    assert rule_spec(r) == ('-p udp -m comment --comment "netlimit:x" -m multiport --dports 1,2 '
-                            '-m recent --set --name x -j LOG --log-prefix "netlimit:x "')
+    r = IptRule(
+        family=4,
+        table="filter",
+        chain="NETLIMIT",
+        rule="x",
+        comment="netlimit:x",
+        protocol="udp",
+        matches=(Match("multiport", (("dports", "1,2"),)), Match("recent", (("set", None), ("name", "x")))),
+        target="LOG",
+        target_options=(("log-prefix", "netlimit:x "),),
+    )
+    assert rule_spec(r) == (
+        '-p udp -m comment --comment "netlimit:x" -m multiport --dports 1,2 '
+        '-m recent --set --name x -j LOG --log-prefix "netlimit:x "'
+    )
 
 
 def _spec(x: int) -> str:
     if x % 2:
         return f"-p udp -m multiport --dports {x} -j DROP"
     # hashlimit rules: names shared by 2 and 4 (different settings), so some go in a first commit
-    return (f"-p udp -m multiport --dports {x} -m hashlimit --hashlimit-above {x}/sec --hashlimit-burst 5 "
-            f"--hashlimit-name h{x % 4} -j DROP")
+    return (
+        f"-p udp -m multiport --dports {x} -m hashlimit --hashlimit-above {x}/sec --hashlimit-burst 5 "
+        f"--hashlimit-name h{x % 4} -j DROP"
+    )
 
 
 def _simulate(live: list[int], want: list[int]) -> list[int]:

@@ -71,19 +71,22 @@ def test_trust_is_per_family():
 # --- paths -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("uri,path", [
-    ("/login?next=/x", "/login"),
-    ("/a/../login", "/login"),
-    ("//login", "/login"),
-    ("/./login/", "/login/"),
-    ("/%6Cogin", "/login"),
-    ("/caf%C3%A9", "/caf\u00e9"),
-    ("/bad%FF", "/bad\ufffd"),
-    ("/../../etc", "/etc"),
-    ("http://example.com/abs?q", "/abs"),
-    ("", "/"),
-    ("/a#frag", "/a"),
-])
+@pytest.mark.parametrize(
+    "uri,path",
+    [
+        ("/login?next=/x", "/login"),
+        ("/a/../login", "/login"),
+        ("//login", "/login"),
+        ("/./login/", "/login/"),
+        ("/%6Cogin", "/login"),
+        ("/caf%C3%A9", "/caf\u00e9"),
+        ("/bad%FF", "/bad\ufffd"),
+        ("/../../etc", "/etc"),
+        ("http://example.com/abs?q", "/abs"),
+        ("", "/"),
+        ("/a#frag", "/a"),
+    ],
+)
 def test_path_of_uri(uri, path):
     assert path_of_uri(uri) == path
 
@@ -97,10 +100,10 @@ def test_normalize_path_fast_path_returns_the_same_object():
 
 
 def test_each_action_list_is_one_descriptor_in_order():
-    plan = ActionPlan([["remote_address"], ["path", "remote_address"], ["method", "path"],
-                       ["generic:tier=free", "header:X-Api-Key"]])
-    d = plan.descriptors(peer="198.51.100.7", method="POST", path="/login",
-                         headers=H(X_Api_Key="k1"))
+    plan = ActionPlan(
+        [["remote_address"], ["path", "remote_address"], ["method", "path"], ["generic:tier=free", "header:X-Api-Key"]]
+    )
+    d = plan.descriptors(peer="198.51.100.7", method="POST", path="/login", headers=H(X_Api_Key="k1"))
     assert d == [
         [("remote_address", "198.51.100.7")],
         [("path", "/login"), ("remote_address", "198.51.100.7")],
@@ -124,18 +127,19 @@ def test_path_callable_is_only_called_when_needed():
 
     ActionPlan([["remote_address"]]).descriptors(peer="1.2.3.4", method="GET", path=path, headers=H())
     assert calls == []
-    d = ActionPlan([["path"], ["path", "method"]]).descriptors(peer="1.2.3.4", method="GET", path=path,
-                                                              headers=H())
+    d = ActionPlan([["path"], ["path", "method"]]).descriptors(peer="1.2.3.4", method="GET", path=path, headers=H())
     assert calls == [1] and d == [[("path", "/x")], [("path", "/x"), ("method", "GET")]]
 
 
 def test_xff_used_only_from_trusted_proxies_in_descriptors():
     plan = ActionPlan([["remote_address"]], nets("127.0.0.1/32"))
     h = H(X_Forwarded_For="6.6.6.6, 198.51.100.7")
-    assert plan.descriptors(peer="127.0.0.1", method="GET", path="/", headers=h) == \
-        [[("remote_address", "198.51.100.7")]]
-    assert plan.descriptors(peer="203.0.113.5", method="GET", path="/", headers=h) == \
-        [[("remote_address", "203.0.113.5")]]
+    assert plan.descriptors(peer="127.0.0.1", method="GET", path="/", headers=h) == [
+        [("remote_address", "198.51.100.7")]
+    ]
+    assert plan.descriptors(peer="203.0.113.5", method="GET", path="/", headers=h) == [
+        [("remote_address", "203.0.113.5")]
+    ]
     assert plan.needs_remote and not plan.needs_path
 
 
@@ -155,9 +159,12 @@ def test_shipped_http_example_actions_reach_its_rules():
     rs = from_loaded(loaded)
     http = loaded.config.http
     plan = ActionPlan(http.actions, http.trusted_proxies)
-    d = plan.descriptors(peer="127.0.0.1", method="POST", path="/login",
-                         headers=H(X_Forwarded_For="198.51.100.7", X_Api_Key="key-1"))
-    assert d == [[("remote_address", "198.51.100.7")],
-                 [("path", "/login"), ("remote_address", "198.51.100.7")],
-                 [("header:X-Api-Key", "key-1")]]
+    d = plan.descriptors(
+        peer="127.0.0.1", method="POST", path="/login", headers=H(X_Forwarded_For="198.51.100.7", X_Api_Key="key-1")
+    )
+    assert d == [
+        [("remote_address", "198.51.100.7")],
+        [("path", "/login"), ("remote_address", "198.51.100.7")],
+        [("header:X-Api-Key", "key-1")],
+    ]
     assert [rs.match(x).name for x in d] == ["remote_address", "path_/login.remote_address", "header:X-Api-Key"]

@@ -47,17 +47,21 @@ def copy_state(state):
 
 # ============================================================ Limit validation
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(algorithm="gcra", limit=1, period=1), "unknown algorithm"),
-    (dict(algorithm="token_bucket", limit=-1, period=1), "limit must be between"),
-    (dict(algorithm="token_bucket", limit=1.5, period=1), "limit must be an integer"),
-    (dict(algorithm="token_bucket", limit=1, period=0), "period must be a positive"),
-    (dict(algorithm="token_bucket", limit=1, period=float("inf")), "period must be a positive"),
-    (dict(algorithm="token_bucket", limit=1, period="soon"), "period must be a number"),
-    (dict(algorithm="fixed_window", limit=1, period=1, burst=5), "burst applies to"),
-    (dict(algorithm="token_bucket", limit=1, period=1, burst=0), "burst must be an integer"),
-    (dict(algorithm="token_bucket", limit=1, period=1, delay=True), "leaky_bucket only"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(algorithm="gcra", limit=1, period=1), "unknown algorithm"),
+        (dict(algorithm="token_bucket", limit=-1, period=1), "limit must be between"),
+        (dict(algorithm="token_bucket", limit=1.5, period=1), "limit must be an integer"),
+        (dict(algorithm="token_bucket", limit=1, period=0), "period must be a positive"),
+        (dict(algorithm="token_bucket", limit=1, period=float("inf")), "period must be a positive"),
+        (dict(algorithm="token_bucket", limit=1, period="soon"), "period must be a number"),
+        (dict(algorithm="fixed_window", limit=1, period=1, burst=5), "burst applies to"),
+        (dict(algorithm="token_bucket", limit=1, period=1, burst=0), "burst must be an integer"),
+        (dict(algorithm="token_bucket", limit=1, period=1, delay=True), "leaky_bucket only"),
+    ],
+)
 def test_limit_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Limit(**kwargs)
@@ -83,8 +87,9 @@ def test_limit_is_a_plain_frozen_dataclass_to_its_users():
 
     lim = Limit("leaky_bucket", 10, 1, burst=5, delay=True, name="api")
     assert dataclasses.is_dataclass(lim)
-    assert dataclasses.asdict(lim) == dict(algorithm="leaky_bucket", limit=10, period=1.0, burst=5, delay=True,
-                                           name="api")
+    assert dataclasses.asdict(lim) == dict(
+        algorithm="leaky_bucket", limit=10, period=1.0, burst=5, delay=True, name="api"
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         lim.limit = 3  # type: ignore[misc]
     other = dataclasses.replace(lim, limit=20)
@@ -109,6 +114,7 @@ def test_limit_zero_denies_everything(alg):
 
 
 # ============================================================ token bucket
+
 
 def test_token_bucket_10_per_second_burst_20():
     tb = Limit("token_bucket", 10, 1, burst=20)
@@ -176,6 +182,7 @@ def test_token_bucket_exact_at_wall_clock_magnitudes():
 
 # ============================================================ leaky bucket
 
+
 def test_leaky_bucket_meter_mode():
     lb = Limit("leaky_bucket", 2, 1, burst=4)  # drains 2/s, holds 4
     ds, s = run(lb, [(10.0, 1)] * 5)
@@ -212,6 +219,7 @@ def test_leaky_bucket_queue_mode_cost_and_capacity():
 
 
 # ============================================================ fixed window
+
 
 def test_fixed_window_sequence():
     fw = Limit("fixed_window", 3, 10)
@@ -251,6 +259,7 @@ def test_fixed_window_cost():
 
 # ============================================================ sliding window counter
 
+
 def test_sliding_window_counter_weights_the_previous_window():
     sw = Limit("sliding_window_counter", 10, 60)
     ds, s = run(sw, [(10.0, 1)] * 11)
@@ -285,6 +294,7 @@ def test_sliding_window_counter_cost_above_limit():
 
 
 # ============================================================ sliding window log
+
 
 def test_sliding_window_log_sequence():
     sl = Limit("sliding_window_log", 3, 10)
@@ -432,7 +442,7 @@ def test_decisions_are_well_formed(case):
         if d.allowed:
             assert d.retry_after == 0
         else:
-            assert d.retry_after > 0 or d.retry_after == 0 and d.remaining >= 0
+            assert d.retry_after > 0 or (d.retry_after == 0 and d.remaining >= 0)
         if not (limit.algorithm == "leaky_bucket" and limit.delay):
             assert d.delay == 0
 
@@ -463,10 +473,18 @@ def test_retry_after_is_honest(case):
 @given(cases())
 # float edges hypothesis found: a rising leaky level absorbing a sub-ulp residue,
 # and a sliding-counter remaining computed by a different float expression than admission
-@example(case=(Limit("leaky_bucket", 6, 1.0, burst=8),
-               [(0.7099351523791327, 1), (0.7099351523791327, 2), (1.2099351523791326, 1)]))
-@example(case=(Limit("sliding_window_counter", 9, 0.5),
-               [(0.0, 1), (0.16666666666666666, 0), (0.41666666666666663, 8), (0.6666666666666666, 1)]))
+@example(
+    case=(
+        Limit("leaky_bucket", 6, 1.0, burst=8),
+        [(0.7099351523791327, 1), (0.7099351523791327, 2), (1.2099351523791326, 1)],
+    )
+)
+@example(
+    case=(
+        Limit("sliding_window_counter", 9, 0.5),
+        [(0.0, 1), (0.16666666666666666, 0), (0.41666666666666663, 8), (0.6666666666666666, 1)],
+    )
+)
 @example(case=(Limit("token_bucket", 1, 0.5), [(0.005, 1), (0.055, 1), (0.555, 1)]))
 def test_remaining_is_honest(case):
     """After any decision exactly `remaining` more unit requests fit at that instant."""

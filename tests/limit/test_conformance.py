@@ -51,6 +51,7 @@ def arun(coro):
 def make_store(request):
     """An async factory of fresh stores of the parametrised kind."""
     if request.param == "memory":
+
         async def make():
             return MemoryStore(max_keys=10_000, clock=lambda: pytest.fail("the injected now must be used"))
     else:
@@ -60,13 +61,15 @@ def make_store(request):
             store = RedisStore(server.url, timeout_ms=2000, key_prefix=f"t{uuid.uuid4().hex[:8]}")
             await store.load_scripts(*LIMITS.values())
             return store
+
     make.kind = request.param
     return make
 
 
 def assert_same(got: Decision, want: Decision, where: str = "") -> None:
-    assert (got.allowed, got.limit, got.remaining) == (want.allowed, want.limit, want.remaining), \
+    assert (got.allowed, got.limit, got.remaining) == (want.allowed, want.limit, want.remaining), (
         f"{where}: got {got}, want {want}"
+    )
     for f in ("retry_after", "reset", "delay"):
         g, w = getattr(got, f), getattr(want, f)
         assert g == w or abs(g - w) <= 1e-6, f"{where}: {f} got {g!r} want {w!r} ({got} vs {want})"
@@ -127,6 +130,7 @@ def random_events(limit: Limit, seed: int, n: int = 250, t0: float = 1_700_000_0
 
 # ================================================================ the suite
 
+
 @pytest.mark.parametrize("case", sorted(LIMITS))
 def test_random_sequences_match_the_reference(make_store, case):
     limit = LIMITS[case]
@@ -163,9 +167,14 @@ def test_a_probe_leaves_expired_state_for_a_clock_that_steps_back(make_store, ca
     limit = LIMITS[case]
     p = limit.period
     t = 1_000.0
-    events = [("hit", t, "a", limit, 1), ("hit", t + p / 2, "a", limit, 1),
-              ("peek", t + 3 * p, "a", limit, 0), ("peek", t + 3 * p, "a", limit, 1),
-              ("hit", t + p / 2, "a", limit, 2), ("hit", t + p / 2, "a", limit, limit.capacity)]
+    events = [
+        ("hit", t, "a", limit, 1),
+        ("hit", t + p / 2, "a", limit, 1),
+        ("peek", t + 3 * p, "a", limit, 0),
+        ("peek", t + 3 * p, "a", limit, 1),
+        ("hit", t + p / 2, "a", limit, 2),
+        ("hit", t + p / 2, "a", limit, limit.capacity),
+    ]
 
     async def main():
         store = await make_store()
@@ -197,8 +206,9 @@ def test_all_limits_interleaved_on_shared_keys(make_store):
     arun(main())
 
 
-PROPS = settings(max_examples=25, deadline=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+PROPS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 
 @st.composite
@@ -207,8 +217,13 @@ def hypo_cases(draw):
     n = draw(st.integers(1, 8))
     period = draw(st.sampled_from([0.25, 1.0, 3.0, 60.0]))
     if alg in ("token_bucket", "leaky_bucket"):
-        limit = Limit(alg, n, period, burst=draw(st.none() | st.integers(1, 9)),
-                      delay=alg == "leaky_bucket" and draw(st.booleans()))
+        limit = Limit(
+            alg,
+            n,
+            period,
+            burst=draw(st.none() | st.integers(1, 9)),
+            delay=alg == "leaky_bucket" and draw(st.booleans()),
+        )
     else:
         limit = Limit(alg, n, period)
     t = draw(st.sampled_from([0.0, 1e3, 1.7e9]))
@@ -216,8 +231,9 @@ def hypo_cases(draw):
     for _ in range(draw(st.integers(1, 40))):
         t += draw(st.sampled_from([0.0, 0.0, period / n, period]) | st.floats(-period / 4, 2 * period))
         cost = draw(st.integers(0, limit.capacity + 1))
-        events.append((draw(st.sampled_from(["hit", "hit", "hit", "peek"])), t, draw(st.sampled_from(KEYS[:2])),
-                       limit, cost))
+        events.append(
+            (draw(st.sampled_from(["hit", "hit", "hit", "peek"])), t, draw(st.sampled_from(KEYS[:2])), limit, cost)
+        )
     return events
 
 
@@ -238,43 +254,58 @@ def test_hypothesis_sequences_match_the_reference(make_store, events):
 
 GOLDEN = {
     # token bucket 10/s burst 20: 20 at t=0, the 21st waits 0.1 s
-    "token_bucket": (Limit("token_bucket", 10, 1, burst=20), [
-        *[(0.0, 1, (True, 20, 19 - i, 0.0, (i + 1) / 10, 0.0)) for i in range(20)],
-        (0.0, 1, (False, 20, 0, 0.1, 2.0, 0.0)),
-        (0.05, 1, (False, 20, 0, 0.05, 1.95, 0.0)),
-        (0.1, 1, (True, 20, 0, 0.0, 2.0, 0.0)),
-        (0.1, 25, (False, 20, 0, math.inf, 2.0, 0.0)),
-        (1.1, 5, (True, 20, 5, 0.0, 1.5, 0.0)),
-    ]),
+    "token_bucket": (
+        Limit("token_bucket", 10, 1, burst=20),
+        [
+            *[(0.0, 1, (True, 20, 19 - i, 0.0, (i + 1) / 10, 0.0)) for i in range(20)],
+            (0.0, 1, (False, 20, 0, 0.1, 2.0, 0.0)),
+            (0.05, 1, (False, 20, 0, 0.05, 1.95, 0.0)),
+            (0.1, 1, (True, 20, 0, 0.0, 2.0, 0.0)),
+            (0.1, 25, (False, 20, 0, math.inf, 2.0, 0.0)),
+            (1.1, 5, (True, 20, 5, 0.0, 1.5, 0.0)),
+        ],
+    ),
     # nginx limit_req rate=2r/s burst=3 (no nodelay)
-    "leaky_bucket": (Limit("leaky_bucket", 2, 1, burst=3, delay=True), [
-        (0.0, 1, (True, 4, 3, 0.0, 0.5, 0.0)),
-        (0.0, 1, (True, 4, 2, 0.0, 1.0, 0.5)),
-        (0.0, 1, (True, 4, 1, 0.0, 1.5, 1.0)),
-        (0.0, 1, (True, 4, 0, 0.0, 2.0, 1.5)),
-        (0.0, 1, (False, 4, 0, 0.5, 2.0, 0.0)),
-        (0.5, 1, (True, 4, 0, 0.0, 2.0, 1.5)),
-    ]),
-    "fixed_window": (Limit("fixed_window", 3, 10), [
-        (12.0, 1, (True, 3, 2, 0.0, 8.0, 0.0)),
-        (13.0, 2, (True, 3, 0, 0.0, 7.0, 0.0)),
-        (14.0, 1, (False, 3, 0, 6.0, 6.0, 0.0)),
-        (20.0, 3, (True, 3, 0, 0.0, 10.0, 0.0)),
-        (25.0, 4, (False, 3, 0, math.inf, 5.0, 0.0)),
-    ]),
-    "sliding_window_counter": (Limit("sliding_window_counter", 10, 60), [
-        (10.0, 10, (True, 10, 0, 0.0, 110.0, 0.0)),
-        (60.0, 1, (False, 10, 0, 6.0, 60.0, 0.0)),
-        (90.0, 1, (True, 10, 4, 0.0, 90.0, 0.0)),  # 10 * 0.5 + 1 = 6 -> 4 left
-    ]),
-    "sliding_window_log": (Limit("sliding_window_log", 3, 10), [
-        (0.0, 1, (True, 3, 2, 0.0, 10.0, 0.0)),
-        (1.0, 2, (True, 3, 0, 0.0, 10.0, 0.0)),
-        (5.0, 1, (False, 3, 0, 5.0, 6.0, 0.0)),
-        (10.0, 1, (True, 3, 0, 0.0, 10.0, 0.0)),
-        (10.5, 2, (False, 3, 0, 0.5, 9.5, 0.0)),
-        (11.0, 2, (True, 3, 0, 0.0, 10.0, 0.0)),
-    ]),
+    "leaky_bucket": (
+        Limit("leaky_bucket", 2, 1, burst=3, delay=True),
+        [
+            (0.0, 1, (True, 4, 3, 0.0, 0.5, 0.0)),
+            (0.0, 1, (True, 4, 2, 0.0, 1.0, 0.5)),
+            (0.0, 1, (True, 4, 1, 0.0, 1.5, 1.0)),
+            (0.0, 1, (True, 4, 0, 0.0, 2.0, 1.5)),
+            (0.0, 1, (False, 4, 0, 0.5, 2.0, 0.0)),
+            (0.5, 1, (True, 4, 0, 0.0, 2.0, 1.5)),
+        ],
+    ),
+    "fixed_window": (
+        Limit("fixed_window", 3, 10),
+        [
+            (12.0, 1, (True, 3, 2, 0.0, 8.0, 0.0)),
+            (13.0, 2, (True, 3, 0, 0.0, 7.0, 0.0)),
+            (14.0, 1, (False, 3, 0, 6.0, 6.0, 0.0)),
+            (20.0, 3, (True, 3, 0, 0.0, 10.0, 0.0)),
+            (25.0, 4, (False, 3, 0, math.inf, 5.0, 0.0)),
+        ],
+    ),
+    "sliding_window_counter": (
+        Limit("sliding_window_counter", 10, 60),
+        [
+            (10.0, 10, (True, 10, 0, 0.0, 110.0, 0.0)),
+            (60.0, 1, (False, 10, 0, 6.0, 60.0, 0.0)),
+            (90.0, 1, (True, 10, 4, 0.0, 90.0, 0.0)),  # 10 * 0.5 + 1 = 6 -> 4 left
+        ],
+    ),
+    "sliding_window_log": (
+        Limit("sliding_window_log", 3, 10),
+        [
+            (0.0, 1, (True, 3, 2, 0.0, 10.0, 0.0)),
+            (1.0, 2, (True, 3, 0, 0.0, 10.0, 0.0)),
+            (5.0, 1, (False, 3, 0, 5.0, 6.0, 0.0)),
+            (10.0, 1, (True, 3, 0, 0.0, 10.0, 0.0)),
+            (10.5, 2, (False, 3, 0, 0.5, 9.5, 0.0)),
+            (11.0, 2, (True, 3, 0, 0.0, 10.0, 0.0)),
+        ],
+    ),
 }
 
 
@@ -332,6 +363,7 @@ def test_limit_zero_and_keys_are_per_limit(make_store, alg):
 
 
 # ================================================================ MemoryStore specifics
+
 
 def test_memory_store_stays_bounded_under_key_churn():
     limit = Limit("fixed_window", 5, 60)
@@ -404,9 +436,16 @@ def test_memory_store_rejects_negative_cost():
         MemoryStore().hit_sync("x", Limit("fixed_window", 1, 1), -1, 0.0)
 
 
-@pytest.mark.parametrize("limit", [Limit("token_bucket", 10, 60), Limit("leaky_bucket", 10, 60, delay=True),
-                                   Limit("fixed_window", 100, 60), Limit("sliding_window_counter", 100, 60)],
-                         ids=lambda lim: lim.algorithm)
+@pytest.mark.parametrize(
+    "limit",
+    [
+        Limit("token_bucket", 10, 60),
+        Limit("leaky_bucket", 10, 60, delay=True),
+        Limit("fixed_window", 100, 60),
+        Limit("sliding_window_counter", 100, 60),
+    ],
+    ids=lambda lim: lim.algorithm,
+)
 def test_memory_store_costs_at_most_150_bytes_per_key(limit):
     """The memory budget for bucket and counter algorithms, key strings included."""
     import gc

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from netlimit.limit.algorithms import ADMITTERS, DENIED, Limit, fixed_window
 from netlimit.limit.stores import MemoryStore
 
-NOW = 1_795_000_000.25        # late 2026: a window index of 31 bits at period 1 s
+NOW = 1_795_000_000.25  # late 2026: a window index of 31 bits at period 1 s
 
 
 def test_state_stays_a_small_int_at_one_second():
@@ -28,8 +28,11 @@ def test_state_stays_a_small_int_at_one_second():
 
 
 @settings(max_examples=300, deadline=None)
-@given(lim=st.integers(1, 2**20), period=st.sampled_from([1.0, 10.0, 60.0, 3600.0]),
-       steps=st.lists(st.tuples(st.floats(0, 3.0), st.integers(0, 5)), min_size=1, max_size=40))
+@given(
+    lim=st.integers(1, 2**20),
+    period=st.sampled_from([1.0, 10.0, 60.0, 3600.0]),
+    steps=st.lists(st.tuples(st.floats(0, 3.0), st.integers(0, 5)), min_size=1, max_size=40),
+)
 def test_decider_admitter_and_store_agree(lim, period, steps):
     """Same verdicts and remaining counts from the three copies, against a plain counter."""
     limit = Limit("fixed_window", lim, period)
@@ -39,7 +42,7 @@ def test_decider_admitter_and_store_agree(lim, period, steps):
     counts: dict[int, int] = {}
     for dt, cost in steps:
         now += dt * period
-        w = math.floor(now / period)     # the window as the algorithm computes it
+        w = math.floor(now / period)  # the window as the algorithm computes it
         used = counts.get(w, 0)
         expect = used + cost <= lim
         d, d_state = fixed_window(limit, d_state, now, cost)

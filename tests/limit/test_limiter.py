@@ -104,7 +104,7 @@ def test_every_matching_descriptor_is_charged_and_the_most_constraining_reported
         return out
 
     r1, r2, r3, r4 = run(go())
-    assert r1.code == OK and r1.report.rule.name == "per-user"      # 2 left of 3 < 4 left of 5
+    assert r1.code == OK and r1.report.rule.name == "per-user"  # 2 left of 3 < 4 left of 5
     assert [s.code for s in r1.statuses] == [OK, OK, OK]
     assert r1.statuses[2].rule is None and r1.statuses[2].decision is None
     assert (r1.report.decision.limit, r1.report.decision.remaining) == (3, 2)
@@ -113,8 +113,8 @@ def test_every_matching_descriptor_is_charged_and_the_most_constraining_reported
     assert r4.code == OVER_LIMIT
     assert [s.code for s in r4.statuses] == [OK, OVER_LIMIT, OK]
     assert r4.report.rule.name == "per-user"
-    assert r4.statuses[0].decision.remaining == 1                  # 5 - 4
-    assert math.isclose(r4.report.decision.retry_after, 1200.0)    # 1 token at 3/hour
+    assert r4.statuses[0].decision.remaining == 1  # 5 - 4
+    assert math.isclose(r4.report.decision.retry_after, 1200.0)  # 1 token at 3/hour
     assert stats(rules, "per-ip") == {"hits": 4, "within": 4, "over": 0, "near": 1, "shadow": 0}
     assert stats(rules, "per-user") == {"hits": 4, "within": 3, "over": 1, "near": 1, "shadow": 0}
     assert core.latency.count == 4 and sum(core.latency.counts) == 4 and 0 < core.latency.sum < 1
@@ -133,7 +133,7 @@ def test_among_denials_the_longest_retry_is_reported(rules):
 
     r = run(go())
     assert [s.code for s in r.statuses] == [OVER_LIMIT, OVER_LIMIT]
-    assert r.report.rule.name == "per-user"   # 1200 s beats what is left of the minute
+    assert r.report.rule.name == "per-user"  # 1200 s beats what is left of the minute
 
 
 def test_equal_remaining_reports_the_smaller_limit(rules):
@@ -142,7 +142,7 @@ def test_equal_remaining_reports_the_smaller_limit(rules):
 
     async def go():
         for _ in range(2):
-            await lim.check("api", [[("ip", "a")]])        # per-ip: 5 -> 3 left
+            await lim.check("api", [[("ip", "a")]])  # per-ip: 5 -> 3 left
         return await lim.check("api", [[("ip", "a")], [("user", "b")]])  # ip 2 left of 5, user 2 left of 3
 
     r = run(go())
@@ -159,7 +159,7 @@ def test_shadow_mode_counts_and_never_blocks_or_reports(rules):
     rs = run(go())
     assert [r.code for r in rs] == [OK, OK, OK]
     assert [r.statuses[0].shadow_over for r in rs] == [False, True, True]
-    assert all(r.report.rule.name == "per-org" for r in rs)        # dark is never the reported one
+    assert all(r.report.rule.name == "per-org" for r in rs)  # dark is never the reported one
     assert rs[2].statuses[0].decision.allowed is False
     # counted as over (Lyft does) and as shadow; the first one used 100% of 1: near
     assert stats(rules, "dark") == {"hits": 3, "within": 1, "over": 2, "near": 1, "shadow": 2}
@@ -211,7 +211,7 @@ def test_near_limit_at_80_percent(rules):
             await lim.check("api", [[("org", "o")]])
 
     run(go())
-    assert stats(rules, "per-org")["near"] == 3   # used 8, 9, 10 of 10
+    assert stats(rules, "per-org")["near"] == 3  # used 8, 9, 10 of 10
 
 
 # --- store failures ---------------------------------------------------------------------
@@ -226,24 +226,24 @@ def test_store_failure_local_mode_breaker_probe_and_recovery(rules, caplog):
         r = await lim.check("api", [[("user", "u")]])
         assert r.statuses[0].source == SRC_STORE and r.report.decision.remaining == 2
         store.fail = True
-        r = await lim.check("api", [[("user", "u")]])        # fails, decided locally
+        r = await lim.check("api", [[("user", "u")]])  # fails, decided locally
         assert r.statuses[0].source == SRC_LOCAL and r.report.decision.remaining == 2  # local state is fresh
         assert not lim.store_available
         calls = store.calls
-        for _ in range(5):                                     # breaker open: the store is not called
+        for _ in range(5):  # breaker open: the store is not called
             r = await lim.check("api", [[("user", "u")]])
         assert store.calls == calls
         assert r.code == OVER_LIMIT and r.statuses[0].source == SRC_LOCAL  # the local store limits too
-        clock.t += 1.5                                         # retry interval over: one probe, still down
+        clock.t += 1.5  # retry interval over: one probe, still down
         await lim.check("api", [[("user", "v")]])
         assert store.calls == calls + 1 and not lim.store_available
         store.fail = False
-        await lim.check("api", [[("user", "v")]])              # inside the new interval: no call
+        await lim.check("api", [[("user", "v")]])  # inside the new interval: no call
         assert store.calls == calls + 1
         clock.t += 1.5
-        r = await lim.check("api", [[("user", "u")]])          # probe succeeds: back to the store
+        r = await lim.check("api", [[("user", "u")]])  # probe succeeds: back to the store
         assert lim.store_available and r.statuses[0].source == SRC_STORE
-        assert r.report.decision.remaining == 1                # the store's own count continued
+        assert r.report.decision.remaining == 1  # the store's own count continued
 
     with caplog.at_level("WARNING", logger="netlimit.sidecar"):
         run(go())
@@ -272,12 +272,12 @@ def test_concurrent_probe_is_single(rules):
         store.release = gate()
         store.release.set()
         lim, core = mk(rules, clock, store=store)
-        await lim.check("api", [[("user", "u")]])               # opens the breaker
+        await lim.check("api", [[("user", "u")]])  # opens the breaker
         clock.t += 2
         store.release = gate()
         tasks = [asyncio.create_task(lim.check("api", [[("user", "u")]])) for _ in range(5)]
         await asyncio.sleep(0.01)
-        assert store.calls == 2                                 # only one probe in flight
+        assert store.calls == 2  # only one probe in flight
         store.release.set()
         res = await asyncio.gather(*tasks)
         assert all(r.statuses[0].source == SRC_LOCAL for r in res)
@@ -298,7 +298,7 @@ def test_store_failure_open_and_closed_modes(rules):
             assert [s.source for s in r.statuses] == [SRC_OPEN, SRC_OPEN, ""]
         else:
             assert r.code == OVER_LIMIT
-            assert [s.code for s in r.statuses] == [OVER_LIMIT, OK, OK]   # shadow still never blocks
+            assert [s.code for s in r.statuses] == [OVER_LIMIT, OK, OK]  # shadow still never blocks
             st = r.report
             assert st.source == SRC_CLOSED and st.rule.name == "per-user"
             assert (st.decision.allowed, st.decision.retry_after, st.decision.limit) == (False, 2.0, 3)
@@ -307,8 +307,11 @@ def test_store_failure_open_and_closed_modes(rules):
 
 def test_set_rules_swaps_atomically_and_updates_mode(rules):
     lim, _ = mk(rules, Clock())
-    new = from_loaded(load_string(CONFIG.replace("requests_per_unit: 3, name: per-user",
-                                                 "requests_per_unit: 30, name: per-user"), "new.yaml"))
+    new = from_loaded(
+        load_string(
+            CONFIG.replace("requests_per_unit: 3, name: per-user", "requests_per_unit: 30, name: per-user"), "new.yaml"
+        )
+    )
     lim.set_rules(new, "closed")
     r = run(lim.check("api", [[("user", "u")]]))
     assert r.report.decision.limit == 30 and lim.on_store_failure == "closed"
@@ -326,14 +329,16 @@ def test_metrics_hooks_count_per_rule():
 
     run(go())
     text = m.render().decode()
-    for line in ('netlimit_http_rule_hits_total{domain="api",rule="per-user"} 4.0',
-                 'netlimit_http_rule_over_limit_total{domain="api",rule="per-user"} 1.0',
-                 'netlimit_http_rule_within_limit_total{domain="api",rule="per-user"} 3.0',
-                 'netlimit_http_rule_near_limit_total{domain="api",rule="per-user"} 1.0',   # used 3 of 3 (>= 2.4)
-                 'netlimit_http_rule_over_limit_total{domain="api",rule="dark"} 2.0',
-                 'netlimit_http_rule_shadow_over_limit_total{domain="api",rule="dark"} 2.0',
-                 "netlimit_http_decision_seconds_count 4.0",
-                 "netlimit_http_rules 8.0"):
+    for line in (
+        'netlimit_http_rule_hits_total{domain="api",rule="per-user"} 4.0',
+        'netlimit_http_rule_over_limit_total{domain="api",rule="per-user"} 1.0',
+        'netlimit_http_rule_within_limit_total{domain="api",rule="per-user"} 3.0',
+        'netlimit_http_rule_near_limit_total{domain="api",rule="per-user"} 1.0',  # used 3 of 3 (>= 2.4)
+        'netlimit_http_rule_over_limit_total{domain="api",rule="dark"} 2.0',
+        'netlimit_http_rule_shadow_over_limit_total{domain="api",rule="dark"} 2.0',
+        "netlimit_http_decision_seconds_count 4.0",
+        "netlimit_http_rules 8.0",
+    ):
         assert line in text, line
     # a reload drops the series of a removed rule and keeps the counts of those that stay
     lim.set_rules(from_loaded(load_string(CONFIG.replace("name: dark", "name: dark2"), "m2.yaml")))
@@ -370,4 +375,4 @@ http:
     rs = run(go())
     # one at once, two queued 0.5 s apart (nginx limit_req burst=2 without nodelay), then denied
     assert [r.code for r in rs] == [OK, OK, OK, OVER_LIMIT]
-    assert [r.delay for r in rs] == [0.0, 0.5, 1.0, 0.0]   # the shadow rule's queue never delays
+    assert [r.delay for r in rs] == [0.0, 0.5, 1.0, 0.0]  # the shadow rule's queue never delays

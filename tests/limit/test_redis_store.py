@@ -50,6 +50,7 @@ LIMITS = {
 
 # ------------------------------------------------------------------ keys and TTLs
 
+
 @pytest.mark.parametrize("alg", ALGORITHMS)
 def test_written_keys_carry_ttls_just_past_the_state_lifetime(redis_server, alg):
     limit = LIMITS[alg]
@@ -103,7 +104,7 @@ def test_one_key_per_decision_under_a_cluster_hash_tag(key):
     (k,) = store.redis_keys(key, limit)
     assert k.startswith("netlimit:{login|swl|5/60.0|")
     # the hash tag is the rule signature and the key (up to a '}' in the key)
-    tag = k[len("netlimit:{"):].split("}", 1)[0]
+    tag = k[len("netlimit:{") :].split("}", 1)[0]
     assert key_slot(k.encode()) == key_slot(tag.encode())
     assert len(k) < 120  # long keys are hashed
     if len(key) > 256:
@@ -129,6 +130,7 @@ def test_peek_writes_nothing(redis_server):
 
 
 # ------------------------------------------------------------------ sliding log members
+
 
 def test_sliding_log_keeps_one_member_per_unit_when_the_clock_steps_back(redis_server):
     """Members are '<now>:<count + j>'; a now that steps back can meet members of
@@ -236,6 +238,7 @@ def test_sliding_log_counts_members_left_by_earlier_versions(redis_server):
 
 # ------------------------------------------------------------------ scripts and round trips
 
+
 def test_scripts_are_loaded_under_their_sha1(redis_server):
     async def main():
         store = RedisStore(redis_server.url, timeout_ms=1000)
@@ -257,10 +260,10 @@ def test_exactly_one_evalsha_round_trip_per_decision(redis_server):
         r = await admin(redis_server)
         sent: list[str] = []
         client = store.client
-        orig = client.send_packed   # every command goes through it (execute_command too)
+        orig = client.send_packed  # every command goes through it (execute_command too)
 
         def counting(data, *args, **kw):
-            sent.append(data.split(b"\r\n")[2].decode().upper())   # *N, $len, NAME
+            sent.append(data.split(b"\r\n")[2].decode().upper())  # *N, $len, NAME
             return orig(data, *args, **kw)
 
         try:
@@ -296,8 +299,11 @@ def test_noscript_after_script_flush_recovers_and_keeps_state(redis_server):
             d = await store.hit("f", limit, 1, now=11.0)  # NOSCRIPT -> SCRIPT LOAD -> EVALSHA
             assert d.allowed and d.remaining == 0
             stats = await r.info("commandstats")
-            assert stats["cmdstat_script|load"]["calls"] == 1 if "cmdstat_script|load" in stats \
+            assert (
+                stats["cmdstat_script|load"]["calls"] == 1
+                if "cmdstat_script|load" in stats
                 else stats["cmdstat_script"]["calls"] == 1
+            )
             assert stats["cmdstat_evalsha"]["calls"] == 2
             assert not (await store.hit("f", limit, 1, now=12.0)).allowed
         finally:
@@ -309,9 +315,11 @@ def test_noscript_after_script_flush_recovers_and_keeps_state(redis_server):
 
 # ------------------------------------------------------------------ per-limit scripts, packed admissions
 
+
 def test_the_usual_call_sends_no_argv_and_others_send_cost_now_and_dry(redis_server):
     """The limit's constants are in its script: cost 1 on the server's clock is
     EVALSHA sha 1 key and nothing more; anything else adds cost, now, dry run."""
+
     async def main():
         store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
         limit = LIMITS["fixed_window"]
@@ -332,8 +340,9 @@ def test_the_usual_call_sends_no_argv_and_others_send_cost_now_and_dry(redis_ser
             await store.hit("a", limit, now=100.0)
             argvs = [d.split(b"\r\n")[10:-1:2] for d in sent]  # *N $7 EVALSHA $40 sha $1 1 $n key, then ARGV
             assert argvs == [[], [b"2", b"", b"0"], [b"1", b"", b"1"], [b"1", b"100.0", b"0"]]
-            assert all(d.split(b"\r\n")[4] == hashlib.sha1(limit_lua(limit).encode()).hexdigest().encode()
-                       for d in sent)
+            assert all(
+                d.split(b"\r\n")[4] == hashlib.sha1(limit_lua(limit).encode()).hexdigest().encode() for d in sent
+            )
         finally:
             client.send_packed = orig
             await store.close()
@@ -346,6 +355,7 @@ def test_packed_admissions_decode_to_the_same_decision_as_the_full_reply(redis_s
     limit allows it, else the full table.  Both sides of one limit, on the
     server's clock: same remaining, resets within a microsecond of what the
     window arithmetic says."""
+
     async def main():
         store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
         r = await admin(redis_server)
@@ -353,7 +363,7 @@ def test_packed_admissions_decode_to_the_same_decision_as_the_full_reply(redis_s
             for limit in (Limit("fixed_window", 100, 60), Limit("fixed_window", 4_000_000_000, 3600)):
                 src = limit_lua(limit)
                 packs = _pack(limit) is not None
-                assert packs == (limit.limit < 2 ** 20)  # (cap + 1) * pack <= 2**53
+                assert packs == (limit.limit < 2**20)  # (cap + 1) * pack <= 2**53
                 (k,) = store.redis_keys("p", limit)
                 raw = await r.eval(src, 1, k)  # the script as EVALSHA runs it, reply undecoded
                 assert isinstance(raw, int) if packs else raw[:3] == [1, limit.limit, limit.limit - 1]
@@ -375,6 +385,7 @@ def test_a_reset_beyond_the_packed_range_answers_the_full_table(redis_server):
     """A clock that steps far back keeps the later window: the reset is then
     longer than any packed one, and the script answers the full table, the
     same decision as the reference."""
+
     async def main():
         store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
         limit = Limit("fixed_window", 5, 1)
@@ -393,18 +404,22 @@ def test_a_reset_beyond_the_packed_range_answers_the_full_table(redis_server):
 
 
 @settings(max_examples=300, deadline=None)
-@given(alg=st.sampled_from(ALGORITHMS), limit=st.integers(1, 0xFFFFFFFF),
-       period=st.floats(1e-3, 1e7, allow_nan=False), burst=st.none() | st.integers(1, 0xFFFFFFFF))
+@given(
+    alg=st.sampled_from(ALGORITHMS),
+    limit=st.integers(1, 0xFFFFFFFF),
+    period=st.floats(1e-3, 1e7, allow_nan=False),
+    burst=st.none() | st.integers(1, 0xFFFFFFFF),
+)
 def test_pack_leaves_room_for_every_remaining_and_a_steady_reset(alg, limit, period, burst):
     bucket = alg in ("token_bucket", "leaky_bucket")
     lim = Limit(alg, limit, period, burst=burst if bucket else None)
     pack = _pack(lim)
     steady_us = 2e6 * max(lim.period, lim.capacity / lim.rate)  # the longest steady reset, in µs
     if pack is None:  # the full table instead: only when no power of two fits
-        assert (lim.capacity + 1) * (steady_us + 2) > 2 ** 52
+        assert (lim.capacity + 1) * (steady_us + 2) > 2**52
         return
     assert pack & (pack - 1) == 0
-    assert (lim.capacity + 1) * pack <= 2 ** 53  # exact in Lua's doubles
+    assert (lim.capacity + 1) * pack <= 2**53  # exact in Lua's doubles
     assert pack > steady_us
 
 
@@ -414,6 +429,7 @@ def test_window_ttls_are_set_once_per_window(redis_server, alg):
     writes in that window keep whatever TTL the key has (KEEPTTL), and the first
     write of the next window sets a new one.  The TTL is moved by hand in
     between, so a script that set it on every write would show."""
+
     async def main():
         store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
         r = await admin(redis_server)
@@ -426,10 +442,10 @@ def test_window_ttls_are_set_once_per_window(redis_server, alg):
             assert lifetime * 1000 + 1000 - 200 <= ttl <= lifetime * 1000 + 1000, ttl
             moved = await r.pexpiretime(k) + 5_000_000
             await r.pexpireat(k, moved)
-            for now in (7300.0, 9000.0, 10_799.0):   # the same window
+            for now in (7300.0, 9000.0, 10_799.0):  # the same window
                 await store.hit("w", limit, now=now)
                 assert await r.pexpiretime(k) == moved, now
-            await store.hit("w", limit, now=10_800.25)   # the next one
+            await store.hit("w", limit, now=10_800.25)  # the next one
             ttl = await r.pttl(k)
             want = 3599.75 + (3600 if alg == "sliding_window_counter" else 0)
             assert want * 1000 + 1000 - 200 <= ttl <= want * 1000 + 1001, ttl
@@ -441,6 +457,7 @@ def test_window_ttls_are_set_once_per_window(redis_server, alg):
 
 
 # ------------------------------------------------------------------ time and atomicity
+
 
 def test_time_comes_from_the_redis_server(redis_server):
     async def main():
@@ -489,6 +506,7 @@ def test_concurrent_hits_admit_exactly_the_limit(redis_server, alg):
 
 
 # ------------------------------------------------------------------ failures: StoreError within the timeout
+
 
 async def timed(coro):
     t = time.monotonic()
@@ -585,6 +603,7 @@ def test_corrupt_state_is_a_store_error_not_a_crash(redis_server):
 def test_a_client_passed_in_is_left_open(redis_server):
     """Through redis-py too: a script Redis does not have (first use, or flushed)
     is loaded on NOSCRIPT and the decision goes through."""
+
     async def main():
         client = aioredis.Redis.from_url(redis_server.url)
         store = RedisStore(client, key_prefix=prefix(), timeout_ms=1000)

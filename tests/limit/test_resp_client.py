@@ -28,9 +28,17 @@ import pytest
 import redis.asyncio as aioredis
 
 from netlimit.limit.algorithms import Limit
-from netlimit.limit.stores.resp import (Address, NoScriptError, ReplyError, RespClient, RespConnectionError,
-                                RespProtocolError, RespTimeoutError, parse_url)
 from netlimit.limit.stores import RedisStore, StoreError, limit_lua
+from netlimit.limit.stores.resp import (
+    Address,
+    NoScriptError,
+    ReplyError,
+    RespClient,
+    RespConnectionError,
+    RespProtocolError,
+    RespTimeoutError,
+    parse_url,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(60)]
 
@@ -45,14 +53,19 @@ def _free_port() -> int:
 
 
 # DEBUG SLEEP is disabled by default since Redis 7: a script that spins instead
-SLEEP = ("EVAL", "local s = redis.call('TIME') repeat local n = redis.call('TIME') "
-         "until (n[1] - s[1]) * 1e6 + (n[2] - s[2]) >= tonumber(ARGV[1]) * 1e6 return 'slept'", 0)
+SLEEP = (
+    "EVAL",
+    "local s = redis.call('TIME') repeat local n = redis.call('TIME') "
+    "until (n[1] - s[1]) * 1e6 + (n[2] - s[2]) >= tonumber(ARGV[1]) * 1e6 return 'slept'",
+    0,
+)
 
 
 def _require_redis_server() -> None:
     if not os.path.exists(REDIS_SERVER):
-        pytest.fail("redis-server is not installed: apt-get install redis-server "
-                    "(or set NETLIMIT_REDIS_SERVER)", pytrace=False)
+        pytest.fail(
+            "redis-server is not installed: apt-get install redis-server (or set NETLIMIT_REDIS_SERVER)", pytrace=False
+        )
 
 
 _loop_factory = None
@@ -64,6 +77,7 @@ def event_loop_kind(request):
     global _loop_factory
     if request.param == "uvloop":
         import uvloop
+
         _loop_factory = uvloop.new_event_loop
     else:
         _loop_factory = None
@@ -92,10 +106,25 @@ class Server:
         self.extra = extra
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Server":
-        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-                "--save", "", "--appendonly", "no", "--protected-mode", "no",
-                "--logfile", str(self.dir / "redis.log"), *self.extra]
+    def start(self) -> Server:
+        args = [
+            REDIS_SERVER,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--logfile",
+            str(self.dir / "redis.log"),
+            *self.extra,
+        ]
         if self.sock:
             args += ["--unixsocket", self.sock, "--unixsocketperm", "700"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -150,21 +179,33 @@ async def admin(url: str):
 
 # ------------------------------------------------------------------ URLs
 
-@pytest.mark.parametrize("url, addr", [
-    ("redis://127.0.0.1:6390/0", Address("127.0.0.1", 6390)),
-    ("redis://localhost", Address("localhost", 6379)),
-    ("redis://:s%40cret@10.0.0.1:7000/3", Address("10.0.0.1", 7000, password="s@cret", db=3)),
-    ("redis://alice:pw@[::1]:6379/1", Address("::1", 6379, username="alice", password="pw", db=1)),
-    ("redis://h:1?db=2", Address("h", 1, db=2)),
-    ("unix:///run/redis/redis.sock", Address(path="/run/redis/redis.sock")),
-    ("unix://:pw@/tmp/r.sock?db=5", Address(path="/tmp/r.sock", password="pw", db=5)),
-])
+
+@pytest.mark.parametrize(
+    "url, addr",
+    [
+        ("redis://127.0.0.1:6390/0", Address("127.0.0.1", 6390)),
+        ("redis://localhost", Address("localhost", 6379)),
+        ("redis://:s%40cret@10.0.0.1:7000/3", Address("10.0.0.1", 7000, password="s@cret", db=3)),
+        ("redis://alice:pw@[::1]:6379/1", Address("::1", 6379, username="alice", password="pw", db=1)),
+        ("redis://h:1?db=2", Address("h", 1, db=2)),
+        ("unix:///run/redis/redis.sock", Address(path="/run/redis/redis.sock")),
+        ("unix://:pw@/tmp/r.sock?db=5", Address(path="/tmp/r.sock", password="pw", db=5)),
+    ],
+)
 def test_urls_the_lean_client_takes(url, addr):
     assert parse_url(url) == addr
 
 
-@pytest.mark.parametrize("url", ["rediss://127.0.0.1:6380/0", "redis://h:1/0?ssl_cert_reqs=none",
-                                 "redis://h:1/0?protocol=3", "redis://h:1/x", "http://h:1/"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rediss://127.0.0.1:6380/0",
+        "redis://h:1/0?ssl_cert_reqs=none",
+        "redis://h:1/0?protocol=3",
+        "redis://h:1/x",
+        "http://h:1/",
+    ],
+)
 def test_other_urls_fall_back_to_redis_py(url):
     assert parse_url(url) is None
     if url.startswith("redis"):
@@ -178,6 +219,7 @@ def test_url_stores_use_the_lean_client():
 
 
 # ------------------------------------------------------------------ pipelining
+
 
 def test_concurrent_commands_are_pipelined_and_each_gets_its_own_reply(redis_server):
     async def main():
@@ -229,6 +271,7 @@ def test_concurrent_decisions_one_evalsha_each_and_the_right_answers(redis_serve
     """64 tasks x 50 decisions on 32 keys, each key under its own cost: every
     decision is one EVALSHA (server's commandstats), each task gets its own
     Decision, and the per-key totals are exact."""
+
     async def main():
         store = RedisStore(redis_server.url, timeout_ms=5000, key_prefix=prefix())
         r = await admin(redis_server.url)
@@ -264,6 +307,7 @@ def test_concurrent_decisions_one_evalsha_each_and_the_right_answers(redis_serve
 
 # ------------------------------------------------------------------ deadlines
 
+
 def test_a_late_reply_is_dropped_and_the_connection_stays_in_step(redis_server):
     async def main():
         c = RespClient(redis_server.url, timeout=0.05)
@@ -296,7 +340,7 @@ def test_a_silent_connection_is_dropped_after_dead_after(servers):
                 for _ in range(3):
                     with pytest.raises(RespTimeoutError):
                         await c.ping()
-                await asyncio.sleep(0.5)   # past dead_after: the client gave up on the connection
+                await asyncio.sleep(0.5)  # past dead_after: the client gave up on the connection
                 assert not c.connected
             finally:
                 os.kill(srv.proc.pid, signal.SIGCONT)
@@ -309,6 +353,7 @@ def test_a_silent_connection_is_dropped_after_dead_after(servers):
 
 
 # ------------------------------------------------------------------ NOSCRIPT
+
 
 def test_noscript_after_script_flush_recovers_under_concurrency(redis_server):
     async def main():
@@ -352,6 +397,7 @@ def test_noscript_is_its_own_error_on_the_client(redis_server):
 
 
 # ------------------------------------------------------------------ a killed server
+
 
 def test_killed_server_fails_in_flight_commands_at_once_and_the_client_reconnects(servers):
     srv = servers()
@@ -411,6 +457,7 @@ def test_killed_server_fails_in_flight_commands_at_once_and_the_client_reconnect
 
 def test_connect_timeout_is_a_timeout(servers):
     """A listener that never accepts past its backlog: connect times out."""
+
     async def main():
         ls = socket.socket()
         ls.bind(("127.0.0.1", 0))
@@ -440,6 +487,7 @@ def test_connect_timeout_is_a_timeout(servers):
 
 
 # ------------------------------------------------------------------ AUTH, SELECT, unix socket
+
 
 def test_password_protected_server(servers):
     srv = servers("--requirepass", "s3cr3t@pw")
@@ -503,6 +551,7 @@ def test_unix_socket(servers):
 
 # ------------------------------------------------------------------ errors and bad replies
 
+
 def test_error_reply_is_a_store_error_and_the_connection_goes_on(redis_server):
     async def main():
         store = RedisStore(redis_server.url, timeout_ms=1000, key_prefix=prefix())
@@ -525,6 +574,7 @@ def test_error_reply_is_a_store_error_and_the_connection_goes_on(redis_server):
 
 async def _fake_server(answer: bytes):
     """A TCP peer that answers every read with ``answer`` (not a Redis)."""
+
     async def handle(reader, writer):
         while await reader.read(65536):
             writer.write(answer)
@@ -533,11 +583,14 @@ async def _fake_server(answer: bytes):
     return await asyncio.start_server(handle, "127.0.0.1", 0)
 
 
-@pytest.mark.parametrize("answer, cause, match", [
-    (b"!!! not RESP\r\n", RespProtocolError, "not a RESP reply"),
-    (b"+OK\r\n", None, "unexpected reply b'OK'"),
-    (b"*2\r\n:1\r\n:2\r\n", None, "unexpected reply"),
-])
+@pytest.mark.parametrize(
+    "answer, cause, match",
+    [
+        (b"!!! not RESP\r\n", RespProtocolError, "not a RESP reply"),
+        (b"+OK\r\n", None, "unexpected reply b'OK'"),
+        (b"*2\r\n:1\r\n:2\r\n", None, "unexpected reply"),
+    ],
+)
 def test_bad_reply_is_a_store_error(answer, cause, match):
     async def main():
         srv = await _fake_server(answer)
@@ -570,6 +623,7 @@ def test_script_load_returns_the_sha_evalsha_uses(redis_server):
         c = RespClient(redis_server.url, timeout=1)
         try:
             import hashlib
+
             src = limit_lua(Limit("fixed_window", 5, 60))
             assert await c.script_load(src) == hashlib.sha1(src.encode()).hexdigest()
         finally:
@@ -582,6 +636,7 @@ def test_script_load_returns_the_sha_evalsha_uses(redis_server):
 # send_packed does not call asyncio.get_running_loop() per command (a getpid() on
 # Python 3.11): it trusts the loop it is bound to while that loop runs in the
 # calling thread and process. These two tests fail if either check goes.
+
 
 def test_a_loop_running_in_another_thread_is_not_taken_for_the_callers(redis_server):
     import threading
@@ -609,18 +664,18 @@ def test_a_forked_child_does_not_use_the_parents_connection(redis_server):
         try:
             assert await c.ping()
             pid = os.fork()
-            if pid == 0:   # the child, inside the parent's running loop
+            if pid == 0:  # the child, inside the parent's running loop
                 try:
                     c.send_packed(b"*1\r\n$4\r\nPING\r\n")
-                    code = 1   # it would have written into the parent's socket
-                except RuntimeError:   # asyncio: no running loop in a forked child
+                    code = 1  # it would have written into the parent's socket
+                except RuntimeError:  # asyncio: no running loop in a forked child
                     code = 0
                 except BaseException:
                     code = 2
                 os._exit(code)
             _, status = os.waitpid(pid, 0)
             assert os.WEXITSTATUS(status) == 0, os.WEXITSTATUS(status)
-            assert await c.ping()   # the parent's connection is untouched
+            assert await c.ping()  # the parent's connection is untouched
         finally:
             await c.aclose()
 

@@ -85,7 +85,7 @@ def test_exact_then_wildcard_then_key_only(rs):
     assert name(rs, ("path", "/api/v2/users")) == "v2"
     assert name(rs, ("path", "/api/v1/users")) == "api-any"
     assert name(rs, ("path", "/api/")) == "api-any"
-    assert name(rs, ("path", "/api")) == "per-path"        # the prefix is "/api/"
+    assert name(rs, ("path", "/api")) == "per-path"  # the prefix is "/api/"
     assert name(rs, ("path", "/other")) == "per-path"
 
 
@@ -145,8 +145,13 @@ def test_rules_carry_limit_objects_built_once(rs):
     assert r1 is r2
     assert r1.limit is r2.limit
     lim = r1.limit
-    assert (lim.algorithm, lim.limit, lim.period, lim.burst, lim.name) == ("token_bucket", 100, 86400.0, 10,
-                                                                         "free-user")
+    assert (lim.algorithm, lim.limit, lim.period, lim.burst, lim.name) == (
+        "token_bucket",
+        100,
+        86400.0,
+        10,
+        "free-user",
+    )
     assert r1.unit == "day" and r1.requests_per_unit == 100 and r1.period == 86400
     assert r1.policy == '"free-user";q=100;w=86400'
     assert r1.keys == ("plan", "user")
@@ -154,17 +159,30 @@ def test_rules_carry_limit_objects_built_once(rs):
 
 def test_rule_names_default_to_the_lyft_stat_path(rs):
     names = [r.name for r in rs.rules]
-    assert names == ["remote_address", "vip", "path_/login.remote_address", "v2", "api-any", "api-post",
-                     "api-exact", "per-path", "free-user", "plan_free.user_root", "tenant", "tenant-user",
-                     "ab-wild", "dark"]
+    assert names == [
+        "remote_address",
+        "vip",
+        "path_/login.remote_address",
+        "v2",
+        "api-any",
+        "api-post",
+        "api-exact",
+        "per-path",
+        "free-user",
+        "plan_free.user_root",
+        "tenant",
+        "tenant-user",
+        "ab-wild",
+        "dark",
+    ]
     assert rs.match([("dark", "x")]).shadow is True
     assert rs.domain == "api"
 
 
 def test_near_threshold_is_80_percent_used(rs):
-    r = rs.match([("remote_address", "1.2.3.4")])      # 10/s: near when used >= 8
+    r = rs.match([("remote_address", "1.2.3.4")])  # 10/s: near when used >= 8
     assert r.near_threshold == 2
-    assert rs.match([("path", "/api/exact")]).near_threshold == 0   # 3: used >= 2.4 -> 3
+    assert rs.match([("path", "/api/exact")]).near_threshold == 0  # 3: used >= 2.4 -> 3
 
 
 def test_store_keys_count_each_concrete_value_apart(rs):
@@ -173,8 +191,10 @@ def test_store_keys_count_each_concrete_value_apart(rs):
     kb = rs.store_key(r, [("path", "/api/b")])
     assert ka != kb and ka.startswith("api|path_/api/*|")
     r2 = rs.match([("path", "/login"), ("remote_address", "1.2.3.4")])
-    assert rs.store_key(r2, [("path", "/login"), ("remote_address", "1.2.3.4")]) == \
-        "api|path_/login.remote_address|/login\x1f1.2.3.4"
+    assert (
+        rs.store_key(r2, [("path", "/login"), ("remote_address", "1.2.3.4")])
+        == "api|path_/login.remote_address|/login\x1f1.2.3.4"
+    )
 
 
 def test_store_keys_cannot_be_forged_with_the_separator(rs):
@@ -207,8 +227,8 @@ def test_duplicate_siblings_are_reported_with_position():
     with pytest.raises(ConfigError) as ei:
         from_loaded(load_string(text, "dup.yaml"))
     assert [str(p) for p in ei.value.problems] == [
-        "dup.yaml:8:12: http: duplicate descriptor: key 'path' value '/a' already appears as sibling #1 "
-        "at this level"]
+        "dup.yaml:8:12: http: duplicate descriptor: key 'path' value '/a' already appears as sibling #1 at this level"
+    ]
 
 
 def test_no_http_section_is_an_error():

@@ -35,6 +35,7 @@ PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthC
 
 # --------------------------------------------------------------------------- reference
 
+
 def ref_swc(limit: Limit, state: tuple[int, int, int] | None, now: float, cost: int):
     """algorithms.sliding_window_counter before the state was packed per limit
     (``window << 64 | previous << 32 | current``), with the fields in a tuple."""
@@ -105,16 +106,19 @@ def ref_is_idle(limit: Limit, state: tuple[int, int, int] | None, now: float) ->
 
 def same(a: Decision, b: Decision) -> bool:
     """Field by field, floats bit for bit (0.0 and -0.0 differ, as they would in headers)."""
-    return all(x == y and (not isinstance(x, float) or math.copysign(1, x) == math.copysign(1, y))
-               for x, y in zip(astuple(a), astuple(b)))
+    return all(
+        x == y and (not isinstance(x, float) or math.copysign(1, x) == math.copysign(1, y))
+        for x, y in zip(astuple(a), astuple(b))
+    )
 
 
 # --------------------------------------------------------------------------- strategies
 
 # limits that fill their count field exactly (2**k - 1: the packed maximum), one
 # past it (2**k: a field one bit wider), small ones, and the largest allowed
-_LIMITS = st.sampled_from([1, 2, 3, 7, 8, 10, 255, 256, 1000, 16383, 16384, 131071, 131072,
-                           2**31 - 1, 2**31, MAX_LIMIT]) | st.integers(1, MAX_LIMIT)
+_LIMITS = st.sampled_from(
+    [1, 2, 3, 7, 8, 10, 255, 256, 1000, 16383, 16384, 131071, 131072, 2**31 - 1, 2**31, MAX_LIMIT]
+) | st.integers(1, MAX_LIMIT)
 _PERIODS = st.sampled_from([1e-3, 0.1, 0.5, 1.0, 7.3, 60.0, 3600.0, 86400.0])
 
 
@@ -130,8 +134,7 @@ def streams(draw, limit: Limit):
     lim = limit.limit
     start = draw(st.sampled_from([0, 1, -3, 1_000_000, 1_763_780_000 // max(1, int(p)), 2**31 + 5]))
     t = start * p + draw(st.sampled_from([0.0, 0.25, 0.5, 0.999]) | st.floats(0, 1)) * p
-    cost = (st.sampled_from([1, 1, 1, 1, 0, 2, 3, lim, lim - 1, lim + 1])
-            | st.integers(0, min(lim + 1, 2**33)))
+    cost = st.sampled_from([1, 1, 1, 1, 0, 2, 3, lim, lim - 1, lim + 1]) | st.integers(0, min(lim + 1, 2**33))
     out = []
     for _ in range(draw(st.integers(1, 40))):
         kind = draw(st.integers(0, 7))
@@ -158,13 +161,13 @@ def swc_cases(draw):
 
 # --------------------------------------------------------------------------- the packing
 
+
 @PROPS
 @given(limit=swc_limits(), data=st.data())
 def test_pack_round_trips(limit, data):
     lim = limit.limit
     count = st.sampled_from([0, 1, lim, lim - 1]) | st.integers(0, lim)
-    window = (st.sampled_from([0, 1, -1, 2**25, 2**31 - 1, 2**31, 2**40, 2**60, -(2**40)])
-              | st.integers(-(2**70), 2**70))
+    window = st.sampled_from([0, 1, -1, 2**25, 2**31 - 1, 2**31, 2**40, 2**60, -(2**40)]) | st.integers(-(2**70), 2**70)
     w, p, c = data.draw(window), data.draw(count), data.draw(count)
     s = swc_pack(limit, w, p, c)
     assert swc_unpack(limit, s) == (w, p, c)
@@ -180,13 +183,16 @@ def test_pack_refuses_counts_outside_0_to_limit(lim):
             swc_pack(limit, 5, p, c)
 
 
-@pytest.mark.parametrize("lim,period,small", [
-    (1000, 60.0, True),             # the benchmark's rule
-    (2**17 - 1, 60.0, True),        # the largest per-minute limit packed in 60 bits
-    (2**14 - 1, 1.0, True),         # the largest per-second one
-    (2**17, 60.0, False),           # one more bit per count: a wider int, same decisions
-    (2**32 - 1, 1.0, False),        # too big for the packed form
-])
+@pytest.mark.parametrize(
+    "lim,period,small",
+    [
+        (1000, 60.0, True),  # the benchmark's rule
+        (2**17 - 1, 60.0, True),  # the largest per-minute limit packed in 60 bits
+        (2**14 - 1, 1.0, True),  # the largest per-second one
+        (2**17, 60.0, False),  # one more bit per count: a wider int, same decisions
+        (2**32 - 1, 1.0, False),  # too big for the packed form
+    ],
+)
 def test_state_stays_below_2_to_60_for_the_usual_limits(lim, period, small):
     """Below 2**60 an int is two 30-bit digits, 32 bytes; a 36-byte one takes a
     48-byte pymalloc block.  The window index at 2026's clock (until 2038)."""
@@ -202,12 +208,21 @@ def test_state_stays_below_2_to_60_for_the_usual_limits(lim, period, small):
 
 # --------------------------------------------------------------------------- the algorithm
 
+
 @PROPS
 @given(swc_cases())
-@example(case=(Limit("sliding_window_counter", 7, 1.0), [(0.5, 7), (1.0, 0), (1.5, 4), (1.5, 1), (2.0, 7),
-                                                         (2.0 - 2**-40, 1), (2**32 + 2.0, 7), (2**32 + 2.5, 1)]))
-@example(case=(Limit("sliding_window_counter", MAX_LIMIT, 1e-3),
-               [(1.7e9, MAX_LIMIT), (1.7e9 + 1e-3, MAX_LIMIT), (1.7e9 + 1.5e-3, 1), (1.7e9 + 2e-3, 0)]))
+@example(
+    case=(
+        Limit("sliding_window_counter", 7, 1.0),
+        [(0.5, 7), (1.0, 0), (1.5, 4), (1.5, 1), (2.0, 7), (2.0 - 2**-40, 1), (2**32 + 2.0, 7), (2**32 + 2.5, 1)],
+    )
+)
+@example(
+    case=(
+        Limit("sliding_window_counter", MAX_LIMIT, 1e-3),
+        [(1.7e9, MAX_LIMIT), (1.7e9 + 1e-3, MAX_LIMIT), (1.7e9 + 1.5e-3, 1), (1.7e9 + 2e-3, 0)],
+    )
+)
 def test_decide_and_admit_agree_with_the_unpacked_reference(case):
     limit, events = case
     s_dec = s_adm = ref = None
@@ -249,6 +264,7 @@ def test_a_state_many_windows_old_reads_as_empty():
 
 # --------------------------------------------------------------------------- the denial horizon
 
+
 def _horizon(limit: Limit):
     """The admitter's remembered (state, cost, t), read from its closure."""
     fn = limit._admit
@@ -268,14 +284,17 @@ def _flip(limit: Limit, ref, cost: int, lo: float, hi: float) -> float:
     return hi
 
 
-@pytest.mark.parametrize("lim,period,prev,curr", [
-    (1000, 60.0, 1000, 0),    # the benchmark's rule, a full previous window decaying
-    (1000, 60.0, 1000, 400),
-    (1000, 60.0, 0, 1000),    # no previous window, the current one full: denied to its end
-    (7, 0.1, 7, 3),
-    (2**32 - 1, 1.0, 2**32 - 1, 2**32 - 10),  # too big for 60 bits
-    (3, 1e-3, 2, 1),
-])
+@pytest.mark.parametrize(
+    "lim,period,prev,curr",
+    [
+        (1000, 60.0, 1000, 0),  # the benchmark's rule, a full previous window decaying
+        (1000, 60.0, 1000, 400),
+        (1000, 60.0, 0, 1000),  # no previous window, the current one full: denied to its end
+        (7, 0.1, 7, 3),
+        (2**32 - 1, 1.0, 2**32 - 1, 2**32 - 10),  # too big for 60 bits
+        (3, 1e-3, 2, 1),
+    ],
+)
 def test_a_hammered_state_is_denied_from_memory_exactly_until_it_fits(lim, period, prev, curr):
     limit = Limit("sliding_window_counter", lim, period)
     w = 29_396_340 if period == 60.0 else math.floor(1_763_780_400 / period)
@@ -317,6 +336,7 @@ def test_the_horizon_is_per_limit_and_per_state():
 
 
 # --------------------------------------------------------------------------- fixed window
+
 
 @PROPS
 @given(data=st.data())

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from redis_proc import REDIS_SERVER, RedisServer
-from sidecar_proc import LogProc, Upstream, free_port, get_metrics, metric, request, wait_until, write_config
 from rls_helpers import envoy_binary, grpc_sidecar
+from sidecar_proc import LogProc, Upstream, free_port, get_metrics, metric, request, wait_until, write_config
 
 pytestmark = [pytest.mark.redis, pytest.mark.envoy]
 
@@ -119,8 +119,20 @@ def envoy_config(listen: int, admin: int, upstream: int, netlimit_grpc: int) -> 
 
 class Envoy(LogProc):
     def __init__(self, binary: Path, config: Path, admin: int, listen: int):
-        super().__init__([str(binary), "-c", str(config), "--disable-hot-restart", "--concurrency", "1",
-                          "-l", "warning", "--log-format", "%L %v"])
+        super().__init__(
+            [
+                str(binary),
+                "-c",
+                str(config),
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "-l",
+                "warning",
+                "--log-format",
+                "%L %v",
+            ]
+        )
         self.admin = admin
         self.port = listen
         try:
@@ -151,7 +163,7 @@ class Envoy(LogProc):
 @pytest.fixture(scope="module")
 def stack():
     """redis-server, the upstream app, netlimit sidecar --grpc (Redis store), Envoy."""
-    binary = envoy_binary()          # fails (or, on another architecture, skips) with the reason
+    binary = envoy_binary()  # fails (or, on another architecture, skips) with the reason
     if REDIS_SERVER is None:
         pytest.fail("redis-server is not installed: apt-get install redis-server", pytrace=False)
     tmp = Path(tempfile.mkdtemp(prefix="netlimit-envoy-"))
@@ -200,7 +212,7 @@ def test_token_bucket_per_address_200_up_to_the_limit_then_429_with_netlimits_he
     assert r.all("content-type") == ["application/problem+json"]
     problem = json.loads(r.body)
     assert problem["status"] == 429 and problem["rule"] == "route_api.remote_address"
-    assert stack["upstream"].count() - before == 3          # the 429 never reached the upstream
+    assert stack["upstream"].count() - before == 3  # the 429 never reached the upstream
 
 
 def test_sliding_window_log_per_api_key(stack):
@@ -208,7 +220,7 @@ def test_sliding_window_log_per_api_key(stack):
     assert codes == [200, 200, 429]
     r = through_envoy(stack, "/a", {"x-api-key": "k1"})
     assert r.status == 429 and r.header("ratelimit-policy") == '"api_key";q=2;w=86400'
-    assert through_envoy(stack, "/a", {"x-api-key": "k2"}).status == 200     # its own log
+    assert through_envoy(stack, "/a", {"x-api-key": "k2"}).status == 200  # its own log
     # no header: Envoy sends no descriptor for this route, nothing is limited
     assert [through_envoy(stack, "/a").status for _ in range(3)] == [200] * 3
 
@@ -233,9 +245,9 @@ def test_with_redis_stopped_requests_still_pass(stack):
     stack["redis"].stop()
     t0 = time.monotonic()
     codes = [through_envoy(stack, "/b", {"x-api-key": "after-redis"}).status for _ in range(3)]
-    assert codes == [200, 200, 429]      # the local fallback store still limits, 2 per day
+    assert codes == [200, 200, 429]  # the local fallback store still limits, 2 per day
     codes = [through_envoy(stack, "/api/other").status for _ in range(2)]
-    assert codes == [200, 200]           # a fresh local bucket for this address
+    assert codes == [200, 200]  # a fresh local bucket for this address
     assert time.monotonic() - t0 < 20
     st = stack["envoy"].stats("cluster.upstream.ratelimit")
     assert st.get("cluster.upstream.ratelimit.error", 0) == 0

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from rls_helpers import OK, OVER_LIMIT, U32_MAX, UNIT, request, serving
+from rls_helpers import OK, OVER_LIMIT, U32_MAX, UNIT, serving
 
 from netlimit.config.validate import load_file, load_string
 from netlimit.limit.limiter import Limiter
@@ -23,7 +23,7 @@ from netlimit.limit.rules import from_loaded
 from netlimit.limit.stores import MemoryStore
 
 ROOT = Path(__file__).resolve().parents[2]
-NOW = 1_800_000_000.25   # mid-second, mid-minute, mid-hour, mid-day: no window ends during a test
+NOW = 1_800_000_000.25  # mid-second, mid-minute, mid-hour, mid-day: no window ends during a test
 
 
 def lyft(config: str) -> Limiter:
@@ -64,10 +64,13 @@ def test_example_1_two_values_of_one_key():
                 assert await hits(s, 1, "mongo_cps", [("database", db)], cost=500) == [OK]
                 assert await hits(s, 1, "mongo_cps", [("database", db)]) == [OVER_LIMIT]
             r = await s.call("mongo_cps", [("database", "users")])
-            assert (r.statuses[0].current_limit.requests_per_unit, r.statuses[0].current_limit.unit) == \
-                (500, UNIT.SECOND)
+            assert (r.statuses[0].current_limit.requests_per_unit, r.statuses[0].current_limit.unit) == (
+                500,
+                UNIT.SECOND,
+            )
             # a value not in the config has no limit
             assert await hits(s, 3, "mongo_cps", [("database", "other")], cost=1000) == [OK] * 3
+
     run(go())
 
 
@@ -100,12 +103,14 @@ def test_example_2_nested_descriptors_and_a_key_only_leaf():
             r = await s.call("messaging", marketing, number)
             assert r.overall_code == OVER_LIMIT
             assert [st.code for st in r.statuses] == [OVER_LIMIT, OK]
-            assert r.statuses[1].limit_remaining == 94          # the 100/day limit was charged every time
+            assert r.statuses[1].limit_remaining == 94  # the 100/day limit was charged every time
             # each number gets its own 5 (the key-only leaf counts each value apart)
-            assert await hits(s, 5, "messaging", [("message_type", "marketing"), ("to_number", "2062222222")]) \
-                == [OK] * 5
+            assert (
+                await hits(s, 5, "messaging", [("message_type", "marketing"), ("to_number", "2062222222")]) == [OK] * 5
+            )
             # the marketing placeholder alone has no limit
             assert await hits(s, 2, "messaging", [("message_type", "marketing")]) == [OK, OK]
+
     run(go())
 
 
@@ -130,6 +135,7 @@ def test_example_3_key_value_is_matched_before_key_alone():
         async with serving(lim) as s:
             assert await hits(s, 11, "edge_proxy_per_ip", [("remote_address", "50.0.0.1")]) == [OK] * 10 + [OVER_LIMIT]
             assert await hits(s, 2, "edge_proxy_per_ip", [("remote_address", "50.0.0.5")]) == [OVER_LIMIT] * 2
+
     run(go())
 
 
@@ -162,6 +168,7 @@ def test_example_4_the_request_depth_must_match_the_config_depth():
             assert r.overall_code == OK and not r.statuses[0].HasField("current_limit")
         async with serving(nested) as s:
             assert await hits(s, 2, "example4", two, cost=300) == [OK, OVER_LIMIT]
+
     run(go())
 
 
@@ -185,8 +192,9 @@ def test_example_5_unlimited_inside_rate_limit():
             assert r.overall_code == OK and r.statuses[0].limit_remaining == U32_MAX
             assert not r.statuses[0].HasField("current_limit")
             rule = next(x for x in s.limiter.rules.rules if x.name == "ldap")
-            assert rule.unlimited and rule.stats.hits == 0     # never charged, never sent to the store
+            assert rule.unlimited and rule.stats.hits == 0  # never charged, never sent to the store
             assert await hits(s, 2, "internal", [("azure", "x")], cost=100) == [OK, OVER_LIMIT]
+
     run(go())
 
 
@@ -215,8 +223,9 @@ def test_example_6_shadow_mode_is_counted_but_never_enforced():
             b = [("service", "auth-service"), ("user", "user-b")]
             assert await hits(s, 15, "example6", a) == [OK] * 15
             rule = next(x for x in s.limiter.rules.rules if x.path == "service.user_user-a")
-            assert (rule.stats.over, rule.stats.shadow) == (5, 5)   # Lyft's over_limit and shadow_mode stats
+            assert (rule.stats.over, rule.stats.shadow) == (5, 5)  # Lyft's over_limit and shadow_mode stats
             assert await hits(s, 21, "example6", b) == [OK] * 20 + [OVER_LIMIT]
+
     run(go())
 
 
@@ -253,7 +262,8 @@ def test_example_7_replaces_inside_rate_limit():
             assert await hits(s, 11, "example7", d1, d2) == [OK] * 10 + [OVER_LIMIT]
             r = await s.call("example7", d1, d2)
             assert r.statuses[0].code == OK and not r.statuses[0].HasField("current_limit")
-            assert await hits(s, 6, "example7", d1) == [OK] * 5 + [OVER_LIMIT]   # 5/s, untouched until now
+            assert await hits(s, 6, "example7", d1) == [OK] * 5 + [OVER_LIMIT]  # 5/s, untouched until now
+
     run(go())
 
 
@@ -278,6 +288,7 @@ def test_example_8_detailed_metric_is_accepted_and_decides_as_usual():
             assert await hits(s, 2, "example8", [("key1", "unspecified_value")], cost=10) == [OK, OVER_LIMIT]
             assert await hits(s, 1, "example8", [("key1", "unspecified_value2")], cost=10) == [OK]
             assert await hits(s, 2, "example8", [("key1", "value1")], cost=20) == [OK, OVER_LIMIT]
+
     run(go())
 
 
@@ -298,6 +309,7 @@ def test_example_9_wildcard_values_count_each_value_apart():
             assert await hits(s, 1, "example9", [("key1", "value_2")], cost=20) == [OK]
             r = await s.call("example9", [("key1", "other")], hits=100)
             assert r.overall_code == OK and not r.statuses[0].HasField("current_limit")
+
     run(go())
 
 
@@ -311,11 +323,15 @@ def test_descriptor_without_limit_or_children_allows_everything():
     async def go():
         async with serving(lim) as s:
             assert await hits(s, 2, "allow", [("whitelisted", "x")], cost=1_000_000) == [OK, OK]
+
     run(go())
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("""
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            """
         domain: d
         descriptors:
           - key: k
@@ -323,16 +339,22 @@ def test_descriptor_without_limit_or_children_allows_everything():
               unlimited: true
               unit: second
               requests_per_unit: 5
-     """, "'unlimited: true' and 'rate_limit' exclude each other"),
-    ("""
+     """,
+            "'unlimited: true' and 'rate_limit' exclude each other",
+        ),
+        (
+            """
         domain: d
         descriptors:
           - key: k
             rate_limit:
               replaces:
                 - name: other
-     """, "missing required field 'unit'"),
-])
+     """,
+            "missing required field 'unit'",
+        ),
+    ],
+)
 def test_lyfts_own_rejections_are_rejected_with_a_line(bad, message):
     from netlimit.config.validate import ConfigError
 
@@ -354,18 +376,20 @@ def test_rules_lyft_ratelimit_decides_as_its_comments_say():
         async with serving(_file("lyft-ratelimit.yaml")) as s:
             assert await hits(s, 11, "edge", [("remote_address", "10.1.1.1")]) == [OK] * 10 + [OVER_LIMIT]
             assert await hits(s, 1, "edge", [("remote_address", "50.0.0.5")]) == [OVER_LIMIT]
-            assert await hits(s, 6, "edge", [("message_type", "marketing"), ("to_number", "1")]) == \
-                [OK] * 5 + [OVER_LIMIT]
+            assert await hits(s, 6, "edge", [("message_type", "marketing"), ("to_number", "1")]) == [OK] * 5 + [
+                OVER_LIMIT
+            ]
             r = await s.call("edge", [("source_cluster", "internal")], hits=1_000_000)
             assert r.overall_code == OK and r.statuses[0].limit_remaining == U32_MAX
             assert await hits(s, 2, "edge", [("path", "/api/v1/a")], cost=100) == [OK, OVER_LIMIT]
             assert await hits(s, 1, "edge", [("path", "/api/v1/b")], cost=100) == [OK]
-            assert await hits(s, 3, "edge", [("user", "u")], cost=60) == [OK] * 3      # shadow_mode
+            assert await hits(s, 3, "edge", [("user", "u")], cost=60) == [OK] * 3  # shadow_mode
             free = [("org", "acme"), ("plan", "free")]
             export = [("endpoint", "export"), ("org", "acme"), ("plan", "free")]
-            assert await hits(s, 2, "edge", free, export, cost=2500) == [OK, OK]         # 5000 replaces 1000
+            assert await hits(s, 2, "edge", free, export, cost=2500) == [OK, OK]  # 5000 replaces 1000
             assert await hits(s, 1, "edge", free, export) == [OVER_LIMIT]
-            assert await hits(s, 2, "edge", free, cost=1000) == [OK, OVER_LIMIT]         # free_plan untouched
+            assert await hits(s, 2, "edge", free, cost=1000) == [OK, OVER_LIMIT]  # free_plan untouched
+
     run(go())
 
 
@@ -373,10 +397,11 @@ def test_rules_lyft_envoy_grpc_decides_as_its_comments_say():
     async def go():
         async with serving(_file("lyft-envoy-grpc.yaml")) as s:
             api = [("route", "api"), ("remote_address", "10.0.0.7")]
-            assert await hits(s, 21, "edge-api", api) == [OK] * 20 + [OVER_LIMIT]   # token bucket: burst 20
+            assert await hits(s, 21, "edge-api", api) == [OK] * 20 + [OVER_LIMIT]  # token bucket: burst 20
             r = await s.call("edge-api", [("route", "healthz")], hits=1_000_000)
             assert r.overall_code == OK and r.statuses[0].limit_remaining == U32_MAX
             assert await hits(s, 2, "edge-api", [("api_key", "k")], cost=1000) == [OK, OVER_LIMIT]
             rule = next(x for x in s.limiter.rules.rules if x.name == "api_key")
             assert rule.algorithm == "sliding_window_log"
+
     run(go())

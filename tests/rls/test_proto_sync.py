@@ -26,11 +26,13 @@ ENVOY_FILES = {
 
 def _strip_json_names(fd):
     """protoc's descriptor sets carry json_name; the Python modules embed them without."""
+
     def walk(msgs):
         for m in msgs:
             for f in m.field:
                 f.ClearField("json_name")
             walk(m.nested_type)
+
     walk(fd.message_type)
     return fd
 
@@ -44,15 +46,14 @@ def test_generated_descriptors_equal_what_protoc_compiles_now(tmp_path):
     for proto, modname in MODULES.items():
         mod = importlib.import_module(modname)
         ours = descriptor_pb2.FileDescriptorProto.FromString(mod.DESCRIPTOR.serialized_pb)
-        assert ours == compiled[proto], (
-            f"{modname} is out of date with {proto}: run python -m netlimit.rls.proto.regen")
+        assert ours == compiled[proto], f"{modname} is out of date with {proto}: run python -m netlimit.rls.proto.regen"
 
 
 def test_generated_files_are_what_regen_writes(tmp_path):
     """Byte for byte, when the installed grpcio-tools is the one that generated them."""
-    from netlimit.rls.proto import rls_pb2_grpc
-
     import grpc_tools
+
+    from netlimit.rls.proto import rls_pb2_grpc
 
     texts = regen.generate(tmp_path)
     made_by = rls_pb2_grpc.GRPC_GENERATED_VERSION
@@ -64,8 +65,8 @@ def test_generated_files_are_what_regen_writes(tmp_path):
         return
     for name, text in texts.items():
         assert (regen.HERE / name).read_text() == text, (
-            f"{name} differs from what grpcio-tools {installed} generates: "
-            "run python -m netlimit.rls.proto.regen")
+            f"{name} differs from what grpcio-tools {installed} generates: run python -m netlimit.rls.proto.regen"
+        )
 
 
 def test_regen_check_passes():
@@ -125,14 +126,16 @@ def test_messages_match_envoys_compiled_descriptors():
             assert values == env_enums.get(full), f"{full}: values differ from Envoy's {env_enums.get(full)}"
         for s in ours.service:
             es = {x.name: x for x in env.service}[s.name]
-            assert [(x.name, x.input_type, x.output_type) for x in s.method] == \
-                [(x.name, x.input_type, x.output_type) for x in es.method]
+            assert [(x.name, x.input_type, x.output_type) for x in s.method] == [
+                (x.name, x.input_type, x.output_type) for x in es.method
+            ]
     assert len(compared) == 9, compared  # HeaderValue, Descriptor (+Entry, Override), Request, Response (+4)
 
 
 def test_only_header_value_is_taken_from_base_proto():
     ours = descriptor_pb2.FileDescriptorProto.FromString(
-        importlib.import_module(MODULES["envoy_core.proto"]).DESCRIPTOR.serialized_pb)
+        importlib.import_module(MODULES["envoy_core.proto"]).DESCRIPTOR.serialized_pb
+    )
     assert [m.name for m in ours.message_type] == ["HeaderValue"]
 
 

@@ -11,12 +11,11 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from rls_helpers import (OK, OVER_LIMIT, U32_MAX, UNIT, desc, headers, make_limiter, request,
-                         serving)
+from rls_helpers import OK, OVER_LIMIT, U32_MAX, UNIT, desc, headers, make_limiter, request, serving
 
-from netlimit.rls.servicer import Override, override_rule
 from netlimit.limit.limiter import Limiter
 from netlimit.limit.metrics import Metrics
+from netlimit.rls.servicer import Override, override_rule
 
 CONFIG = """
 version: 1
@@ -92,8 +91,11 @@ def test_ok_up_to_the_limit_then_over_limit_with_headers_and_body(limiter_factor
                 assert r.overall_code == OK
                 st = r.statuses[0]
                 assert st.code == OK
-                assert (st.current_limit.requests_per_unit, st.current_limit.unit, st.current_limit.name) == \
-                    (3, UNIT.DAY, "remote_address")
+                assert (st.current_limit.requests_per_unit, st.current_limit.unit, st.current_limit.name) == (
+                    3,
+                    UNIT.DAY,
+                    "remote_address",
+                )
                 assert 0 < st.duration_until_reset.ToTimedelta().total_seconds() <= 86400
                 h = headers(r)
                 assert h["X-RateLimit-Limit"] == "3" and "Retry-After" not in h
@@ -112,6 +114,7 @@ def test_ok_up_to_the_limit_then_over_limit_with_headers_and_body(limiter_factor
             assert body["status"] == 429 and body["rule"] == "remote_address" and body["domain"] == "api"
             # another address has its own counter
             assert (await s.call("api", [("remote_address", "10.0.0.2")])).overall_code == OK
+
     run(go())
 
 
@@ -123,14 +126,20 @@ def test_every_algorithm_decides_through_grpc(limiter_factory, alg):
             assert codes == [OK, OK, OK, OVER_LIMIT], alg
             r = await s.call("api", [("alg", alg)])
             assert r.statuses[0].current_limit.name == f"alg_{alg}"
+
     run(go())
 
 
 def test_statuses_have_lyfts_shapes_one_per_descriptor_in_order():
     async def go():
         async with serving(make_limiter(CONFIG)) as s:
-            r = await s.call("api", [("nothing", "here")], [("user", "vip")], [("remote_address", "1.2.3.4")],
-                             [("remote_address", "1.2.3.4"), ("too", "deep")])
+            r = await s.call(
+                "api",
+                [("nothing", "here")],
+                [("user", "vip")],
+                [("remote_address", "1.2.3.4")],
+                [("remote_address", "1.2.3.4"), ("too", "deep")],
+            )
             assert r.overall_code == OK and len(r.statuses) == 4
             none, unlimited, limited, deep = r.statuses
             # no matching rule: OK, no current_limit, remaining 0 (Lyft)
@@ -143,6 +152,7 @@ def test_statuses_have_lyfts_shapes_one_per_descriptor_in_order():
             # an unknown domain has no limits at all
             r = await s.call("other", [("remote_address", "1.2.3.4")])
             assert r.overall_code == OK and not r.statuses[0].HasField("current_limit") and not headers(r)
+
     run(go())
 
 
@@ -152,8 +162,8 @@ def test_hits_addend_is_the_cost(limiter_factory):
             r = await s.call("api", [("remote_address", "h1")], hits=2)
             assert r.overall_code == OK and r.statuses[0].limit_remaining == 1
             r = await s.call("api", [("remote_address", "h1")], hits=2)
-            assert r.overall_code == OVER_LIMIT          # 2 more do not fit in the 1 left
-            r = await s.call("api", [("remote_address", "h1")], hits=0)   # unset: 1
+            assert r.overall_code == OVER_LIMIT  # 2 more do not fit in the 1 left
+            r = await s.call("api", [("remote_address", "h1")], hits=0)  # unset: 1
             assert r.overall_code == OK and r.statuses[0].limit_remaining == 0
             # a descriptor's own hits_addend wins over the request's
             r = await s.call("api", desc(("remote_address", "h2"), hits=3), [("remote_address", "h3")], hits=1)
@@ -161,6 +171,7 @@ def test_hits_addend_is_the_cost(limiter_factory):
             # is_negative_hits (a refund) is a free probe: nothing charged
             r = await s.call("api", desc(("remote_address", "h3"), hits=1, negative=True))
             assert r.overall_code == OK and r.statuses[0].limit_remaining == 2
+
     run(go())
 
 
@@ -191,6 +202,7 @@ def test_per_descriptor_path_decides_exactly_like_the_core():
             pa = {r.name: (r.stats.hits, r.stats.over, r.stats.shadow) for r in plain.limiter.rules.rules}
             pb = {r.name: (r.stats.hits, r.stats.over, r.stats.shadow) for r in each.limiter.rules.rules}
             assert pa == pb
+
     run(go())
 
 
@@ -203,7 +215,8 @@ def test_shadow_mode_answers_ok_counts_and_sends_no_headers():
             assert (rule.stats.hits, rule.stats.over, rule.stats.shadow) == (4, 2, 2)
             r = await s.call("api", [("user", "u9")])
             assert r.statuses[0].code == OK and r.statuses[0].current_limit.requests_per_unit == 2
-            assert not headers(r)   # a dark-launched limit is never shown to clients
+            assert not headers(r)  # a dark-launched limit is never shown to clients
+
     run(go())
 
 
@@ -213,7 +226,7 @@ def test_shadow_mode_answers_ok_counts_and_sends_no_headers():
 def test_limit_override_replaces_the_configured_limit_as_lyft(limiter_factory):
     async def go():
         async with serving(limiter_factory()) as s:
-            ov = dict(limit=(2, 4))   # 2 per DAY (envoy.type.v3.RateLimitUnit.DAY = 4)
+            ov = dict(limit=(2, 4))  # 2 per DAY (envoy.type.v3.RateLimitUnit.DAY = 4)
             codes = [(await s.call("api", desc(("remote_address", "o1"), **ov))).overall_code for _ in range(3)]
             assert codes == [OK, OK, OVER_LIMIT]
             r = await s.call("api", desc(("remote_address", "o1"), **ov))
@@ -223,8 +236,7 @@ def test_limit_override_replaces_the_configured_limit_as_lyft(limiter_factory):
             r = await s.call("api", [("remote_address", "o1")])
             assert r.overall_code == OK and r.statuses[0].limit_remaining == 2
             # Lyft applies an override even where no configured descriptor matches ...
-            codes = [(await s.call("api", desc(("not", "configured"), limit=(1, 1)))).overall_code
-                     for _ in range(2)]
+            codes = [(await s.call("api", desc(("not", "configured"), limit=(1, 1)))).overall_code for _ in range(2)]
             assert codes == [OK, OVER_LIMIT]
             # ... never in shadow mode (the "user" rule is shadow_mode) ...
             codes = [(await s.call("api", desc(("user", "o2"), limit=(1, 4)))).overall_code for _ in range(2)]
@@ -237,6 +249,7 @@ def test_limit_override_replaces_the_configured_limit_as_lyft(limiter_factory):
             cl = r.statuses[0].current_limit
             assert (cl.requests_per_unit, cl.unit, cl.unit_multiplier.value) == (5, UNIT.SECOND, 30)
             assert headers(r)["RateLimit-Policy"].endswith(";q=5;w=30")
+
     run(go())
 
 
@@ -246,7 +259,7 @@ def test_override_keeps_the_matched_rules_algorithm_else_lyfts_fixed_window():
     matched = rs.match([("alg", "sliding_window_log")])
     r = override_rule("api", ("alg",), Override("minute", 7, 1), matched)
     assert (r.algorithm, r.limit.limit, r.limit.period, r.shadow) == ("sliding_window_log", 7, 60.0, False)
-    assert r.stats is matched.stats   # counted under the configured rule it overrides
+    assert r.stats is matched.stats  # counted under the configured rule it overrides
     r = override_rule("api", ("x",), Override("hour", 1, 2), None)
     assert (r.algorithm, r.period) == ("fixed_window", 7200)
 
@@ -254,17 +267,20 @@ def test_override_keeps_the_matched_rules_algorithm_else_lyfts_fixed_window():
 # ------------------------------------------------------------------------------ errors
 
 
-@pytest.mark.parametrize("req, message", [
-    (request("", [("k", "v")]), "domain must not be empty"),
-    (request("api"), "descriptor list must not be empty"),
-    (request("api", []), "descriptors[0].entries is empty"),
-    (request("api", [("k", "v")], [("", "v")]), "descriptors[1].entries[0].key must not be empty"),
-    (request("api", *[[("k", str(i))] for i in range(65)]), "at most 64 descriptors"),
-    (request("api", [("k", str(i)) for i in range(33)]), "at most 32 entries"),
-    (request("api", [("k", "v")], hits=1_000_001), "hits_addend must be at most 1000000"),
-    (request("api", desc(("k", "v"), hits=2_000_000)), "descriptors[0].hits_addend must be at most"),
-    (request("api", desc(("k", "v"), limit=(5, 0))), "descriptors[0].limit.unit must be SECOND"),
-])
+@pytest.mark.parametrize(
+    "req, message",
+    [
+        (request("", [("k", "v")]), "domain must not be empty"),
+        (request("api"), "descriptor list must not be empty"),
+        (request("api", []), "descriptors[0].entries is empty"),
+        (request("api", [("k", "v")], [("", "v")]), "descriptors[1].entries[0].key must not be empty"),
+        (request("api", *[[("k", str(i))] for i in range(65)]), "at most 64 descriptors"),
+        (request("api", [("k", str(i)) for i in range(33)]), "at most 32 entries"),
+        (request("api", [("k", "v")], hits=1_000_001), "hits_addend must be at most 1000000"),
+        (request("api", desc(("k", "v"), hits=2_000_000)), "descriptors[0].hits_addend must be at most"),
+        (request("api", desc(("k", "v"), limit=(5, 0))), "descriptors[0].limit.unit must be SECOND"),
+    ],
+)
 def test_malformed_requests_get_invalid_argument_and_the_server_goes_on(req, message):
     async def go():
         async with serving(make_limiter(CONFIG)) as s:
@@ -274,6 +290,7 @@ def test_malformed_requests_get_invalid_argument_and_the_server_goes_on(req, mes
             assert message in ei.value.details()
             assert s.front.requests[("grpc", "bad_request")] == 1
             assert (await s.call("api", [("remote_address", "x")])).overall_code == OK
+
     run(go())
 
 
@@ -285,6 +302,7 @@ def test_an_oversized_message_is_refused_by_grpc_not_by_a_crash():
                 await s.stub.ShouldRateLimit(big, timeout=5)
             assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert (await s.call("api", [("remote_address", "x")])).overall_code == OK
+
     run(go())
 
 
@@ -301,6 +319,7 @@ def test_an_internal_error_fails_open_with_ok():
             r = await s.call("api", [("remote_address", "x")], [("user", "y")])
             assert r.overall_code == OK and [st.code for st in r.statuses] == [OK, OK]
             assert s.front.requests[("grpc", "error")] == 1
+
     run(go())
 
 
@@ -318,7 +337,7 @@ def test_redis_down_never_becomes_a_grpc_error(redis_factory, mode):
             t0 = time.monotonic()
             codes = await s.codes(5, "api", [("remote_address", "r")])
             assert time.monotonic() - t0 < 5
-            if mode == "local":    # a fresh local window: 3 allowed, then over
+            if mode == "local":  # a fresh local window: 3 allowed, then over
                 assert codes == [OK, OK, OK, OVER_LIMIT, OVER_LIMIT]
             elif mode == "open":
                 assert codes == [OK] * 5
@@ -327,6 +346,7 @@ def test_redis_down_never_becomes_a_grpc_error(redis_factory, mode):
             else:
                 assert codes == [OVER_LIMIT] * 5
             assert not lim.store_available and sum(lim.stats.store_errors.values()) >= 1
+
     run(go())
 
 
@@ -337,7 +357,8 @@ def test_leaky_bucket_queue_mode_holds_the_answer():
             codes = await s.codes(3, "api", [("queue", "q")])
             took = time.monotonic() - t0
             assert codes == [OK, OK, OK]
-            assert 0.15 <= took < 2.0, took     # the 2nd and 3rd wait 0.1 s each for their slot
+            assert 0.15 <= took < 2.0, took  # the 2nd and 3rd wait 0.1 s each for their slot
+
     run(go())
 
 
@@ -348,8 +369,10 @@ def test_health_service_reports_serving_then_not_serving_on_stop():
     async def go():
         async with serving(make_limiter(CONFIG)) as s:
             assert await s.health_status("") == health_pb2.HealthCheckResponse.SERVING
-            assert await s.health_status("envoy.service.ratelimit.v3.RateLimitService") == \
-                health_pb2.HealthCheckResponse.SERVING
+            assert (
+                await s.health_status("envoy.service.ratelimit.v3.RateLimitService")
+                == health_pb2.HealthCheckResponse.SERVING
+            )
             with pytest.raises(grpc.aio.AioRpcError) as ei:
                 await s.health_status("no.such.Service")
             assert ei.value.code() == grpc.StatusCode.NOT_FOUND
@@ -360,6 +383,7 @@ def test_health_service_reports_serving_then_not_serving_on_stop():
             nxt = await asyncio.wait_for(watch.read(), 5)
             assert nxt.status == health_pb2.HealthCheckResponse.NOT_SERVING
             await stopping
+
     run(go())
 
 
@@ -375,6 +399,7 @@ def test_metrics_are_shared_with_the_http_front_doors():
             assert 'netlimit_http_requests_total{endpoint="grpc",result="bad_request"} 1.0' in text
             assert 'netlimit_http_rule_hits_total{domain="api",rule="remote_address"} 4.0' in text
             assert 'netlimit_http_rule_over_limit_total{domain="api",rule="remote_address"} 1.0' in text
+
     run(go())
 
 
@@ -390,4 +415,5 @@ def test_rules_swapped_by_a_reload_apply_to_the_next_call():
             assert r.statuses[0].current_limit.requests_per_unit == 3
             # override rules are rebuilt for the new rules (domain api2 now)
             assert (await s.call("api2", desc(("k", "v"), limit=(1, 4)))).overall_code == OK
+
     run(go())

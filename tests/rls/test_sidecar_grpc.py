@@ -11,10 +11,10 @@ import subprocess
 
 import grpc
 import pytest
-from sidecar_proc import Upstream, get_metrics, metric, netlimit_cmd, request, write_config
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rls_helpers import OK, OVER_LIMIT, grpc_sidecar
 from rls_helpers import request as rls_request
+from sidecar_proc import Upstream, get_metrics, metric, netlimit_cmd, request, write_config
 
 from netlimit.rls.proto import rls_pb2_grpc
 
@@ -35,7 +35,9 @@ def grpc_call(port: int, *descriptors, domain: str = "doors"):
     async def go():
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             return await rls_pb2_grpc.RateLimitServiceStub(ch).ShouldRateLimit(
-                rls_request(domain, *descriptors), timeout=10)
+                rls_request(domain, *descriptors), timeout=10
+            )
+
     return asyncio.run(go())
 
 
@@ -44,6 +46,7 @@ def health(port: int) -> int:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
             return r.status
+
     return asyncio.run(go())
 
 
@@ -61,14 +64,15 @@ def test_one_core_three_front_doors_share_one_counter(tmp_path, upstream):
     sc = grpc_sidecar(cfg, "--upstream", upstream.url)
     try:
         assert health(sc.grpc_port) == health_pb2.HealthCheckResponse.SERVING
-        me = [("remote_address", "127.0.0.1")]   # what the HTTP doors derive for this client
-        assert request(sc.port, "GET", "/app/1").status == 200                       # proxy
-        assert request(sc.port, "GET", "/_netlimit/v1/check").status == 200           # HTTP check
-        body = json.dumps({"domain": "doors", "descriptors": [{"entries": [
-            {"key": "remote_address", "value": "127.0.0.1"}]}]}).encode()
+        me = [("remote_address", "127.0.0.1")]  # what the HTTP doors derive for this client
+        assert request(sc.port, "GET", "/app/1").status == 200  # proxy
+        assert request(sc.port, "GET", "/_netlimit/v1/check").status == 200  # HTTP check
+        body = json.dumps(
+            {"domain": "doors", "descriptors": [{"entries": [{"key": "remote_address", "value": "127.0.0.1"}]}]}
+        ).encode()
         r = request(sc.port, "POST", "/_netlimit/v1/check", {"Content-Type": "application/json"}, body)
-        assert r.status == 200 and r.json()["statuses"][0]["limitRemaining"] == 3    # JSON API
-        r = grpc_call(sc.grpc_port, me)                                              # gRPC
+        assert r.status == 200 and r.json()["statuses"][0]["limitRemaining"] == 3  # JSON API
+        r = grpc_call(sc.grpc_port, me)  # gRPC
         assert r.overall_code == OK and r.statuses[0].limit_remaining == 2
         assert request(sc.port, "GET", "/app/2").status == 200
         r = grpc_call(sc.grpc_port, me)
@@ -106,21 +110,29 @@ def test_a_reload_reaches_the_grpc_door(tmp_path):
         mark = sc.mark()
         write_config(cfg, "version: 1\nhttp: {domain: doors, descriptors: [{key: k, rate_limit: {unit: fortnight}}]}\n")
         sc.wait_line(r"keeping the previous rules", timeout=15, start=mark)
-        assert grpc_call(sc.grpc_port, [("remote_address", "10.0.0.2")]).statuses[0].current_limit \
-            .requests_per_unit == 2
+        assert (
+            grpc_call(sc.grpc_port, [("remote_address", "10.0.0.2")]).statuses[0].current_limit.requests_per_unit == 2
+        )
     finally:
         sc.stop()
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("nonsense", "--grpc 'nonsense': expected HOST:PORT"),
-    ("127.0.0.1:99999", "port must be 0-65535"),
-    ("::1:80", "write IPv6 addresses as [ADDRESS]:PORT"),
-])
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("nonsense", "--grpc 'nonsense': expected HOST:PORT"),
+        ("127.0.0.1:99999", "port must be 0-65535"),
+        ("::1:80", "write IPv6 addresses as [ADDRESS]:PORT"),
+    ],
+)
 def test_a_bad_grpc_address_is_a_usage_error(tmp_path, flag, message):
     cfg = write_config(tmp_path / "n.yaml", CONFIG)
-    p = subprocess.run([*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "127.0.0.1:0",
-                        "--grpc", flag], capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "127.0.0.1:0", "--grpc", flag],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 64, p.stderr
     assert message in p.stderr
 
@@ -131,8 +143,21 @@ def test_a_busy_grpc_port_is_a_usage_error_that_says_so(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        p = subprocess.run([*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "127.0.0.1:0",
-                            "--grpc", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            [
+                *netlimit_cmd(),
+                "sidecar",
+                "--config",
+                str(cfg),
+                "--listen",
+                "127.0.0.1:0",
+                "--grpc",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert p.returncode == 64, p.stderr
     assert f"cannot listen for gRPC on 127.0.0.1:{port}" in p.stderr
 

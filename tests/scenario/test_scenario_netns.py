@@ -29,7 +29,7 @@ _seq = itertools.count()
 def _scenario():
     spec = importlib.util.spec_from_file_location("netlimit_vagrant_scenario", ROOT / "vagrant" / "scenario.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod          # dataclasses resolve annotations through sys.modules
+    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
     spec.loader.exec_module(mod)
     return mod
 
@@ -63,7 +63,7 @@ def test_limiter_yaml_is_what_the_scenario_measures():
 
     sc = _scenario()
     path = ROOT / "vagrant" / "limiter.yaml"
-    load_file(path)                                  # raises ConfigError with file:line:col
+    load_file(path)  # raises ConfigError with file:line:col
     text = path.read_text()
     lim = sc.Limits.from_yaml(text)
     assert (lim.udp_port, lim.udp_rate, lim.udp_burst) == (5000, 50.0, 25)
@@ -72,7 +72,7 @@ def test_limiter_yaml_is_what_the_scenario_measures():
     assert (lim.http_limit, lim.http_period) == (10, 60)
     edited = lim.with_udp_limit(100, text)
     diff = [(a, b) for a, b in zip(text.splitlines(), edited.splitlines()) if a != b]
-    assert len(diff) == 1 and "100/second" in diff[0][1]     # an operator's one-line edit
+    assert len(diff) == 1 and "100/second" in diff[0][1]  # an operator's one-line edit
     assert sc.Limits.from_yaml(edited).udp_rate == 100.0
     assert sc.Limits.from_yaml(edited).syn_rate == 20.0
 
@@ -101,8 +101,11 @@ def test_scenario_in_namespaces():
     layers = {"L3", "L4", "L7", "bandwidth", "reload"}
     assert layers <= {line.split()[0] for line in text.splitlines() if line.split()}
     assert "MISS" not in text
-    left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-            if n.startswith(prefix)]
+    left = [
+        n
+        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        if n.startswith(prefix)
+    ]
     assert not left, f"namespaces left behind: {left}"
     assert not Path(lab.work).exists()
     assert _root_snapshot() == root_before, "the scenario changed the machine's own namespace"

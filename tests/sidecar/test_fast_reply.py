@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from netlimit.sidecar import app as app_mod
 from netlimit.sidecar import httphead
 from netlimit.sidecar.app import FastCheckProtocol, Sidecar
@@ -125,9 +126,15 @@ def _general(sc, result, keep: bool, http10: bool) -> bytes:
     return t.out[0]
 
 
-@pytest.mark.parametrize("version,conn,keep", [
-    ("HTTP/1.1", None, True), ("HTTP/1.1", "close", False), ("HTTP/1.0", "keep-alive", True),
-    ("HTTP/1.0", None, False)])
+@pytest.mark.parametrize(
+    "version,conn,keep",
+    [
+        ("HTTP/1.1", None, True),
+        ("HTTP/1.1", "close", False),
+        ("HTTP/1.0", "keep-alive", True),
+        ("HTTP/1.0", None, False),
+    ],
+)
 def test_direct_200_equals_the_general_path(sidecar, monkeypatch, version, conn, keep):
     p, t = _conn(sidecar)
     head = f"GET /v1/check {version}\r\nHost: x\r\nX-Original-URI: /a\r\n"
@@ -137,14 +144,22 @@ def test_direct_200_equals_the_general_path(sidecar, monkeypatch, version, conn,
     seen = _record_check_fast(monkeypatch, lim)
     p.data_received((head + "\r\n").encode())
     assert len(t.out) == 1 and t.closed == (not keep)
-    (fast,) = seen   # two descriptors (address, path): a CheckResult
+    (fast,) = seen  # two descriptors (address, path): a CheckResult
     general = _general(sidecar, fast, keep, version == "HTTP/1.0")
     (a, date_a), (b, date_b) = _split_date(t.out[0]), _split_date(general)
     assert a == b
-    assert re.fullmatch(rb"(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
-                        rb"\d{4} \d\d:\d\d:\d\d GMT", date_a)
-    assert abs(email.utils.parsedate_to_datetime(date_a.decode()).timestamp()
-               - email.utils.parsedate_to_datetime(date_b.decode()).timestamp()) <= 1
+    assert re.fullmatch(
+        rb"(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) "
+        rb"\d{4} \d\d:\d\d:\d\d GMT",
+        date_a,
+    )
+    assert (
+        abs(
+            email.utils.parsedate_to_datetime(date_a.decode()).timestamp()
+            - email.utils.parsedate_to_datetime(date_b.decode()).timestamp()
+        )
+        <= 1
+    )
 
 
 def test_one_descriptor_direct_200_equals_the_general_path(impl, tmp_path, monkeypatch):
@@ -178,14 +193,14 @@ def test_what_ok_response_leaves_to_python_takes_the_general_path(sidecar, monke
     assert t.out[0].startswith(b"HTTP/1.1 200 OK\r\nX-RateLimit-Limit: 1000.0\r\n")
     assert sidecar.front.requests[("check", "ok")] == 1
 
+
 def test_pipelined_and_byte_by_byte_give_the_same_answers(sidecar):
-    reqs = b"".join(f"GET /v1/check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /p{i}\r\n\r\n".encode()
-                    for i in range(5))
+    reqs = b"".join(f"GET /v1/check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /p{i}\r\n\r\n".encode() for i in range(5))
     p1, t1 = _conn(sidecar)
-    p1.data_received(reqs)                 # five requests in one read
+    p1.data_received(reqs)  # five requests in one read
     p2, t2 = _conn(sidecar)
-    for i in range(len(reqs)):              # the same, a byte per read
-        p2.data_received(reqs[i:i + 1])
+    for i in range(len(reqs)):  # the same, a byte per read
+        p2.data_received(reqs[i : i + 1])
 
     def norm(out):
         return [b.split(b"Date: ")[0] for b in out]
@@ -240,7 +255,7 @@ def test_the_answers_of_one_loop_iteration_go_out_together_at_its_end(sidecar):
     callbacks are done, in order per connection.  A connection closed meanwhile
     gets nothing, and a transport whose write raises holds back no other."""
     ok = b"GET /v1/authz/x HTTP/1.1\r\nHost: x\r\n\r\n"
-    bad = b"GET /v1/check?deny_status=200 HTTP/1.1\r\nHost: x\r\n\r\n"   # 400, the general path
+    bad = b"GET /v1/check?deny_status=200 HTTP/1.1\r\nHost: x\r\n\r\n"  # 400, the general path
 
     async def main():
         (p1, t1), (p2, t2), (p3, t3), (p4, t4) = [_conn(sidecar) for _ in range(4)]
@@ -253,7 +268,7 @@ def test_the_answers_of_one_loop_iteration_go_out_together_at_its_end(sidecar):
         p1.data_received(ok + bad)
         p2.data_received(ok.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
         p3.data_received(ok)
-        t3.closed = True   # the client went away before the end of the iteration
+        t3.closed = True  # the client went away before the end of the iteration
         assert t1.out == t2.out == t3.out == [] and not t2.closed
         await asyncio.sleep(0)
         assert [o.split(b"\r\n", 1)[0] for o in t1.out] == [b"HTTP/1.1 200 OK", b"HTTP/1.1 400 Bad Request"]
@@ -273,6 +288,7 @@ def test_answers_held_back_go_out_before_a_handoff_to_aiohttp(sidecar):
     """A pipelined request the fast path does not serve hands the connection to
     aiohttp; the answers to the requests before it, held back for the end of the
     iteration, are written first, so they cannot fall behind aiohttp's."""
+
     async def main():
         seen = []
         t = FakeTransport()
@@ -288,12 +304,12 @@ def test_answers_held_back_go_out_before_a_handoff_to_aiohttp(sidecar):
         p = FastCheckProtocol(sidecar, FakeAio)
         p.connection_made(t)
         other, t2 = _conn(sidecar)
-        other.data_received(b"GET /v1/authz/x HTTP/1.1\r\nHost: x\r\n\r\n")   # another connection's answer
+        other.data_received(b"GET /v1/authz/x HTTP/1.1\r\nHost: x\r\n\r\n")  # another connection's answer
         p.data_received(b"GET /v1/authz/x HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         (before,) = seen
         assert len(before) == 1 and before[0].startswith(b"HTTP/1.1 200 OK\r\n")
-        assert len(t2.out) == 1   # the whole batch went out
-        await asyncio.sleep(0)    # the scheduled flush finds nothing left
+        assert len(t2.out) == 1  # the whole batch went out
+        await asyncio.sleep(0)  # the scheduled flush finds nothing left
         assert len(t.out) == 1 and len(t2.out) == 1
 
     asyncio.run(main())

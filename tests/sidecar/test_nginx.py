@@ -98,11 +98,16 @@ def test_over_the_limit_the_client_gets_a_real_429(stack):
     assert r.header("RateLimit") == '"api-per-client";r=0;t=3600'
     assert r.header("Content-Type") == "application/problem+json"
     assert json.loads(r.body) == {
-        "type": "about:blank", "title": "Too Many Requests", "status": 429,
+        "type": "about:blank",
+        "title": "Too Many Requests",
+        "status": 429,
         "detail": "rate limit 'api-per-client' exceeded (3 per hour); retry after 1200 s",
-        "rule": "api-per-client", "domain": "edge", "retry_after": 1200}
-    assert r.header("X-Netlimit-Problem") is None          # internal: never sent to the client
-    assert up.count() == n                                  # the upstream never saw it
+        "rule": "api-per-client",
+        "domain": "edge",
+        "retry_after": 1200,
+    }
+    assert r.header("X-Netlimit-Problem") is None  # internal: never sent to the client
+    assert up.count() == n  # the upstream never saw it
     assert "auth request unexpected status" not in ng.error_log()
     # the sidecar saw the client as 127.0.0.1 (nginx's $remote_addr), not the spoofed addresses
     assert "remote_address='127.0.0.1'" in sc.log()

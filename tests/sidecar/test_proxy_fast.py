@@ -94,7 +94,7 @@ class RawUpstream:
                     headers.append((k, v.strip()))
                 cl = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
                 path = target.split("?")[0]
-                if path == "/early":       # answers before reading the body, then drains it
+                if path == "/early":  # answers before reading the body, then drains it
                     c.sendall(b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 3\r\n\r\nbig")
                     c.shutdown(socket.SHUT_WR)
                     while f.read1(65536):
@@ -140,18 +140,20 @@ class RawUpstream:
 
     def _answer(self, c: socket.socket, method: str, path: str, target: str, n: int, body: bytes) -> bool:
         """Send the response; False closes the connection."""
+
         def send(*parts: bytes) -> None:
             for p in parts:
                 c.sendall(p)
 
         if path == "/upload":
-            send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                 % (len(body), body))
+            send(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
         elif path == "/chunked":
             send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n", b"5;ext=1\r\nhello\r\n")
             time.sleep(0.05)
             send(b"6\r\n wor", b"ld\r\n", b"0\r\nX-Sum: 11\r\n\r\n")
-        elif path == "/close":     # body delimited by the connection's end
+        elif path == "/close":  # body delimited by the connection's end
             send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n", b"until ")
             time.sleep(0.05)
             send(b"the end")
@@ -168,14 +170,18 @@ class RawUpstream:
         elif path == "/garbage":
             send(b"SPDY/9 what\r\n\r\n")
             return False
-        elif path == "/flaky" and n > 1:   # a reused connection the server had given up on
+        elif path == "/flaky" and n > 1:  # a reused connection the server had given up on
             return False
         elif path == "/interim":
-            send(b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n"
-                 b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            send(
+                b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n"
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+            )
         elif path == "/hop":
-            send(b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Secret\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\n"
-                 b"Proxy-Authenticate: Basic\r\nX-RateLimit-Limit: 7\r\nX-Kept: yes\r\nContent-Length: 3\r\n\r\nhop")
+            send(
+                b"HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Secret\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\n"
+                b"Proxy-Authenticate: Basic\r\nX-RateLimit-Limit: 7\r\nX-Kept: yes\r\nContent-Length: 3\r\n\r\nhop"
+            )
         elif path == "/nocontent":
             send(b"HTTP/1.1 204 No Content\r\nX-N: 1\r\n\r\n")
         else:
@@ -183,8 +189,7 @@ class RawUpstream:
             if method == "HEAD":
                 send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(text))
             else:
-                send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s"
-                     % (len(text), text))
+                send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text))
         return True
 
 
@@ -243,12 +248,12 @@ def header(headers, name):
 
 def test_one_upstream_connection_carries_many_requests(proxy, upstream):
     before = upstream.accepts
-    for i in range(10):                        # a new client connection each time
+    for i in range(10):  # a new client connection each time
         r = request(proxy.port, "GET", f"/a?{i}")
         assert (r.status, r.body.split(b" #")[0]) == (200, f"GET /a?{i}".encode())
         assert r.header("X-RateLimit-Limit") == "100000"
     conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
-    try:                                       # one client connection, keep-alive
+    try:  # one client connection, keep-alive
         for i in range(10):
             conn.request("GET", f"/b?{i}")
             resp = conn.getresponse()
@@ -259,15 +264,17 @@ def test_one_upstream_connection_carries_many_requests(proxy, upstream):
 
 
 def test_pipelined_requests_are_answered_in_order(proxy):
-    reqs = (b"GET /p1 HTTP/1.1\r\nHost: t\r\n\r\n"
-            b"POST /p2 HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello"
-            b"HEAD /p3 HTTP/1.1\r\nHost: t\r\n\r\n"
-            b"GET /p4 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+    reqs = (
+        b"GET /p1 HTTP/1.1\r\nHost: t\r\n\r\n"
+        b"POST /p2 HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello"
+        b"HEAD /p3 HTTP/1.1\r\nHost: t\r\n\r\n"
+        b"GET /p4 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
         s.sendall(reqs)
         f = s.makefile("rb")
         out = [read_response(f, m) for m in ("GET", "POST", "HEAD", "GET")]
-        assert f.read() == b""                 # closed after the last one
+        assert f.read() == b""  # closed after the last one
     assert [o[0] for o in out] == [200] * 4
     assert out[0][2].startswith(b"GET /p1 #")
     assert out[1][2].startswith(b"POST /p2 #")
@@ -280,7 +287,7 @@ def test_request_split_across_many_small_writes(proxy, upstream):
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for i in range(0, len(msg), 3):
-            s.sendall(msg[i:i + 3])
+            s.sendall(msg[i : i + 3])
             time.sleep(0.005)
         st, _, body, _ = read_response(s.makefile("rb"))
     assert (st, body.split(b" #")[0]) == (200, b"PUT /pieces")
@@ -288,7 +295,7 @@ def test_request_split_across_many_small_writes(proxy, upstream):
 
 
 def test_large_request_body_streams_with_its_length(proxy):
-    data = bytes(range(256)) * (80 * 1024)     # 20 MiB: more than any buffer on the way
+    data = bytes(range(256)) * (80 * 1024)  # 20 MiB: more than any buffer on the way
     r = request(proxy.port, "POST", "/upload", body=data, timeout=30)
     assert r.json() == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
@@ -299,8 +306,8 @@ def test_chunked_response_passes_through_with_its_trailer(proxy):
         f = s.makefile("rb")
         st, hs, body, _ = read_response(f)
         assert (st, body, header(hs, "Transfer-Encoding")) == (200, b"hello world", "chunked")
-        assert header(hs, "Trailer") is None   # hop-by-hop
-        st, _, body, _ = read_response(f)      # the connection is still in step
+        assert header(hs, "Trailer") is None  # hop-by-hop
+        st, _, body, _ = read_response(f)  # the connection is still in step
         assert body.startswith(b"GET /after #")
 
 
@@ -320,26 +327,45 @@ def test_interim_responses_dropped_hop_by_hop_dropped_rate_headers_win(proxy):
     r = request(proxy.port, "GET", "/hop")
     assert (r.status, r.body, r.header("X-Kept")) == (200, b"hop", "yes")
     assert not {"x-secret", "keep-alive", "proxy-authenticate"} & r.names()
-    assert r.all("X-RateLimit-Limit") == ["100000"]   # the sidecar's, not the app's
+    assert r.all("X-RateLimit-Limit") == ["100000"]  # the sidecar's, not the app's
     r = request(proxy.port, "DELETE", "/nocontent")
     assert (r.status, r.body, r.header("X-N")) == (204, b"", "1")
 
 
 def test_forwarded_headers(proxy, upstream):
-    r = request(proxy.port, "GET", "/fwd", [
-        ("Host", "app.example"), ("X-Forwarded-For", "203.0.113.9"), ("Via", "1.1 edge"), ("X-A", "1"),
-        ("X-Forwarded-For", "198.51.100.7"), ("Connection", "X-Drop"), ("X-Drop", "x"), ("Proxy-Authorization", "p")])
+    r = request(
+        proxy.port,
+        "GET",
+        "/fwd",
+        [
+            ("Host", "app.example"),
+            ("X-Forwarded-For", "203.0.113.9"),
+            ("Via", "1.1 edge"),
+            ("X-A", "1"),
+            ("X-Forwarded-For", "198.51.100.7"),
+            ("Connection", "X-Drop"),
+            ("X-Drop", "x"),
+            ("Proxy-Authorization", "p"),
+        ],
+    )
     assert r.status == 200
     _, target, headers, _ = upstream.requests[-1]
     assert target == "/fwd"
-    assert headers == [("Host", "app.example"), ("X-Forwarded-For", "203.0.113.9, 198.51.100.7, 127.0.0.1"),
-                       ("Via", "1.1 edge, 1.1 netlimit"), ("X-A", "1")]
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:   # no Host at all
+    assert headers == [
+        ("Host", "app.example"),
+        ("X-Forwarded-For", "203.0.113.9, 198.51.100.7, 127.0.0.1"),
+        ("Via", "1.1 edge, 1.1 netlimit"),
+        ("X-A", "1"),
+    ]
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:  # no Host at all
         s.sendall(b"GET /nohost HTTP/1.1\r\n\r\n")
         assert read_response(s.makefile("rb"))[0] == 200
     _, _, headers, _ = upstream.requests[-1]
-    assert headers == [("Host", f"127.0.0.1:{upstream.port}"), ("X-Forwarded-For", "127.0.0.1"),
-                       ("Via", "1.1 netlimit")]
+    assert headers == [
+        ("Host", f"127.0.0.1:{upstream.port}"),
+        ("X-Forwarded-For", "127.0.0.1"),
+        ("Via", "1.1 netlimit"),
+    ]
 
 
 def test_over_limit_never_reaches_the_upstream_and_drops_an_unread_body(proxy, upstream):
@@ -366,7 +392,7 @@ def test_upstream_failures(proxy):
     r = request(proxy.port, "GET", "/garbage")
     assert (r.status, r.json()["detail"]) == (502, "the upstream application sent an invalid response")
     t0 = time.monotonic()
-    r = request(proxy.port, "GET", "/slow")      # --upstream-timeout 1
+    r = request(proxy.port, "GET", "/slow")  # --upstream-timeout 1
     assert (r.status, r.json()["title"]) == (504, "Gateway Timeout")
     assert 0.9 <= time.monotonic() - t0 < 2.9
     # a body broken off after the head: the client must not get a "complete" response
@@ -385,10 +411,10 @@ def test_upstream_failures(proxy):
 def test_pooled_connection_closed_by_the_upstream_is_retried(proxy, upstream):
     conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
     try:
-        conn.request("GET", "/warm")      # leaves a pooled upstream connection
+        conn.request("GET", "/warm")  # leaves a pooled upstream connection
         conn.getresponse().read()
         before = upstream.accepts
-        conn.request("GET", "/flaky")     # the upstream drops it without an answer: retried on a new one
+        conn.request("GET", "/flaky")  # the upstream drops it without an answer: retried on a new one
         resp = conn.getresponse()
         assert (resp.status, resp.read().split(b" #")[0]) == (200, b"GET /flaky")
         assert upstream.accepts == before + 1
@@ -404,15 +430,17 @@ def test_what_the_fast_path_leaves_to_aiohttp_still_works(proxy, upstream):
         assert (st, body.split(b" #")[0]) == (200, b"GET /old")
     _, _, headers, _ = upstream.requests[-1]
     assert ("Via", "1.0 netlimit") in headers
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:   # chunked upload
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:  # chunked upload
         s.sendall(b"POST /chunks HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
         st, _, body, _ = read_response(s.makefile("rb"), "POST")
         assert (st, body.split(b" #")[0]) == (200, b"POST /chunks")
     assert upstream.requests[-1][3] == b"abc"
     # after a hand-off on a keep-alive connection, the same connection keeps working
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
-        s.sendall(b"GET /first HTTP/1.1\r\nHost: t\r\n\r\nGET /_netlimit/healthz HTTP/1.1\r\nHost: t\r\n\r\n"
-                  b"GET /third HTTP/1.1\r\nHost: t\r\n\r\n")
+        s.sendall(
+            b"GET /first HTTP/1.1\r\nHost: t\r\n\r\nGET /_netlimit/healthz HTTP/1.1\r\nHost: t\r\n\r\n"
+            b"GET /third HTTP/1.1\r\nHost: t\r\n\r\n"
+        )
         f = s.makefile("rb")
         assert read_response(f)[2].startswith(b"GET /first #")
         assert json.loads(read_response(f)[2])["mode"] == "proxy"
@@ -426,11 +454,15 @@ def test_upstream_down_is_502_on_the_fast_path(tmp_path):
         with socket.create_connection(("127.0.0.1", sc.port), timeout=10) as s:
             s.sendall(b"GET /x HTTP/1.1\r\nHost: t\r\n\r\nGET /y HTTP/1.1\r\nHost: t\r\n\r\n")
             f = s.makefile("rb")
-            for _ in range(2):                 # the connection survives a 502
+            for _ in range(2):  # the connection survives a 502
                 st, hs, body, _ = read_response(f)
                 assert st == 502
-                assert json.loads(body) == {"type": "about:blank", "title": "Bad Gateway", "status": 502,
-                                            "detail": "the upstream application is unreachable"}
+                assert json.loads(body) == {
+                    "type": "about:blank",
+                    "title": "Bad Gateway",
+                    "status": 502,
+                    "detail": "the upstream application is unreachable",
+                }
                 assert header(hs, "Content-Type") == "application/problem+json; charset=utf-8"
     finally:
         sc.stop()

@@ -16,7 +16,6 @@ import json
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from sidecar_proc import (
@@ -98,17 +97,29 @@ PROBLEM_CT = "application/problem+json; charset=utf-8"
 
 
 def problem(rule: str, per: str, retry: int, status: int = 429, domain: str = "api") -> dict:
-    return {"type": "about:blank", "title": "Too Many Requests", "status": status,
-            "detail": f"rate limit {rule!r} exceeded ({per}); retry after {retry} s",
-            "rule": rule, "domain": domain, "retry_after": retry}
+    return {
+        "type": "about:blank",
+        "title": "Too Many Requests",
+        "status": status,
+        "detail": f"rate limit {rule!r} exceeded ({per}); retry after {retry} s",
+        "rule": rule,
+        "domain": domain,
+        "retry_after": retry,
+    }
 
 
 def rate(r, *names):
     return {n: r.header(n) for n in names}
 
 
-RATE = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "RateLimit-Policy", "RateLimit",
-        "X-RateLimit-Retry-After", "Retry-After")
+RATE = (
+    "X-RateLimit-Limit",
+    "X-RateLimit-Remaining",
+    "RateLimit-Policy",
+    "RateLimit",
+    "X-RateLimit-Retry-After",
+    "Retry-After",
+)
 
 
 @pytest.fixture(scope="module", params=["fast-path", "aiohttp-only"])
@@ -137,18 +148,27 @@ def test_check_endpoint_allows_then_answers_429_with_every_header(decision):
     for r, remaining, t in zip(rs[:3], (2, 1, 0), (1200, 2400, 3600)):
         assert r.body == b""
         assert rate(r, *RATE) == {
-            "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": str(remaining),
-            "RateLimit-Policy": '"hourly";q=3;w=3600', "RateLimit": f'"hourly";r={remaining};t={t}',
-            "X-RateLimit-Retry-After": None, "Retry-After": None}
+            "X-RateLimit-Limit": "3",
+            "X-RateLimit-Remaining": str(remaining),
+            "RateLimit-Policy": '"hourly";q=3;w=3600',
+            "RateLimit": f'"hourly";r={remaining};t={t}',
+            "X-RateLimit-Retry-After": None,
+            "Retry-After": None,
+        }
     denied = rs[3]
     assert rate(denied, *RATE) == {
-        "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "0",
-        "RateLimit-Policy": '"hourly";q=3;w=3600', "RateLimit": '"hourly";r=0;t=3600',
-        "X-RateLimit-Retry-After": "1200", "Retry-After": "1200"}
+        "X-RateLimit-Limit": "3",
+        "X-RateLimit-Remaining": "0",
+        "RateLimit-Policy": '"hourly";q=3;w=3600',
+        "RateLimit": '"hourly";r=0;t=3600',
+        "X-RateLimit-Retry-After": "1200",
+        "Retry-After": "1200",
+    }
     assert denied.header("Content-Type") == PROBLEM_CT
     assert denied.json() == problem("hourly", "3 per hour", 1200)
-    assert denied.header("X-Netlimit-Problem") == json.dumps(problem("hourly", "3 per hour", 1200),
-                                                             separators=(",", ":"))
+    assert denied.header("X-Netlimit-Problem") == json.dumps(
+        problem("hourly", "3 per hour", 1200), separators=(",", ":")
+    )
     # the same path through a different query string or dot segments is the same bucket
     assert check(decision, "/x/../hourly?other").status == 429
 
@@ -166,9 +186,13 @@ def test_check_endpoint_deny_status_for_nginx(decision):
 def test_check_endpoint_bad_requests(decision):
     r = decision.get("/v1/check", {"X-Original-Method": "GET"})
     assert r.status == 400 and r.header("Content-Type") == PROBLEM_CT
-    assert r.json() == {"type": "about:blank", "title": "Bad Request", "status": 400,
-                        "detail": "the actions use 'path' but the request has no X-Original-URI header "
-                                  "(nginx: proxy_set_header X-Original-URI $request_uri;)"}
+    assert r.json() == {
+        "type": "about:blank",
+        "title": "Bad Request",
+        "status": 400,
+        "detail": "the actions use 'path' but the request has no X-Original-URI header "
+        "(nginx: proxy_set_header X-Original-URI $request_uri;)",
+    }
     r = check(decision, "/hourly", query="?deny_status=500")
     assert r.status == 400
     assert r.json()["detail"] == "deny_status must be a 4xx status code, got '500'"
@@ -181,15 +205,19 @@ def test_every_descriptor_charged_most_constraining_reported(decision):
     assert [r.status for r in rs] == [200, 200, 429]
     # multi-key (2/hour) is the tighter one: it is reported, and it denies
     assert rate(rs[0], "X-RateLimit-Limit", "X-RateLimit-Remaining", "RateLimit-Policy") == {
-        "X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1", "RateLimit-Policy": '"multi-key";q=2;w=3600'}
+        "X-RateLimit-Limit": "2",
+        "X-RateLimit-Remaining": "1",
+        "RateLimit-Policy": '"multi-key";q=2;w=3600',
+    }
     assert rs[2].json() == problem("multi-key", "2 per hour", 1800)
     # without the header only multi-ip applies; it was charged by all three requests above
     r = check(decision, "/multi")
     assert rate(r, "X-RateLimit-Limit", "X-RateLimit-Remaining") == {
-        "X-RateLimit-Limit": "5", "X-RateLimit-Remaining": "1"}
+        "X-RateLimit-Limit": "5",
+        "X-RateLimit-Remaining": "1",
+    }
     after = get_metrics(decision.port)
-    d = lambda name, rule: metric(after, name, domain="api", rule=rule) - metric(before, name, domain="api",
-                                                                               rule=rule)
+    d = lambda name, rule: metric(after, name, domain="api", rule=rule) - metric(before, name, domain="api", rule=rule)
     assert d("netlimit_http_rule_hits_total", "multi-ip") == 4
     assert d("netlimit_http_rule_hits_total", "multi-key") == 3
     assert d("netlimit_http_rule_over_limit_total", "multi-key") == 1
@@ -198,7 +226,7 @@ def test_every_descriptor_charged_most_constraining_reported(decision):
 
 def test_spoofed_x_forwarded_for_is_ignored_without_trusted_proxies(decision):
     rs = [check(decision, "/spoof", headers={"X-Forwarded-For": f"198.51.100.{i}"}) for i in range(3)]
-    assert [r.status for r in rs] == [200, 200, 429]   # one bucket: the peer, 127.0.0.1
+    assert [r.status for r in rs] == [200, 200, 429]  # one bucket: the peer, 127.0.0.1
     assert "is not in http.trusted_proxies: the header is ignored" in decision.log()
 
 
@@ -208,14 +236,21 @@ def test_shadow_rule_never_blocks_but_counts_and_logs(decision):
     rs = [check(decision, "/shadow") for _ in range(3)]
     assert [r.status for r in rs] == [200, 200, 200]
     assert all(r.header("X-RateLimit-Limit") is None and r.header("Retry-After") is None for r in rs)
-    decision.wait_line(r"shadow_mode rule 'dark' \(domain api, 1 per hour \(token_bucket\)\) would have "
-                       r"limited path='/shadow', remote_address='127\.0\.0\.1'", start=mark)
+    decision.wait_line(
+        r"shadow_mode rule 'dark' \(domain api, 1 per hour \(token_bucket\)\) would have "
+        r"limited path='/shadow', remote_address='127\.0\.0\.1'",
+        start=mark,
+    )
     after = get_metrics(decision.port)
-    for name, n in (("netlimit_http_rule_hits_total", 3), ("netlimit_http_rule_over_limit_total", 2),
-                    ("netlimit_http_rule_shadow_over_limit_total", 2),
-                    ("netlimit_http_rule_within_limit_total", 1)):
-        assert metric(after, name, domain="api", rule="dark") - metric(before, name, domain="api",
-                                                                       rule="dark") == n, name
+    for name, n in (
+        ("netlimit_http_rule_hits_total", 3),
+        ("netlimit_http_rule_over_limit_total", 2),
+        ("netlimit_http_rule_shadow_over_limit_total", 2),
+        ("netlimit_http_rule_within_limit_total", 1),
+    ):
+        assert metric(after, name, domain="api", rule="dark") - metric(before, name, domain="api", rule="dark") == n, (
+            name
+        )
 
 
 def test_envoy_ext_authz_path(decision):
@@ -243,8 +278,8 @@ def read_responses(sock, n: int, head_only: tuple[int, ...] = ()) -> list[tuple[
             h = {k.lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
             size = 0 if len(out) in head_only else int(h.get("content-length", "0"))
             if len(buf) >= end + 4 + size:
-                out.append((lines[0], h, buf[end + 4:end + 4 + size]))
-                buf = buf[end + 4 + size:]
+                out.append((lines[0], h, buf[end + 4 : end + 4 + size]))
+                buf = buf[end + 4 + size :]
                 continue
         assert time.monotonic() < deadline, (out, buf)
         chunk = sock.recv(65536)
@@ -268,8 +303,10 @@ CHECK_RAW = b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI: /raw\r\n\r\n"
 def test_pipelined_requests_are_answered_in_order_across_the_handoff(decision):
     body = json.dumps({"domain": "api", "descriptors": [{"entries": [{"key": "metered", "value": "pipe"}]}]}).encode()
     with raw_conn(decision) as s:
-        s.sendall(CHECK_RAW + CHECK_RAW + b"POST /v1/check HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body + CHECK_RAW)
+        s.sendall(
+            CHECK_RAW + CHECK_RAW + b"POST /v1/check HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body + CHECK_RAW
+        )
         rs = read_responses(s, 4)
     assert [r[0] for r in rs] == ["HTTP/1.1 200 OK"] * 4
     rem = [int(r[1]["x-ratelimit-remaining"]) for r in rs]
@@ -282,7 +319,7 @@ def test_connection_close_and_http10_keep_alive(decision):
         s.sendall(b"GET /v1/check HTTP/1.1\r\nHost: t\r\nConnection: close\r\nX-Original-URI: /raw\r\n\r\n")
         (r,) = read_responses(s, 1)
         assert r[0] == "HTTP/1.1 200 OK" and r[1]["connection"] == "close"
-        assert s.recv(10) == b""          # closed by the server
+        assert s.recv(10) == b""  # closed by the server
     with raw_conn(decision) as s:
         req = b"GET /v1/check HTTP/1.0\r\nConnection: keep-alive\r\nX-Original-URI: /raw\r\n\r\n"
         s.sendall(req)
@@ -293,7 +330,7 @@ def test_connection_close_and_http10_keep_alive(decision):
     with raw_conn(decision) as s:
         s.sendall(b"GET /v1/check HTTP/1.0\r\nX-Original-URI: /raw\r\n\r\n")
         (r,) = read_responses(s, 1)
-        assert r[0].endswith("200 OK") and s.recv(10) == b""   # HTTP/1.0 without keep-alive: closed
+        assert r[0].endswith("200 OK") and s.recv(10) == b""  # HTTP/1.0 without keep-alive: closed
 
 
 def test_head_and_bodies_and_malformed_heads(decision):
@@ -304,8 +341,9 @@ def test_head_and_bodies_and_malformed_heads(decision):
         assert rs[0][2] == b"" and rs[0][1]["x-ratelimit-limit"] == "1000"
         assert rs[1][0] == "HTTP/1.1 200 OK"
         # a GET with a body is still answered (by aiohttp), and the connection goes on
-        s.sendall(b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI: /raw\r\nContent-Length: 5\r\n\r\nhello"
-                  + CHECK_RAW)
+        s.sendall(
+            b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI: /raw\r\nContent-Length: 5\r\n\r\nhello" + CHECK_RAW
+        )
         rs = read_responses(s, 2)
         assert [r[0] for r in rs] == ["HTTP/1.1 200 OK"] * 2
     with raw_conn(decision) as s:
@@ -317,11 +355,13 @@ def test_head_and_bodies_and_malformed_heads(decision):
         # whitespace before the colon is a request-smuggling vector: 400 (RFC 9112 §5.1)
         s.sendall(b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI : /raw\r\n\r\n")
         (r,) = read_responses(s, 1)
-        assert r[0].split(" ")[1] == "400", r   # aiohttp answers parse errors (as HTTP/1.0)
+        assert r[0].split(" ")[1] == "400", r  # aiohttp answers parse errors (as HTTP/1.0)
     with raw_conn(decision) as s:
         # two Content-Lengths: where does the request end? never guess (smuggling): 400
-        s.sendall(b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI: /raw\r\nContent-Length: 0\r\n"
-                  b"Content-Length: 5\r\n\r\nhello")
+        s.sendall(
+            b"GET /v1/check HTTP/1.1\r\nHost: t\r\nX-Original-URI: /raw\r\nContent-Length: 0\r\n"
+            b"Content-Length: 5\r\n\r\nhello"
+        )
         (r,) = read_responses(s, 1)
         assert r[0].split(" ")[1] == "400", r
 
@@ -330,18 +370,35 @@ def test_head_and_bodies_and_malformed_heads(decision):
 
 
 def test_json_api_ok_then_over_limit(decision):
-    body = {"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "alice"}]},
-                                             {"entries": [{"key": "nomatch", "value": "x"}]}]}
+    body = {
+        "domain": "api",
+        "descriptors": [
+            {"entries": [{"key": "user", "value": "alice"}]},
+            {"entries": [{"key": "nomatch", "value": "x"}]},
+        ],
+    }
     r = decision.post_json("/v1/check", body)
     assert r.status == 200 and r.header("Content-Type") == "application/json; charset=utf-8"
-    assert r.json() == {"overallCode": "OK", "statuses": [
-        {"code": "OK", "rule": "per-user",
-         "currentLimit": {"name": "per-user", "requestsPerUnit": 3, "unit": "HOUR"},
-         "algorithm": "token_bucket", "shadowMode": False, "limitRemaining": 2,
-         "durationUntilReset": "1200s", "source": "store"},
-        {"code": "OK"}]}
-    assert rate(r, "X-RateLimit-Limit", "X-RateLimit-Remaining") == {"X-RateLimit-Limit": "3",
-                                                                     "X-RateLimit-Remaining": "2"}
+    assert r.json() == {
+        "overallCode": "OK",
+        "statuses": [
+            {
+                "code": "OK",
+                "rule": "per-user",
+                "currentLimit": {"name": "per-user", "requestsPerUnit": 3, "unit": "HOUR"},
+                "algorithm": "token_bucket",
+                "shadowMode": False,
+                "limitRemaining": 2,
+                "durationUntilReset": "1200s",
+                "source": "store",
+            },
+            {"code": "OK"},
+        ],
+    }
+    assert rate(r, "X-RateLimit-Limit", "X-RateLimit-Remaining") == {
+        "X-RateLimit-Limit": "3",
+        "X-RateLimit-Remaining": "2",
+    }
     r = decision.post_json("/v1/check", {**body, "hits_addend": 2})
     assert r.status == 200 and r.json()["statuses"][0]["limitRemaining"] == 0
     r = decision.post_json("/v1/check", body)
@@ -349,39 +406,62 @@ def test_json_api_ok_then_over_limit(decision):
     st = r.json()["statuses"][0]
     assert re.fullmatch(r"3599\.\d{3}s|3600s", st.pop("durationUntilReset"))
     assert r.json()["overallCode"] == "OVER_LIMIT"
-    assert st == {"code": "OVER_LIMIT", "rule": "per-user",
-                  "currentLimit": {"name": "per-user", "requestsPerUnit": 3, "unit": "HOUR"},
-                  "algorithm": "token_bucket", "shadowMode": False, "limitRemaining": 0, "retryAfter": 1200,
-                  "source": "store"}
+    assert st == {
+        "code": "OVER_LIMIT",
+        "rule": "per-user",
+        "currentLimit": {"name": "per-user", "requestsPerUnit": 3, "unit": "HOUR"},
+        "algorithm": "token_bucket",
+        "shadowMode": False,
+        "limitRemaining": 0,
+        "retryAfter": 1200,
+        "source": "store",
+    }
     assert (r.header("Retry-After"), r.header("X-RateLimit-Retry-After")) == ("1200", "1200")
 
 
 def test_json_api_camel_case_cost_and_unknown_domain(decision):
-    r = decision.post_json("/v1/check", {"domain": "api", "hitsAddend": 4,
-                                         "descriptors": [{"entries": [{"key": "metered", "value": "m"}]}]})
+    r = decision.post_json(
+        "/v1/check",
+        {"domain": "api", "hitsAddend": 4, "descriptors": [{"entries": [{"key": "metered", "value": "m"}]}]},
+    )
     assert r.json()["statuses"][0]["limitRemaining"] == 6
-    r = decision.post_json("/v1/check", {"domain": "elsewhere",
-                                         "descriptors": [{"entries": [{"key": "user", "value": "x"}]}]})
+    r = decision.post_json(
+        "/v1/check", {"domain": "elsewhere", "descriptors": [{"entries": [{"key": "user", "value": "x"}]}]}
+    )
     assert (r.status, r.json()) == (200, {"overallCode": "OK", "statuses": [{"code": "OK"}]})
     assert r.header("X-RateLimit-Limit") is None
 
 
-@pytest.mark.parametrize("raw,detail", [
-    (b"{not json", "the body is not valid JSON: Expecting property name enclosed in double quotes at line 1 "
-                   "column 2"),
-    (b"", 'empty body: expected JSON like {"domain": "api", "descriptors": [{"entries": [{"key": '
-          '"remote_address", "value": "10.0.0.1"}]}]}'),
-    (b"[1]", "the body must be a JSON object, got list"),
-    (b'{"domain": "api"}', "'descriptors' must be a list of {\"entries\": [{\"key\": ..., \"value\": ...}]}"),
-    (b'{"domain": 1, "descriptors": []}', "'domain' must be a non-empty string"),
-    (b'{"domain": "api", "descriptors": [{"entries": [{"key": "a", "value": 1}]}]}',
-     "descriptors[0].entries[0].value must be a string"),
-    (b'{"domain": "api", "descriptors": [{"entries": []}]}', "descriptors[0].entries is empty"),
-    (b'{"domain": "api", "descriptors": [], "hits_addend": -1}',
-     "'hits_addend' must be a whole number from 0 to 1000000, got -1"),
-    (b'{"domain": "api", "descriptors": [], "extra": 1}',
-     "unknown field(s) 'extra': expected domain, descriptors, hits_addend"),
-])
+@pytest.mark.parametrize(
+    "raw,detail",
+    [
+        (
+            b"{not json",
+            "the body is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2",
+        ),
+        (
+            b"",
+            'empty body: expected JSON like {"domain": "api", "descriptors": [{"entries": [{"key": '
+            '"remote_address", "value": "10.0.0.1"}]}]}',
+        ),
+        (b"[1]", "the body must be a JSON object, got list"),
+        (b'{"domain": "api"}', '\'descriptors\' must be a list of {"entries": [{"key": ..., "value": ...}]}'),
+        (b'{"domain": 1, "descriptors": []}', "'domain' must be a non-empty string"),
+        (
+            b'{"domain": "api", "descriptors": [{"entries": [{"key": "a", "value": 1}]}]}',
+            "descriptors[0].entries[0].value must be a string",
+        ),
+        (b'{"domain": "api", "descriptors": [{"entries": []}]}', "descriptors[0].entries is empty"),
+        (
+            b'{"domain": "api", "descriptors": [], "hits_addend": -1}',
+            "'hits_addend' must be a whole number from 0 to 1000000, got -1",
+        ),
+        (
+            b'{"domain": "api", "descriptors": [], "extra": 1}',
+            "unknown field(s) 'extra': expected domain, descriptors, hits_addend",
+        ),
+    ],
+)
 def test_json_api_bad_input_is_400_with_a_clear_message(decision, raw, detail):
     r = decision.post_json("/v1/check", raw)
     assert r.status == 400
@@ -401,32 +481,58 @@ def test_healthz_and_rules(decision):
     r = decision.get("/healthz")
     assert r.status == 200
     assert r.json() == {
-        "status": "ok", "mode": "decision", "domain": "api", "rules": 10, "store": "memory",
-        "store_available": True, "on_store_failure": "local", "config": str(decision.config),
-        "config_sha256": hashlib.sha256(DECISION.encode()).hexdigest(), "last_reload_error": None}
+        "status": "ok",
+        "mode": "decision",
+        "domain": "api",
+        "rules": 10,
+        "store": "memory",
+        "store_available": True,
+        "on_store_failure": "local",
+        "config": str(decision.config),
+        "config_sha256": hashlib.sha256(DECISION.encode()).hexdigest(),
+        "last_reload_error": None,
+    }
     rules = decision.get("/v1/rules").json()
     assert rules["domain"] == "api"
-    assert rules["rules"][0] == {"name": "hourly", "path": "path_/hourly.remote_address",
-                                 "keys": ["path", "remote_address"], "shadow_mode": False, "unit": "hour",
-                                 "requests_per_unit": 3, "algorithm": "token_bucket"}
+    assert rules["rules"][0] == {
+        "name": "hourly",
+        "path": "path_/hourly.remote_address",
+        "keys": ["path", "remote_address"],
+        "shadow_mode": False,
+        "unit": "hour",
+        "requests_per_unit": 3,
+        "algorithm": "token_bucket",
+    }
 
 
 def test_metrics_endpoint_parses_with_bounded_labels(decision):
     for i in range(3):  # many distinct clients / users: labels must not grow with them
-        decision.post_json("/v1/check", {"domain": "api",
-                                         "descriptors": [{"entries": [{"key": "metered", "value": f"c{i}"}]}]})
+        decision.post_json(
+            "/v1/check", {"domain": "api", "descriptors": [{"entries": [{"key": "metered", "value": f"c{i}"}]}]}
+        )
     s = get_metrics(decision.port)
     assert metric(s, "netlimit_http_rules") == 10
     assert metric(s, "netlimit_http_store_up") == 1
     assert metric(s, "netlimit_http_store_errors_total", reason="timeout") == 0
     assert metric(s, "netlimit_http_store_fallbacks_total", mode="local") == 0
     assert metric(s, "netlimit_http_decision_seconds_count") >= 3
-    assert metric(s, "netlimit_http_decision_seconds_bucket", le="+Inf") == \
-        metric(s, "netlimit_http_decision_seconds_count")
+    assert metric(s, "netlimit_http_decision_seconds_bucket", le="+Inf") == metric(
+        s, "netlimit_http_decision_seconds_count"
+    )
     assert metric(s, "netlimit_http_requests_total", endpoint="json", result="ok") >= 3
     rule_labels = {dict(lbl)["rule"] for (name, lbl) in s if name == "netlimit_http_rule_hits_total"}
-    assert rule_labels == {"hourly", "multi-ip", "multi-key", "dark", "spoof", "envoy", "forbidden", "raw",
-                           "per-user", "metered"}
+    assert rule_labels == {
+        "hourly",
+        "multi-ip",
+        "multi-key",
+        "dark",
+        "spoof",
+        "envoy",
+        "forbidden",
+        "raw",
+        "per-user",
+        "metered",
+    }
     assert not any("c1" in str(lbl) or "127.0.0.1" in str(lbl) for (_, lbl) in s)
 
 
@@ -436,15 +542,23 @@ def test_metrics_endpoint_parses_with_bounded_labels(decision):
 def test_invalid_file_at_start_exits_1_with_positions(tmp_path):
     import subprocess
 
-    cfg = write_config(tmp_path / "bad.yaml", "version: 1\nhttp:\n  domain: api\n  descriptors:\n"
-                                              "    - key: k\n      rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
-    p = subprocess.run([*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "127.0.0.1:0"],
-                       capture_output=True, text=True, timeout=30)
+    cfg = write_config(
+        tmp_path / "bad.yaml",
+        "version: 1\nhttp:\n  domain: api\n  descriptors:\n"
+        "    - key: k\n      rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    )
+    p = subprocess.run(
+        [*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 1
     assert p.stderr.splitlines() == [
         f"{cfg}:6:26: http: 'unit' must be one of 'second', 'minute', 'hour', 'day', 'week', 'month', 'year', "
         "got 'fortnight'",
-        f"{cfg}: 1 problem; the sidecar did not start"]
+        f"{cfg}: 1 problem; the sidecar did not start",
+    ]
 
 
 RELOAD = """\
@@ -464,8 +578,10 @@ def test_hot_reload_rename_inplace_bad_file_and_sighup(tmp_path):
     cfg = write_config(tmp_path / "r.yaml", RELOAD.format(n=2))
     sc = Sidecar(cfg)
     try:
-        limit = lambda: sc.post_json("/v1/check", {"domain": "api", "descriptors": [
-            {"entries": [{"key": "remote_address", "value": "192.0.2.1"}]}]}).header("X-RateLimit-Limit")
+        limit = lambda: sc.post_json(
+            "/v1/check",
+            {"domain": "api", "descriptors": [{"entries": [{"key": "remote_address", "value": "192.0.2.1"}]}]},
+        ).header("X-RateLimit-Limit")
         assert limit() == "2"
         # 1. an editor replacing the file by rename (new inode)
         mark = sc.mark()
@@ -481,12 +597,14 @@ def test_hot_reload_rename_inplace_bad_file_and_sighup(tmp_path):
         # 3. a bad file: every problem logged as FILE:LINE:COL, the old rules stay
         mark = sc.mark()
         write_config(cfg, RELOAD.format(n=7).replace("token_bucket", "token_bucket\n      zzzzzz: 1"))
-        m = sc.wait_line(r"reload \(file changed\) failed with 1 problem; keeping the previous rules", timeout=5,
-                         start=mark)
+        m = sc.wait_line(
+            r"reload \(file changed\) failed with 1 problem; keeping the previous rules", timeout=5, start=mark
+        )
         assert m is not None
         bad = [line for line in sc.log().splitlines()[mark:] if "zzzzzz" in line]
-        assert len(bad) == 1 and f"ERROR {cfg}:10:7: http: unknown field 'zzzzzz'" in bad[0], \
-            sc.log().splitlines()[mark:]
+        assert len(bad) == 1 and f"ERROR {cfg}:10:7: http: unknown field 'zzzzzz'" in bad[0], sc.log().splitlines()[
+            mark:
+        ]
         assert limit() == "7"
         h = sc.get("/healthz").json()
         assert h["last_reload_error"].startswith(f"{cfg}:10:7: http: unknown field 'zzzzzz'")
@@ -530,6 +648,7 @@ def test_unreachable_store_local_closed_open_never_5xx(tmp_path):
     dead = free_port()  # nothing listens there: connection refused
     sc = Sidecar(cfg, "--redis", f"redis://127.0.0.1:{dead}/0")
     try:
+
         def one():
             return sc.get("/v1/check", {"X-Original-URI": "/"})
 
@@ -537,8 +656,10 @@ def test_unreachable_store_local_closed_open_never_5xx(tmp_path):
         rs = [one() for _ in range(4)]
         assert [r.status for r in rs] == [200, 200, 200, 429]
         assert rs[0].header("X-RateLimit-Remaining") == "2" and rs[3].header("Retry-After") == "1200"
-        sc.wait_line(r"WARNING store failure \(connection\): redis token_bucket for .*deciding with the "
-                     r"local in-memory store \(on_store_failure: local\), retrying every 1s")
+        sc.wait_line(
+            r"WARNING store failure \(connection\): redis token_bucket for .*deciding with the "
+            r"local in-memory store \(on_store_failure: local\), retrying every 1s"
+        )
         h = sc.get("/healthz").json()
         assert (h["store"], h["store_available"]) == ("redis", False)
         s = get_metrics(sc.port)
@@ -553,11 +674,22 @@ def test_unreachable_store_local_closed_open_never_5xx(tmp_path):
         r = one()
         assert r.status == 429
         assert rate(r, *RATE) == {
-            "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "0", "RateLimit-Policy": '"guarded";q=3;w=3600',
-            "RateLimit": '"guarded";r=0;t=1', "X-RateLimit-Retry-After": "1", "Retry-After": "1"}
-        assert r.json() == {"type": "about:blank", "title": "Too Many Requests", "status": 429,
-                            "detail": "the rate-limit store is unavailable and on_store_failure is 'closed'; "
-                                      "retry after 1 s", "rule": "guarded", "domain": "api", "retry_after": 1}
+            "X-RateLimit-Limit": "3",
+            "X-RateLimit-Remaining": "0",
+            "RateLimit-Policy": '"guarded";q=3;w=3600',
+            "RateLimit": '"guarded";r=0;t=1',
+            "X-RateLimit-Retry-After": "1",
+            "Retry-After": "1",
+        }
+        assert r.json() == {
+            "type": "about:blank",
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": "the rate-limit store is unavailable and on_store_failure is 'closed'; retry after 1 s",
+            "rule": "guarded",
+            "domain": "api",
+            "retry_after": 1,
+        }
 
         # open: allowed, no limit headers
         mark = sc.mark()
@@ -618,23 +750,46 @@ def client_ip() -> dict[str, str]:
 
 def test_proxy_passes_request_and_response_through(proxy):
     xff = client_ip()
-    r = request(proxy.port, "GET", "/echo/p%2Fq?a=1&b=%20", [
-        ("Host", "app.example"), ("X-Custom", "v1"), ("X-Custom", "v2"), ("X-Forwarded-For", xff["X-Forwarded-For"]),
-        ("Connection", "keep-alive, X-Hop-Req"), ("X-Hop-Req", "secret"), ("Keep-Alive", "timeout=5"),
-        ("TE", "trailers"), ("Accept", "text/x-test"), ("User-Agent", "test-agent/1")])
+    r = request(
+        proxy.port,
+        "GET",
+        "/echo/p%2Fq?a=1&b=%20",
+        [
+            ("Host", "app.example"),
+            ("X-Custom", "v1"),
+            ("X-Custom", "v2"),
+            ("X-Forwarded-For", xff["X-Forwarded-For"]),
+            ("Connection", "keep-alive, X-Hop-Req"),
+            ("X-Hop-Req", "secret"),
+            ("Keep-Alive", "timeout=5"),
+            ("TE", "trailers"),
+            ("Accept", "text/x-test"),
+            ("User-Agent", "test-agent/1"),
+        ],
+    )
     assert r.status == 200
     seen = r.json()
     assert (seen["method"], seen["raw_path"], seen["body"]) == ("GET", "/echo/p%2Fq?a=1&b=%20", "")
     assert seen["headers"] == [
-        ["Host", "app.example"], ["X-Custom", "v1"], ["X-Custom", "v2"],
-        ["X-Forwarded-For", f"{xff['X-Forwarded-For']}, 127.0.0.1"], ["Accept", "text/x-test"],
-        ["User-Agent", "test-agent/1"], ["Via", "1.1 netlimit"]]
+        ["Host", "app.example"],
+        ["X-Custom", "v1"],
+        ["X-Custom", "v2"],
+        ["X-Forwarded-For", f"{xff['X-Forwarded-For']}, 127.0.0.1"],
+        ["Accept", "text/x-test"],
+        ["User-Agent", "test-agent/1"],
+        ["Via", "1.1 netlimit"],
+    ]
     assert r.all("Set-Cookie") == ["a=1; Path=/", "b=2; Path=/"]
     assert r.header("X-Upstream") == "yes"
     assert r.header("Content-Type") == "application/json; charset=utf-8"
     assert rate(r, *RATE) == {
-        "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "2", "RateLimit-Policy": '"per-client";q=3;w=3600',
-        "RateLimit": '"per-client";r=2;t=1200', "X-RateLimit-Retry-After": None, "Retry-After": None}
+        "X-RateLimit-Limit": "3",
+        "X-RateLimit-Remaining": "2",
+        "RateLimit-Policy": '"per-client";q=3;w=3600',
+        "RateLimit": '"per-client";r=2;t=1200',
+        "X-RateLimit-Retry-After": None,
+        "Retry-After": None,
+    }
 
 
 def test_proxy_statuses_and_bodies_pass_through(proxy):
@@ -657,15 +812,22 @@ def test_proxy_streams_large_bodies_both_ways(proxy):
 
     data = bytes(range(256)) * (3 * 4096)  # 3 MiB
     r = request(proxy.port, "POST", "/upload", client_ip(), data)
-    assert r.json() == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "chunked": False,
-                        "content_length": str(len(data))}
+    assert r.json() == {
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "chunked": False,
+        "content_length": str(len(data)),
+    }
     # chunked upload stays chunked
     conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
     try:
-        conn.request("POST", "/upload", body=iter([data[:1000], data[1000:]]), headers=client_ip(),
-                     encode_chunked=True)
+        conn.request("POST", "/upload", body=iter([data[:1000], data[1000:]]), headers=client_ip(), encode_chunked=True)
         assert json.loads(conn.getresponse().read()) == {
-            "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "chunked": True, "content_length": None}
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "chunked": True,
+            "content_length": None,
+        }
     finally:
         conn.close()
     r = request(proxy.port, "GET", "/big?n=5000000", client_ip())
@@ -705,8 +867,13 @@ def test_proxy_429_after_the_limit_never_reaches_the_upstream(proxy, upstream):
     r = request(proxy.port, "GET", "/echo", who)
     assert r.status == 429
     assert rate(r, *RATE) == {
-        "X-RateLimit-Limit": "3", "X-RateLimit-Remaining": "0", "RateLimit-Policy": '"per-client";q=3;w=3600',
-        "RateLimit": '"per-client";r=0;t=3600', "X-RateLimit-Retry-After": "1200", "Retry-After": "1200"}
+        "X-RateLimit-Limit": "3",
+        "X-RateLimit-Remaining": "0",
+        "RateLimit-Policy": '"per-client";q=3;w=3600',
+        "RateLimit": '"per-client";r=0;t=3600',
+        "X-RateLimit-Retry-After": "1200",
+        "Retry-After": "1200",
+    }
     assert r.header("Content-Type") == PROBLEM_CT
     assert r.json() == problem("per-client", "3 per hour", 1200, domain="web")
     assert r.header("X-Netlimit-Problem") is None
@@ -719,7 +886,7 @@ def test_proxy_admin_endpoints_live_under_a_prefix(proxy, upstream):
     h = request(proxy.port, "GET", "/_netlimit/healthz").json()
     assert (h["mode"], h["domain"], h["status"]) == ("proxy", "web", "ok")
     r = request(proxy.port, "GET", "/healthz", client_ip())
-    assert r.json()["raw_path"] == "/healthz"          # the application's own path
+    assert r.json()["raw_path"] == "/healthz"  # the application's own path
     assert metric(get_metrics(proxy.port, "/_netlimit/metrics"), "netlimit_http_rules") == 1
 
 
@@ -729,8 +896,12 @@ def test_proxy_upstream_down_is_502(tmp_path):
     try:
         r = request(sc.port, "GET", "/x")
         assert r.status == 502
-        assert r.json() == {"type": "about:blank", "title": "Bad Gateway", "status": 502,
-                            "detail": "the upstream application is unreachable"}
+        assert r.json() == {
+            "type": "about:blank",
+            "title": "Bad Gateway",
+            "status": 502,
+            "detail": "the upstream application is unreachable",
+        }
         assert r.header("X-RateLimit-Remaining") == "2"
     finally:
         sc.stop()
@@ -741,8 +912,10 @@ def test_proxy_answers_expect_100_continue_before_the_body(proxy):
 
     body = b"y" * 5000
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
-        s.sendall(b"POST /upload HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 198.51.100.250\r\n"
-                  b"Content-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
+        s.sendall(
+            b"POST /upload HTTP/1.1\r\nHost: t\r\nX-Forwarded-For: 198.51.100.250\r\n"
+            b"Content-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
+        )
         s.settimeout(1.0)
         assert s.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
         s.settimeout(5)
@@ -754,4 +927,8 @@ def test_proxy_answers_expect_100_continue_before_the_body(proxy):
             data += chunk
     assert data.startswith(b"HTTP/1.1 200 OK\r\n")
     assert json.loads(data.split(b"\r\n\r\n", 1)[1]) == {
-        "size": 5000, "sha256": hashlib.sha256(body).hexdigest(), "chunked": False, "content_length": "5000"}
+        "size": 5000,
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "chunked": False,
+        "content_length": "5000",
+    }

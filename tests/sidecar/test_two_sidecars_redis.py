@@ -51,11 +51,13 @@ async def hammer(ports: list[int], key: str, total: int, concurrency: int) -> li
     sem = asyncio.Semaphore(concurrency)
     conn = aiohttp.TCPConnector(limit=concurrency * 2)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=20)) as s:
+
         async def one(i: int) -> None:
             async with sem:
                 port = ports[i % len(ports)]
-                async with s.get(f"http://127.0.0.1:{port}/v1/check",
-                                 headers={"X-Original-URI": "/", "X-Api-Key": key}) as r:
+                async with s.get(
+                    f"http://127.0.0.1:{port}/v1/check", headers={"X-Original-URI": "/", "X-Api-Key": key}
+                ) as r:
                     await r.read()
                     statuses.append(r.status)
 
@@ -64,8 +66,7 @@ async def hammer(ports: list[int], key: str, total: int, concurrency: int) -> li
 
 
 @pytest.mark.parametrize("alg", ["tb", "swl", "fw"])
-def test_two_sidecars_share_one_redis_and_admit_exactly_the_limit(redis_server, tmp_path_factory, alg,
-                                                                   request):
+def test_two_sidecars_share_one_redis_and_admit_exactly_the_limit(redis_server, tmp_path_factory, alg, request):
     sidecars = request.getfixturevalue("two_sidecars")
     key = f"{alg}-{uuid.uuid4().hex}"
     statuses = asyncio.run(hammer([sc.port for sc in sidecars], key, total=400, concurrency=32))
@@ -77,8 +78,7 @@ def test_two_sidecars_share_one_redis_and_admit_exactly_the_limit(redis_server, 
         assert metric(s, "netlimit_http_store_fallbacks_total", mode="local") == 0
         assert metric(s, "netlimit_http_store_errors_total", reason="timeout") == 0
     # both processes took part
-    hits = [metric(get_metrics(sc.port), "netlimit_http_rule_hits_total", domain="shared", rule=alg)
-            for sc in sidecars]
+    hits = [metric(get_metrics(sc.port), "netlimit_http_rule_hits_total", domain="shared", rule=alg) for sc in sidecars]
     assert sum(hits) == 400 and all(h == 200 for h in hits)
 
 
@@ -127,16 +127,19 @@ class Load:
     async def run(self) -> None:
         deadline = time.monotonic() + self.max_seconds
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
+
             async def worker(w: int) -> None:
                 i = 0
                 while not self.stop and len(self.statuses) < self.max_requests and time.monotonic() < deadline:
                     t0 = time.monotonic()
                     try:
-                        async with s.get(f"http://127.0.0.1:{self.port}/v1/check",
-                                         headers={"X-Original-URI": "/", "X-Client": f"c{w}-{i % 50}"}) as r:
+                        async with s.get(
+                            f"http://127.0.0.1:{self.port}/v1/check",
+                            headers={"X-Original-URI": "/", "X-Client": f"c{w}-{i % 50}"},
+                        ) as r:
                             await r.read()
                             self.statuses.append((time.monotonic() - t0, r.status))
-                    except Exception as exc:  # noqa: BLE001 - recorded and asserted empty
+                    except Exception as exc:  # recorded and asserted empty
                         self.errors.append(repr(exc))
                     i += 1
                     await asyncio.sleep(0.002)
@@ -155,8 +158,10 @@ async def _during(load: Load, steps) -> None:
 
 
 def _json_source(sc) -> str:
-    r = sc.post_json("/v1/check", {"domain": "failover", "descriptors": [
-        {"entries": [{"key": "header:X-Client", "value": "probe"}]}]})
+    r = sc.post_json(
+        "/v1/check",
+        {"domain": "failover", "descriptors": [{"entries": [{"key": "header:X-Client", "value": "probe"}]}]},
+    )
     assert r.status == 200
     return r.json()["statuses"][0]["source"]
 
@@ -180,7 +185,7 @@ def test_redis_killed_mid_load_no_5xx_fallback_counted_and_recovery(redis_factor
             marks["down"] = len(load.statuses)
 
         async def restart():
-            server.start()   # same port, empty (no persistence)
+            server.start()  # same port, empty (no persistence)
             for _ in range(100):  # bounded: up to ~5 s
                 await asyncio.sleep(0.05)
                 if "store is back" in sc.log():
@@ -191,13 +196,16 @@ def test_redis_killed_mid_load_no_5xx_fallback_counted_and_recovery(redis_factor
         codes = {c for _, c in load.statuses}
         assert load.errors == []
         assert codes == {200}, codes
-        assert marks["up"] > 20 and marks["down"] > marks["up"] + 20   # traffic kept flowing while down
+        assert marks["up"] > 20 and marks["down"] > marks["up"] + 20  # traffic kept flowing while down
         assert "store is back after" in sc.log()
         sc.wait_line(r"WARNING store failure \((connection|timeout)\)")
         s = get_metrics(sc.port)
         assert metric(s, "netlimit_http_store_fallbacks_total", mode="local") > 0
-        assert metric(s, "netlimit_http_store_errors_total", reason="connection") + \
-            metric(s, "netlimit_http_store_errors_total", reason="timeout") > 0
+        assert (
+            metric(s, "netlimit_http_store_errors_total", reason="connection")
+            + metric(s, "netlimit_http_store_errors_total", reason="timeout")
+            > 0
+        )
         assert metric(s, "netlimit_http_requests_total", endpoint="check", result="ok") == len(load.statuses)
         # decisions go to Redis again: the restarted (empty) server now holds keys. On a
         # loaded machine one late 50 ms timeout can trip the breaker once more, so probe
@@ -240,7 +248,7 @@ def test_redis_paused_decisions_stay_fast_and_local_then_return(redis_factory, t
         asyncio.run(_during(load, [pause, resume]))
         assert load.errors == []
         assert {c for _, c in load.statuses} == {200}
-        during = [lat for lat, _ in load.statuses[window["i0"]:window["i1"]]]
+        during = [lat for lat, _ in load.statuses[window["i0"] : window["i1"]]]
         assert len(during) > 50
         # 50 ms store timeout (+ scheduling on a 2-core VM); never the 5 s client timeout
         assert max(during) < 0.5, max(during)

@@ -29,14 +29,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_SH = ROOT / "vagrant" / "run.sh"
-BUDGET_S = 40 * 60           # run.sh's own steps are bounded; this is the outer guard
+BUDGET_S = 40 * 60  # run.sh's own steps are bounded; this is the outer guard
 
 
 def _root_snapshot() -> str:
     """The machine's own rules, qdiscs and links (without counters)."""
     parts = []
-    for cmd in (["iptables-legacy-save"], ["ip6tables-legacy-save"], ["iptables-nft-save"],
-                ["tc", "qdisc", "show"], ["ip", "-br", "link"]):
+    for cmd in (
+        ["iptables-legacy-save"],
+        ["ip6tables-legacy-save"],
+        ["iptables-nft-save"],
+        ["tc", "qdisc", "show"],
+        ["ip", "-br", "link"],
+    ):
         if shutil.which(cmd[0]):
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
             parts += [re.sub(r"\[\d+:\d+\]", "", ln) for ln in out.splitlines() if not ln.startswith("#")]
@@ -89,16 +94,23 @@ def _follow(proc: subprocess.Popen, out: list[str], deadline: float, capsys) -> 
 def test_three_vms_scenario_all_within_tolerance(capsys):
     if os.geteuid() != 0:
         pytest.fail("vagrant/run.sh needs root (box build, libvirt, a network namespace)", pytrace=False)
-    missing = [t for t in ("vagrant", "virsh", "libvirtd", "qemu-system-x86_64", "qemu-img", "debootstrap")
-               if not shutil.which(t)]
+    missing = [
+        t
+        for t in ("vagrant", "virsh", "libvirtd", "qemu-system-x86_64", "qemu-img", "debootstrap")
+        if not shutil.which(t)
+    ]
     if missing:
-        pytest.fail(f"missing: {', '.join(missing)} — run scripts/setup.sh (it installs vagrant, "
-                    "vagrant-libvirt, libvirt and QEMU)", pytrace=False)
+        pytest.fail(
+            f"missing: {', '.join(missing)} — run scripts/setup.sh (it installs vagrant, "
+            "vagrant-libvirt, libvirt and QEMU)",
+            pytrace=False,
+        )
     before = _root_snapshot()
     out: list[str] = []
     t0 = time.monotonic()
-    proc = subprocess.Popen(["bash", str(RUN_SH)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        ["bash", str(RUN_SH)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT
+    )
     try:
         finished = _follow(proc, out, t0 + BUDGET_S, capsys)
         if not finished:
@@ -119,13 +131,20 @@ def test_three_vms_scenario_all_within_tolerance(capsys):
     tail = "".join(out[-80:])
     assert rc == 0, f"vagrant/run.sh exited {rc} after {took:.0f} s:\n{tail}"
     assert "ALL WITHIN TOLERANCE" in text, f"no verdict from the scenario:\n{tail}"
-    rows = [ln.split() for ln in text.splitlines() if ln.split() and ln.split()[0] in
-            {"L3", "L4", "L7", "bandwidth", "reload", "install"} and ln.rstrip().endswith((" ok", " MISS"))]
+    rows = [
+        ln.split()
+        for ln in text.splitlines()
+        if ln.split()
+        and ln.split()[0] in {"L3", "L4", "L7", "bandwidth", "reload", "install"}
+        and ln.rstrip().endswith((" ok", " MISS"))
+    ]
     layers = {r[0] for r in rows}
     assert {"L3", "L4", "L7", "bandwidth", "reload", "install"} <= layers, f"layers measured: {layers}\n{tail}"
     assert all(r[-1] == "ok" for r in rows), f"a check missed:\n{tail}"
     assert "destroying the VMs" in text, "run.sh did not destroy the VMs"
     assert not _our_leftovers(), f"left behind: {_our_leftovers()}"
     assert _root_snapshot() == before, "the VM run changed the machine's own rules, qdiscs or links"
-    print(f"vagrant/run.sh: {took:.0f} s; "
-          + next((ln.strip() for ln in reversed(out) if "run.sh timings" in ln), "no timings line"))
+    print(
+        f"vagrant/run.sh: {took:.0f} s; "
+        + next((ln.strip() for ln in reversed(out) if "run.sh timings" in ln), "no timings line")
+    )

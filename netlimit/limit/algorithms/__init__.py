@@ -54,26 +54,27 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right, insort
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = [
+    "ADMITTERS",
     "ALGORITHMS",
-    "Limit",
+    "DECIDERS",
+    "DENIED",
     "Decision",
+    "Limit",
+    "admit",
     "decide",
-    "is_idle",
-    "token_bucket",
-    "leaky_bucket",
     "fixed_window",
-    "sliding_window_log",
+    "is_idle",
+    "leaky_bucket",
     "sliding_window_counter",
+    "sliding_window_log",
     "swc_pack",
     "swc_unpack",
-    "DECIDERS",
-    "ADMITTERS",
-    "DENIED",
-    "admit",
+    "token_bucket",
 ]
 
 ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
@@ -96,7 +97,7 @@ _ABBREV = {
 # prefix instead of a long one.  ``_LIMIT_BY_NS`` lets the store find the Limit
 # of a stored entry to decide whether it is idle.
 _NS_BY_SIG: dict[str, str] = {}
-_LIMIT_BY_NS: dict[str, "Limit"] = {}
+_LIMIT_BY_NS: dict[str, Limit] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,7 @@ class Limit(_LimitFields):
     __slots__ = ("_ns", "_sig", "_fn", "_admit", "_fw", "_bk", "_cap", "_rate", "_cb", "_cm")
     _ns: str  # process-local namespace id, e.g. "3:" (memory store)
     _sig: str  # stable text of every field (Redis key names)
-    _fn: Callable[..., tuple["Decision", Any]]
+    _fn: Callable[..., tuple[Decision, Any]]
     _admit: Callable[..., Any]
     _fw: bool  # fixed window with limit > 0 (MemoryStore.hit_sync inlines it)
     _bk: bool  # token or leaky bucket with limit > 0 (hit_sync inlines its admit path)
@@ -148,7 +149,7 @@ class Limit(_LimitFields):
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
         if isinstance(self.limit, bool) or not isinstance(self.limit, int):
-            if isinstance(self.limit, float) and self.limit.is_integer():
+            if isinstance(self.limit, float) and not isinstance(self.limit, bool) and self.limit.is_integer():
                 object.__setattr__(self, "limit", int(self.limit))
             else:
                 raise ValueError(f"limit must be an integer, got {self.limit!r}")
@@ -170,8 +171,10 @@ class Limit(_LimitFields):
         if self.delay and self.algorithm != "leaky_bucket":
             raise ValueError("delay (queue mode) applies to leaky_bucket only")
         object.__setattr__(self, "delay", bool(self.delay))
-        sig = (f"{self.name}|{_ABBREV[self.algorithm]}|{self.limit}/{period!r}"
-               f"|b{'' if self.burst is None else self.burst}|{'q' if self.delay else 'm'}")
+        sig = (
+            f"{self.name}|{_ABBREV[self.algorithm]}|{self.limit}/{period!r}"
+            f"|b{'' if self.burst is None else self.burst}|{'q' if self.delay else 'm'}"
+        )
         ns = _NS_BY_SIG.get(sig)
         if ns is None:
             ns = f"{len(_NS_BY_SIG):x}:"
@@ -189,6 +192,8 @@ class Limit(_LimitFields):
         object.__setattr__(self, "_rate", self.limit / period)
         object.__setattr__(self, "_cb", self.limit.bit_length())
         object.__setattr__(self, "_cm", (1 << self._cb) - 1)
+        fn: Callable[..., Any]
+        adm: Callable[..., Any]
         if not self.limit:
             fn, adm = _deny_all_decider, _deny_all_admit
         elif self.algorithm == "sliding_window_counter":
@@ -219,10 +224,10 @@ class Limit(_LimitFields):
 @dataclass(slots=True)
 class Decision:
     allowed: bool
-    limit: int          # quota reported to the client (capacity for buckets)
-    remaining: int      # >= 0
+    limit: int  # quota reported to the client (capacity for buckets)
+    remaining: int  # >= 0
     retry_after: float  # 0 when allowed; inf when the cost can never be admitted
-    reset: float        # seconds until fully replenished (buckets, sliding) / window end (fixed)
+    reset: float  # seconds until fully replenished (buckets, sliding) / window end (fixed)
     delay: float = 0.0  # leaky bucket queue mode: wait this long before forwarding
 
 
@@ -255,11 +260,12 @@ _new = object.__new__
 # ``remaining`` is always exactly the number of unit requests that still fit.
 # (A leaky bucket as a meter is mathematically a token bucket.)
 
+
 def _bucket(limit: Limit, state: complex | None, now: float, cost: int):
     cap = limit._cap
     rate = limit._rate
     if state is None:
-        free = cap
+        free: float = cap
         last = now
     else:
         free = state.real
@@ -329,6 +335,7 @@ def leaky_bucket(limit: Limit, state: complex | None, now: float, cost: int = 1)
 
 
 # --------------------------------------------------------------------------- windows
+
 
 def fixed_window(limit: Limit, state: int | None, now: float, cost: int = 1):
     """Fixed window: at most ``limit`` per window ``[k*period, (k+1)*period)``
@@ -401,6 +408,7 @@ def swc_unpack(limit: Limit, state: int) -> tuple[int, int, int]:
 # With no previous count the estimate ``prev * (1 - elapsed/period) + n`` is
 # ``±0.0 + n``, exactly ``n`` (elapsed/period is finite), so those paths compare
 # ints; otherwise the float operations are the Lua script's, in the same order.
+
 
 def _swc_decider(lim: int, period: float, bits: int):
     shift = bits + bits
@@ -498,7 +506,7 @@ def _swc_admitter(lim: int, period: float, bits: int):
     # limited key is turned away with three comparisons until t.  A decision is a
     # function of the state's value, cost and now only, so keys sharing a value
     # may share the horizon.  One tuple, read and replaced whole (threads).
-    horizon = (None, -1, -_INF)  # cost -1: matches nothing
+    horizon: tuple[int | None, int, float] = (None, -1, -_INF)  # cost -1: matches nothing
     marked = None  # the last state denied (a hint only: when to look for its horizon)
 
     def remember(state: int, sw: int, prev: int, n: int, cost: int, now: float) -> None:
@@ -605,7 +613,7 @@ def sliding_window_counter(limit: Limit, state: int | None, now: float, cost: in
     return limit._fn(limit, state, now, cost)
 
 
-def sliding_window_log(limit: Limit, state: array | None, now: float, cost: int = 1):
+def sliding_window_log(limit: Limit, state: Any, now: float, cost: int = 1):  # state: array('d') | None
     """Sliding window log: timestamps of admitted requests (one per unit of cost)
     in the last ``period``; never more than ``limit`` admitted in any half-open
     window ``(t - period, t]``.  An entry stamped ``t`` expires at ``t + period``.
@@ -626,7 +634,7 @@ def sliding_window_log(limit: Limit, state: array | None, now: float, cost: int 
     if state:
         cutoff = now - period
         if state[0] <= cutoff:  # something expired (checking the oldest first skips the bisect)
-            del state[:bisect_right(state, cutoff)]
+            del state[: bisect_right(state, cutoff)]
         count = len(state)
     else:
         count = 0
@@ -693,7 +701,7 @@ def _deny_all_admit(limit: Limit, state: Any, now: float, cost: int = 1):
 def _bucket_admit(limit: Limit, state: complex | None, now: float, cost: int = 1):
     cap = limit._cap
     if state is None:
-        free = cap
+        free: float = cap
         last = now
     else:
         free = state.real
@@ -730,12 +738,12 @@ def _sliding_window_counter_admit(limit: Limit, state: int | None, now: float, c
     return limit._admit(limit, state, now, cost)  # made per Limit by _swc_admitter
 
 
-def _sliding_window_log_admit(limit: Limit, state: array | None, now: float, cost: int = 1):
+def _sliding_window_log_admit(limit: Limit, state: Any, now: float, cost: int = 1):  # state: array('d') | None
     lim = limit.limit
     if state:
         cutoff = now - limit.period
         if state[0] <= cutoff:
-            del state[:bisect_right(state, cutoff)]
+            del state[: bisect_right(state, cutoff)]
         count = len(state)
     else:
         count = 0

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 from ..algorithms import Decision, Limit
 
+
 class StoreError(Exception):
     """The store could not decide in time (timeout, connection refused, server
     error).  The sidecar catches this to fail open / decide locally."""
@@ -29,8 +30,7 @@ class Store(Protocol):
         """The decision ``hit`` would return now, without consuming anything."""
         ...
 
-    async def close(self) -> None:
-        ...
+    async def close(self) -> None: ...
 
 
 def hash_key(key: str) -> str:

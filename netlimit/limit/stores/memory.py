@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import time
 from array import array
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ..algorithms import _INF, _J, _LIMIT_BY_NS, ALGORITHMS, DENIED, Decision, Limit, _floor, _new, is_idle
+from ..algorithms import _INF, _J, _LIMIT_BY_NS, DENIED, Decision, Limit, _floor, _new, is_idle
 from .base import hash_key
+
 
 class MemoryStore:
     """Bounded in-process store (one asyncio loop / thread; not thread-safe).
@@ -36,15 +38,25 @@ class MemoryStore:
       Redis' ``TIME``; a clock that steps back is handled conservatively.
     """
 
-    __slots__ = ("_young", "_old", "_n_young", "_young_cap", "_keep_old", "_max_keys",
-                 "_max_key_length", "_clock", "evictions")
+    __slots__ = (
+        "_young",
+        "_old",
+        "_n_young",
+        "_young_cap",
+        "_keep_old",
+        "_max_keys",
+        "_max_key_length",
+        "_clock",
+        "evictions",
+    )
 
     # Each generation is {limit namespace: {key: state}}: nesting instead of
     # concatenating "<ns><key>" saves an allocation and a hash per call and lets
     # a stored key share the caller's string.
 
-    def __init__(self, max_keys: int = 100_000, max_key_length: int = 256,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, max_keys: int = 100_000, max_key_length: int = 256, clock: Callable[[], float] = time.time
+    ) -> None:
         if max_keys < 1:
             raise ValueError("max_keys must be >= 1")
         if max_key_length < 1:

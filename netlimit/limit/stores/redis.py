@@ -64,7 +64,7 @@ def _pack(limit: Limit) -> int | None:
         return None
     most = 2.0 * max(limit.period, limit._cap / limit._rate)
     pack = 1 << (math.ceil(most * 1e6) + 1).bit_length()
-    return pack if (limit._cap + 1) * pack <= 2 ** 53 else None
+    return pack if (limit._cap + 1) * pack <= 2**53 else None
 
 
 def _limit_script(limit: Limit) -> tuple[str, bytes, int | None]:
@@ -72,9 +72,11 @@ def _limit_script(limit: Limit) -> tuple[str, bytes, int | None]:
     if s is None:
         alg = limit.algorithm
         pack = _pack(limit)
-        head = ("local lim, period, cap, ttl, queue, pack, nowstr_needed = "
-                f"{limit.limit}, {limit.period!r}, {limit._cap}, '{math.ceil(limit.period * 1000) + 1000}', "
-                f"{'true' if limit.delay else 'false'}, {pack or 'nil'}, {'true' if alg in _NOWSTR else 'false'}\n")
+        head = (
+            "local lim, period, cap, ttl, queue, pack, nowstr_needed = "
+            f"{limit.limit}, {limit.period!r}, {limit._cap}, '{math.ceil(limit.period * 1000) + 1000}', "
+            f"{'true' if limit.delay else 'false'}, {pack or 'nil'}, {'true' if alg in _NOWSTR else 'false'}\n"
+        )
         src = head + load_lua(alg)
         s = _LIMIT_LUA[limit._sig] = (src, hashlib.sha1(src.encode("utf-8")).hexdigest().encode(), pack)
     return s
@@ -135,8 +137,14 @@ class RedisStore:
     than the state can matter, so idle keys vanish.
     """
 
-    def __init__(self, url_or_client: Any = "redis://127.0.0.1:6379/0", *, timeout_ms: float = 50,
-                 key_prefix: str = "netlimit", max_key_length: int = 256) -> None:
+    def __init__(
+        self,
+        url_or_client: Any = "redis://127.0.0.1:6379/0",
+        *,
+        timeout_ms: float = 50,
+        key_prefix: str = "netlimit",
+        max_key_length: int = 256,
+    ) -> None:
         if timeout_ms <= 0:
             raise ValueError("timeout_ms must be > 0")
         self._timeout = timeout_ms / 1000.0
@@ -204,8 +212,9 @@ class RedisStore:
         except _STORE_FAILURES as e:
             raise StoreError(f"redis: cannot load scripts: {e!r}") from e
 
-    async def hit(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None,
-                  _dry: bytes = b"0") -> Decision:
+    async def hit(
+        self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None, _dry: bytes = b"0"
+    ) -> Decision:
         """Decide and consume.  ``now`` overrides the server clock (tests only).
 
         Through the lean client: one EVALSHA, its deadline kept by the client
@@ -224,8 +233,9 @@ class RedisStore:
             la = (f"{self._prefix}:{{{limit._sig}:", sha, pack, {})
             self._lean_args[limit._ns] = la
         head, sha, pack, frames = la
-        rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}") \
-            .encode("utf-8", "surrogatepass")
+        rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}").encode(
+            "utf-8", "surrogatepass"
+        )
         # the whole EVALSHA but the key, encoded once per (cost, dry run) when the
         # server's clock is used: one bytes formatting per decision
         if now is None:
@@ -263,9 +273,13 @@ class RedisStore:
         if budget <= 0:
             raise RespTimeoutError(f"NOSCRIPT for {limit.algorithm} and no time left to reload it")
         client = self._client
+        loaded: Any
+        res: Any
         loaded, res = await asyncio.gather(
             client.execute_command(b"SCRIPT", b"LOAD", limit_lua(limit), timeout=budget),
-            client.send_packed(data, timeout=budget), return_exceptions=True)
+            client.send_packed(data, timeout=budget),
+            return_exceptions=True,
+        )
         if isinstance(loaded, BaseException):
             raise loaded
         if isinstance(res, BaseException):

@@ -43,8 +43,19 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 
-__all__ = ["RespClient", "pack", "bulk", "RespError", "ReplyError", "NoScriptError", "RespConnectionError",
-           "RespTimeoutError", "RespProtocolError", "Address", "parse_url"]
+__all__ = [
+    "Address",
+    "NoScriptError",
+    "ReplyError",
+    "RespClient",
+    "RespConnectionError",
+    "RespError",
+    "RespProtocolError",
+    "RespTimeoutError",
+    "bulk",
+    "pack",
+    "parse_url",
+]
 
 
 class RespError(Exception):
@@ -80,11 +91,12 @@ def _reply_error(msg: str) -> ReplyError:
 
 # --------------------------------------------------------------------------- addresses
 
+
 @dataclass(frozen=True)
 class Address:
     host: str = "127.0.0.1"
     port: int = 6379
-    path: str | None = None         # unix socket
+    path: str | None = None  # unix socket
     username: str | None = None
     password: str | None = None
     db: int = 0
@@ -115,11 +127,11 @@ def parse_url(url: str) -> Address | None:
         if not u.path:
             return None
         return Address(path=unquote(u.path), username=username, password=password, db=db)
-    return Address(host=u.hostname or "127.0.0.1", port=port or 6379, username=username,
-                   password=password, db=db)
+    return Address(host=u.hostname or "127.0.0.1", port=port or 6379, username=username, password=password, db=db)
 
 
 # --------------------------------------------------------------------------- encoding
+
 
 def bulk(a: Any) -> bytes:
     """One RESP bulk string (as :func:`pack` encodes each argument)."""
@@ -138,10 +150,10 @@ def bulk(a: Any) -> bytes:
 
 
 _get_ident = threading.get_ident
-_FORK_EPOCH = [0]   # + 1 in a forked child: a client checks its loop again there
+_FORK_EPOCH = [0]  # + 1 in a forked child: a client checks its loop again there
 os.register_at_fork(after_in_child=lambda: _FORK_EPOCH.__setitem__(0, _FORK_EPOCH[0] + 1))
 
-_NAMES: dict[Any, bytes] = {}   # encoded command names (a small set)
+_NAMES: dict[Any, bytes] = {}  # encoded command names (a small set)
 
 
 def pack(args: tuple[Any, ...]) -> bytes:
@@ -171,13 +183,24 @@ def pack(args: tuple[Any, ...]) -> bytes:
 
 # --------------------------------------------------------------------------- the connection
 
+
 class _Conn(asyncio.Protocol):
     """One connection: its replies, its outstanding commands (FIFO), its write buffer."""
 
-    __slots__ = ("client", "transport", "reader", "pending", "n_expired", "wbuf", "flushing", "replies",
-                 "lost", "error")
+    __slots__ = (
+        "client",
+        "transport",
+        "reader",
+        "pending",
+        "n_expired",
+        "wbuf",
+        "flushing",
+        "replies",
+        "lost",
+        "error",
+    )
 
-    def __init__(self, client: "RespClient") -> None:
+    def __init__(self, client: RespClient) -> None:
         self.client = client
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader(replyError=_reply_error)
@@ -189,7 +212,7 @@ class _Conn(asyncio.Protocol):
         self.flushing = False
         self.replies = 0
         self.lost = False
-        self.error: BaseException | None = None   # why the connection is being dropped
+        self.error: BaseException | None = None  # why the connection is being dropped
 
     # asyncio callbacks ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -208,8 +231,9 @@ class _Conn(asyncio.Protocol):
             if reply is False:
                 return
             if not pending:
-                self.abort(RespProtocolError(f"redis at {self.client.address}: a reply nobody asked for: "
-                                             f"{reply!r:.100}"))
+                self.abort(
+                    RespProtocolError(f"redis at {self.client.address}: a reply nobody asked for: {reply!r:.100}")
+                )
                 return
             fut, _ = pending.popleft()
             self.replies += 1
@@ -231,8 +255,11 @@ class _Conn(asyncio.Protocol):
         err = self.error
         if err is None:
             addr = self.client.address
-            err = RespConnectionError(f"connection to redis at {addr} lost: {exc!r}" if exc else
-                                      f"connection to redis at {addr} closed by the server")
+            err = RespConnectionError(
+                f"connection to redis at {addr} lost: {exc!r}"
+                if exc
+                else f"connection to redis at {addr} closed by the server"
+            )
             if exc is not None:
                 err.__cause__ = exc
         self.fail_all(err)
@@ -248,7 +275,7 @@ class _Conn(asyncio.Protocol):
             self.client.writes += 1
             try:
                 self.transport.write(data)  # type: ignore[union-attr]
-            except Exception as e:  # noqa: BLE001 - uvloop raises on a transport closed under us
+            except Exception as e:
                 self.abort(RespConnectionError(f"cannot write to redis at {self.client.address}: {e!r}"))
 
     def fail_all(self, err: BaseException) -> None:
@@ -270,7 +297,7 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             try:
                 self.transport.abort()  # connection_lost follows (and finds nothing pending)
-            except Exception:  # noqa: BLE001 - already closed (uvloop), or its loop is gone
+            except Exception:
                 pass
         self.client._lost(self, err)
 
@@ -284,12 +311,20 @@ def _copy(err: BaseException) -> BaseException:
 
 # --------------------------------------------------------------------------- the client
 
+
 class RespClient:
     """See the module docstring.  ``timeout`` (seconds) bounds every command,
     connect included; ``connect_timeout`` defaults to it."""
 
-    def __init__(self, url_or_address: str | Address, *, timeout: float = 0.05, connect_timeout: float | None = None,
-                 max_backoff: float = 1.0, dead_after: float | None = None) -> None:
+    def __init__(
+        self,
+        url_or_address: str | Address,
+        *,
+        timeout: float = 0.05,
+        connect_timeout: float | None = None,
+        max_backoff: float = 1.0,
+        dead_after: float | None = None,
+    ) -> None:
         if isinstance(url_or_address, Address):
             addr = url_or_address
         else:
@@ -307,25 +342,26 @@ class RespClient:
         self.dead_after = float(dead_after if dead_after is not None else max(2.0, 10 * timeout))
         self._handshake: list[tuple[Any, ...]] = []
         if addr.password is not None:
-            self._handshake.append((b"AUTH", addr.username, addr.password) if addr.username
-                                   else (b"AUTH", addr.password))
+            self._handshake.append(
+                (b"AUTH", addr.username, addr.password) if addr.username else (b"AUTH", addr.password)
+            )
         if addr.db:
             self._handshake.append((b"SELECT", addr.db))
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._epoch = -1                           # _FORK_EPOCH and thread when _loop was last checked
+        self._epoch = -1  # _FORK_EPOCH and thread when _loop was last checked
         self._tid = -1
-        self._conn: _Conn | None = None            # connected (handshake done) and not lost
+        self._conn: _Conn | None = None  # connected (handshake done) and not lost
         self._connecting: asyncio.Task | None = None
         # commands waiting for a connection: (future, deadline, data)
         self._waiting: list[tuple[asyncio.Future, float, bytes]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._fails = 0                # connect attempts failed in a row
-        self._next_attempt = 0.0       # loop time before which no connect is tried
+        self._fails = 0  # connect attempts failed in a row
+        self._next_attempt = 0.0  # loop time before which no connect is tried
         self._last_error: BaseException | None = None
         # counters (the benchmark and tests read them)
-        self.commands_sent = 0         # commands handed to a connection (one reply each)
-        self.writes = 0                # socket writes those took (pipelining: fewer)
+        self.commands_sent = 0  # commands handed to a connection (one reply each)
+        self.writes = 0  # socket writes those took (pipelining: fewer)
         self.connects = 0
 
     def __repr__(self) -> str:
@@ -336,12 +372,12 @@ class RespClient:
         return self._conn is not None
 
     # -- commands ------------------------------------------------------------------
-    def execute_command(self, *args: Any, timeout: float | None = None) -> "asyncio.Future[Any]":
+    def execute_command(self, *args: Any, timeout: float | None = None) -> asyncio.Future[Any]:
         """Send one command; returns a future of its reply (hiredis types: bytes,
         int, list, None; error replies raise :class:`ReplyError`)."""
         return self.send_packed(pack(args), timeout)
 
-    def send_packed(self, data: bytes, timeout: float | None = None) -> "asyncio.Future[Any]":
+    def send_packed(self, data: bytes, timeout: float | None = None) -> asyncio.Future[Any]:
         """Send one already-encoded command (exactly one: its reply resolves the future)."""
         loop = self._loop
         # asyncio.get_running_loop() costs a getpid() system call per command on
@@ -365,7 +401,7 @@ class RespClient:
                 self.writes += 1
                 try:
                     conn.transport.write(data)  # type: ignore[union-attr]
-                except Exception as e:  # noqa: BLE001 - uvloop raises on a transport closed under us
+                except Exception as e:
                     conn.abort(RespConnectionError(f"cannot write to redis at {self.address}: {e!r}"))
                     return fut
             else:
@@ -415,7 +451,7 @@ class RespClient:
         if self._conn is not None and self._conn.transport is not None:
             try:
                 self._conn.transport.abort()
-            except Exception:  # noqa: BLE001 - the old loop may be closed
+            except Exception:
                 pass
         self._loop = loop
         self._conn = None
@@ -433,7 +469,8 @@ class RespClient:
             wait = self._next_attempt - loop.time()
             err = RespConnectionError(
                 f"redis at {self.address} unreachable ({self._fails} failed connects in a row, last: "
-                f"{self._last_error}); next attempt in {wait * 1000:.0f} ms")
+                f"{self._last_error}); next attempt in {wait * 1000:.0f} ms"
+            )
             err.__cause__ = self._last_error
             fut.set_exception(err)
             return
@@ -461,8 +498,9 @@ class RespClient:
                     if self._handshake:
                         await self._do_handshake(loop, conn)
             except TimeoutError as e:
-                raise RespTimeoutError(f"connect to redis at {addr} timed out after "
-                                       f"{self.connect_timeout * 1000:g} ms") from e
+                raise RespTimeoutError(
+                    f"connect to redis at {addr} timed out after {self.connect_timeout * 1000:g} ms"
+                ) from e
             except ReplyError as e:
                 raise RespConnectionError(f"redis at {addr} refused the handshake: {e}") from e
             except OSError as e:
@@ -555,9 +593,12 @@ class RespClient:
             i = conn.n_expired
             n = len(pending)
             if n and pending[0][1] + self.dead_after <= now:
-                conn.abort(RespTimeoutError(
-                    f"redis at {self.address} has not answered for {now - pending[0][1] + self.timeout:.1f} s; "
-                    "dropping the connection"))
+                conn.abort(
+                    RespTimeoutError(
+                        f"redis at {self.address} has not answered for {now - pending[0][1] + self.timeout:.1f} s; "
+                        "dropping the connection"
+                    )
+                )
             else:
                 while i < n:
                     fut, deadline = pending[i]
@@ -565,8 +606,9 @@ class RespClient:
                         nxt = deadline
                         break
                     if not fut.done():
-                        fut.set_exception(RespTimeoutError(
-                            f"no reply from redis at {self.address} within {self.timeout * 1000:g} ms"))
+                        fut.set_exception(
+                            RespTimeoutError(f"no reply from redis at {self.address} within {self.timeout * 1000:g} ms")
+                        )
                     i += 1
                 conn.n_expired = i
                 if i and nxt == float("inf"):
@@ -577,8 +619,9 @@ class RespClient:
                 if fut.done():
                     continue
                 if deadline <= now:
-                    fut.set_exception(RespTimeoutError(
-                        f"no connection to redis at {self.address} within {self.timeout * 1000:g} ms"))
+                    fut.set_exception(
+                        RespTimeoutError(f"no connection to redis at {self.address} within {self.timeout * 1000:g} ms")
+                    )
                 elif deadline < nxt:
                     nxt = deadline
             self._waiting = [w for w in self._waiting if not w[0].done()]

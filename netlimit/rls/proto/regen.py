@@ -1,7 +1,7 @@
 """Regenerate the Python modules of Envoy's rate limit protocol from the .proto
 files beside this script::
 
-    python -m netlimit.rls.proto.regen            # rewrite *_pb2.py, rls_pb2_grpc.py
+    python -m netlimit.rls.proto.regen            # rewrite *_pb2.py(i), rls_pb2_grpc.py
     python -m netlimit.rls.proto.regen --check    # exit 1 if they are out of date
 
 Needs grpcio-tools (the ``test`` extra); the sidecar itself needs only grpcio
@@ -29,6 +29,7 @@ REL = HERE.relative_to(ROOT)
 
 def generated_names() -> list[str]:
     out = [p.replace(".proto", "_pb2.py") for p in PROTOS]
+    out += [p.replace(".proto", "_pb2.pyi") for p in PROTOS]  # type stubs: mypy sees the messages
     out.append("rls_pb2_grpc.py")
     return out
 
@@ -41,15 +42,14 @@ def _protoc(args: list[str]) -> None:
     import importlib.resources
 
     wkt = str(importlib.resources.files("grpc_tools") / "_proto")  # google/protobuf/*.proto
-    rc = protoc.main(["grpc_tools.protoc", f"-I{ROOT}", f"-I{wkt}", *args,
-                      *[str(REL / p) for p in PROTOS]])
+    rc = protoc.main(["grpc_tools.protoc", f"-I{ROOT}", f"-I{wkt}", *args, *[str(REL / p) for p in PROTOS]])
     if rc != 0:
         raise SystemExit(f"protoc failed with exit code {rc}")
 
 
 def generate(out_dir: Path) -> dict[str, str]:
     """Run protoc into ``out_dir``; {file name: generated text}."""
-    _protoc([f"--python_out={out_dir}", f"--grpc_python_out={out_dir}"])
+    _protoc([f"--python_out={out_dir}", f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}"])
     gen = out_dir / REL
     texts = {}
     for name in generated_names():
@@ -83,15 +83,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         stale.append(name)
         if args.check:
-            diff = difflib.unified_diff(old.splitlines(), text.splitlines(), f"{name} (committed)",
-                                        f"{name} (generated)", lineterm="", n=1)
+            diff = difflib.unified_diff(
+                old.splitlines(), text.splitlines(), f"{name} (committed)", f"{name} (generated)", lineterm="", n=1
+            )
             print("\n".join(list(diff)[:40]), file=sys.stderr)
         else:
             target.write_text(text)
     if args.check:
         if stale:
-            print(f"out of date: {', '.join(stale)}; run: python -m netlimit.rls.proto.regen",
-                  file=sys.stderr)
+            print(f"out of date: {', '.join(stale)}; run: python -m netlimit.rls.proto.regen", file=sys.stderr)
             return 1
         print("generated modules are up to date")
         return 0
