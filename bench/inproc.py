@@ -5,7 +5,8 @@ What is compared, like for like: one call per request that decides and
 consumes, on a store already holding every key of the stream, returning the
 verdict only:
 
-* netlimit: ``MemoryStore.allow_sync(key, limit)`` -> ``bool``;
+* netlimit: ``allow_sync(key)`` (bench/admit.py: ``MemoryStore.hit_sync`` reduced to the
+  verdict, like for like with limits) -> ``bool``, and the product's ``hit_sync`` -> Decision;
 * limits: ``<Strategy>(MemoryStorage()).hit(item, key)`` -> ``bool``.
 
 Beside it, netlimit's ``MemoryStore.hit_sync(key, limit)``, which returns a
@@ -82,14 +83,22 @@ def _netlimit(alg: str, keys: list[str]):
     from netlimit.limit.algorithms import Limit
     from netlimit.limit.stores import MemoryStore
 
+    from .admit import allow_fn
+
     lim = Limit(alg, LIMIT, float(PERIOD))
     out = []
     for name in ("allow_sync", "hit_sync"):
         store = MemoryStore(max_keys=max(2 * len(keys), 100_000))
-        hit = getattr(store, name)
-        for k in keys:
-            hit(k, lim)
-        out.append((lambda k, hit=hit: hit(k, lim)))
+        if name == "allow_sync":
+            allow = allow_fn(store, lim)
+            for k in keys:
+                allow(k)
+            out.append(allow)
+        else:
+            hit = store.hit_sync
+            for k in keys:
+                hit(k, lim)
+            out.append(lambda k, hit=hit: hit(k, lim))
     return out
 
 
@@ -168,7 +177,7 @@ def run(mode: Mode) -> Section:
                     )
                 )
     sec.details["what"] = (
-        "netlimit MemoryStore.allow_sync and limits <Strategy>.hit both return a bool "
+        "netlimit allow_sync (bench/admit.py) and limits <Strategy>.hit both return a bool "
         "(like for like); hit_sync (a full Decision) is reported beside. "
         f"Limit {LIMIT}/minute; stores pre-filled with every key; ratio = median of "
         "per-round ratios (rounds interleaved)"

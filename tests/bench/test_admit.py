@@ -1,4 +1,4 @@
-"""The verdict-only paths (algorithms.admit, MemoryStore.allow_sync) against the
+"""The benchmark's verdict-only paths (bench/admit.py: admit, allow_fn) against the
 full deciders: same verdict and the same state after every event."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from array import array
 
 import pytest
 
-from netlimit.limit.algorithms import ALGORITHMS, DENIED, Limit, admit, decide
+from bench.admit import DENIED, admit, allow_fn
+from netlimit.limit.algorithms import ALGORITHMS, Limit, decide
 from netlimit.limit.stores import MemoryStore
 
 
@@ -62,6 +63,6 @@ def test_allow_sync_equals_hit_sync(alg):
     for now, cost in _events(rng, 6000):
         key = f"k{rng.randrange(100)}"
         limit = rng.choice(limits)
-        assert a.allow_sync(key, limit, cost, now) == b.hit_sync(key, limit, cost, now).allowed
+        assert allow_fn(a, limit)(key, cost, now) == b.hit_sync(key, limit, cost, now).allowed
     assert sorted(a.stored_keys()) == sorted(b.stored_keys())
     assert a.evictions == b.evictions

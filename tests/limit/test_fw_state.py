@@ -2,8 +2,8 @@
 
 The field width follows the limit so that the state int stays below 2**60 (a
 32-byte object, bench/memory.py's <= 150 B/key) also at a 1 s period, where
-the window index alone is ~31 bits. The decider, the verdict-only admitter and
-MemoryStore's inlined copy must read and write the same layout.
+the window index alone is ~31 bits. The decider, the benchmark's verdict-only
+admitter (bench/admit.py) and MemoryStore's inlined copy must read and write the same layout.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from netlimit.limit.algorithms import ADMITTERS, DENIED, Limit, fixed_window
+from bench.admit import ADMITTERS, DENIED
+from netlimit.limit.algorithms import Limit, fixed_window
 from netlimit.limit.stores import MemoryStore
 
 NOW = 1_795_000_000.25  # late 2026: a window index of 31 bits at period 1 s

@@ -16,11 +16,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bench.admit import DENIED, _swc_admit_of, admit
 from netlimit.limit.algorithms import (
-    DENIED,
     Decision,
     Limit,
-    admit,
     decide,
     is_idle,
     sliding_window_counter,
@@ -267,7 +266,7 @@ def test_a_state_many_windows_old_reads_as_empty():
 
 def _horizon(limit: Limit):
     """The admitter's remembered (state, cost, t), read from its closure."""
-    fn = limit._admit
+    fn = _swc_admit_of(limit)
     return fn.__closure__[fn.__code__.co_freevars.index("horizon")].cell_contents
 
 

@@ -12,7 +12,8 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
-from ..algorithms import _INF, _J, _LIMIT_BY_NS, DENIED, Decision, Limit, _floor, _new, is_idle
+from ..algorithms import Decision, Limit, is_idle
+from ..algorithms.base import _INF, _J, _LIMIT_BY_NS, _floor, _new
 from .base import hash_key
 
 
@@ -158,34 +159,6 @@ class MemoryStore:
         if new_state is not None:  # a new key, or one coming back from the old generation
             self._insert(key, limit, new_state, table)
         return decision
-
-    def allow_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> bool:
-        """:meth:`hit_sync` for callers that need only the verdict (no Decision is
-        built): the same state change, True when admitted."""
-        if now is None:
-            now = self._clock()
-        if len(key) > self._max_key_length:
-            key = hash_key(key)
-        if cost < 0:
-            raise ValueError(f"cost must be >= 0, got {cost}")
-        table = self._young.get(limit._ns)
-        if table is not None:
-            state = table.get(key)
-            if state is not None:
-                new_state = limit._admit(limit, state, now, cost)
-                if new_state is DENIED:
-                    return False
-                if new_state is not state:
-                    table[key] = new_state
-                return True
-        state = self._take_old(key, limit)
-        new_state = limit._admit(limit, state, now, cost)
-        allowed = new_state is not DENIED
-        if not allowed:
-            new_state = state
-        if new_state is not None:
-            self._insert(key, limit, new_state, table)
-        return allowed
 
     def _take_old(self, key: str, limit: Limit) -> Any:
         """The state of ``key`` in the old generation, removed from it (or None)."""

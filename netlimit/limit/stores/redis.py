@@ -17,8 +17,10 @@ from typing import Any
 from redis.exceptions import NoScriptError as _RedisNoScriptError
 from redis.exceptions import RedisError
 
-from ..algorithms import ALGORITHMS, Decision, Limit, _deny_all, _new
-from .base import StoreError, hash_key
+from ...errors import StoreError
+from ..algorithms import REGISTRY, Decision, Limit
+from ..algorithms.base import _deny_all, _new
+from .base import hash_key
 from .resp import NoScriptError, RespClient, RespError, RespTimeoutError, bulk, parse_url
 
 # What counts as "the store is sick" (fail open) rather than a bug in the caller:
@@ -29,20 +31,20 @@ _STORE_FAILURES = (RedisError, RespError, OSError, TimeoutError)
 _LUA_CACHE: dict[str, str] = {}
 # by Limit._sig: (the limit's script, its SHA1 as EVALSHA wants it, pack or None)
 _LIMIT_LUA: dict[str, tuple[str, bytes, int | None]] = {}
-# scripts that store or score now as text (so TIME is read as a decimal string)
-_NOWSTR = frozenset({"sliding_window_log", "token_bucket", "leaky_bucket"})
 
 
 def load_lua(algorithm: str) -> str:
     """The script body for ``algorithm``: ``lua/_prelude.lua`` (argument and time
-    handling every script shares) followed by ``lua/<algorithm>.lua``.  It runs
-    only behind the first line :func:`limit_lua` writes for a limit."""
+    handling every script shares) followed by the algorithm's script (its module
+    names it: :attr:`Algorithm.lua`).  It runs only behind the first line
+    :func:`limit_lua` writes for a limit."""
     src = _LUA_CACHE.get(algorithm)
     if src is None:
-        if algorithm not in ALGORITHMS:
+        alg = REGISTRY.get(algorithm)
+        if alg is None:
             raise ValueError(f"unknown algorithm {algorithm!r}")
         lua = resources.files(__package__).joinpath("lua")
-        src = lua.joinpath("_prelude.lua").read_text("utf-8") + lua.joinpath(f"{algorithm}.lua").read_text("utf-8")
+        src = lua.joinpath("_prelude.lua").read_text("utf-8") + lua.joinpath(alg.lua).read_text("utf-8")
         _LUA_CACHE[algorithm] = src
     return src
 
@@ -71,11 +73,12 @@ def _limit_script(limit: Limit) -> tuple[str, bytes, int | None]:
     s = _LIMIT_LUA.get(limit._sig)
     if s is None:
         alg = limit.algorithm
+        nowstr = REGISTRY[alg].lua_now_string
         pack = _pack(limit)
         head = (
             "local lim, period, cap, ttl, queue, pack, nowstr_needed = "
             f"{limit.limit}, {limit.period!r}, {limit._cap}, '{math.ceil(limit.period * 1000) + 1000}', "
-            f"{'true' if limit.delay else 'false'}, {pack or 'nil'}, {'true' if alg in _NOWSTR else 'false'}\n"
+            f"{'true' if limit.delay else 'false'}, {pack or 'nil'}, {'true' if nowstr else 'false'}\n"
         )
         src = head + load_lua(alg)
         s = _LIMIT_LUA[limit._sig] = (src, hashlib.sha1(src.encode("utf-8")).hexdigest().encode(), pack)

@@ -1,4 +1,4 @@
--- Shared by every netlimit script.  A script is per limit: store.limit_lua writes
+-- Shared by every netlimit script.  A script is per limit: limit_lua (redis.py) writes
 -- the limit's constants as Lua literals in a first line (no ARGV to parse per call)
 --   local lim, period, cap, ttl, queue, pack, nowstr_needed = ...
 -- (lim, period: the rule; cap: the capacity, reported as Decision.limit; ttl: the

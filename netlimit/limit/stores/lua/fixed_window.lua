@@ -2,7 +2,7 @@
 -- KEYS[1] state key (string: "<window index> <count>"); cap = lim
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
 -- strings), or for an admission admit() (_prelude.lua).
--- (store.limit_lua and _prelude.lua define lim, period, cap, fmt, save, admit, now,
+-- (stores/redis.py limit_lua and _prelude.lua define lim, period, cap, fmt, save, admit, now,
 -- key, cost, dry)
 
 local w = math.floor(now / period)

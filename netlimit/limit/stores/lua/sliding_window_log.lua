@@ -5,7 +5,7 @@
 -- '%.17g' strings because Redis truncates Lua numbers to integers; an admission
 -- answers admit() (_prelude.lua).  cap = lim; ttl is the key's TTL in ms,
 -- ceil(period * 1000) + 1000, as text (store.limit_lua).
--- (store.limit_lua and _prelude.lua define lim, period, cap, ttl, fmt, admit,
+-- (stores/redis.py limit_lua and _prelude.lua define lim, period, cap, ttl, fmt, admit,
 -- now, nowstr, key, cost, dry)
 -- Earlier versions numbered the members from a second key '<KEYS[1]>:seq'
 -- (INCRBY); one left behind by an upgrade is never touched again and expires by

@@ -1,14 +1,14 @@
--- netlimit leaky bucket; mirrors algorithms.leaky_bucket (algorithms._bucket)
--- operation for operation.  The state is the room left in the bucket
--- (capacity - level), which keeps integer boundaries exact, exactly as the
--- token bucket's tokens.  Meter mode: admitted if it fits.  Queue mode
--- (queue = true; cap is then capacity + 1, nginx burst semantics):
--- admitted if it fits, delay = level / rate.
+-- netlimit token bucket and leaky bucket (one script: a leaky bucket as a meter is
+-- a token bucket); mirrors algorithms/bucket.py (_bucket) operation for operation.
+-- The state is the room left: tokens, or capacity - level for the leaky bucket,
+-- which keeps integer boundaries exact.  cap is the burst.  Leaky bucket queue
+-- mode (queue = true; cap is then capacity + 1, nginx burst semantics): admitted
+-- if it fits, delay = level / rate.
 -- KEYS[1] state key (string: "<room> <last update time>")
 -- Returns {allowed, limit, remaining, retry_after, reset, delay} (floats as '%.17g'
--- strings), or for an admission in meter mode admit() (_prelude.lua).
--- (store.limit_lua and _prelude.lua define lim, period, cap, queue, fmt, save, admit,
--- now, nowstr, key, cost, dry)
+-- strings), or for an admission without queueing admit() (_prelude.lua).
+-- (stores/redis.py limit_lua and _prelude.lua define lim, period, cap, queue, fmt,
+-- save, admit, now, nowstr, key, cost, dry)
 
 local rate = lim / period
 local free, last
