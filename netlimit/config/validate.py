@@ -18,19 +18,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from ..errors import ConfigError
 from . import kernel_limits as kl
 from .loader import Document, Problem, YamlError, load_text
 from .model import BandwidthRule, Config, Descriptor, HttpConfig, NetworkRule, RateLimit
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
-
-
-class ConfigError(Exception):
-    """A file that cannot be used; .problems lists every reason."""
-
-    def __init__(self, problems: list[Problem]):
-        super().__init__("\n".join(str(p) for p in problems))
-        self.problems = problems
 
 
 @dataclass

@@ -23,16 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..errors import ApplyError
 from .netns import LockTimeout, kernel_lock, run_in_netns, writer_lock
 from .objects import Desired, IptChain, IptRule, rule_of_comment
-
-
-class ApplyError(Exception):
-    def __init__(self, message: str, rule: str | None = None, rolled_back: bool = True):
-        super().__init__(message)
-        self.rule = rule
-        self.rolled_back = rolled_back
-
 
 # --- the packet-filter backend interface -----------------------------------------------
 

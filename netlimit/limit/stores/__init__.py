@@ -2,7 +2,8 @@
 in Redis shared by many servers (:class:`RedisStore`, atomic Lua).  Both
 implement :class:`Store` and decide identically for identical inputs."""
 
-from .base import Store, StoreError, hash_key
+from ...errors import StoreError
+from .base import Store, hash_key
 from .memory import MemoryStore
 from .redis import RedisStore, limit_lua, load_lua
 

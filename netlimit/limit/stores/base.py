@@ -15,11 +15,6 @@ from typing import Protocol, runtime_checkable
 from ..algorithms import Decision, Limit
 
 
-class StoreError(Exception):
-    """The store could not decide in time (timeout, connection refused, server
-    error).  The sidecar catches this to fail open / decide locally."""
-
-
 @runtime_checkable
 class Store(Protocol):
     async def hit(self, key: str, limit: Limit, cost: int = 1) -> Decision:
