@@ -20,11 +20,8 @@ Each inner list of ``http.actions`` yields one descriptor, its entries in order:
 from __future__ import annotations
 
 import ipaddress
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import unquote
-
-log = logging.getLogger("netlimit.sidecar")
 
 Entry = tuple[str, str]
 

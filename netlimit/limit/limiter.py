@@ -1,14 +1,19 @@
-"""The limiter core: descriptors in, a decision per descriptor out.
+"""The limiter: a request's descriptors in, one decision per descriptor out.
 
-Transport-free on purpose: the HTTP sidecar (app.py) and, later, an Envoy RLS
-gRPC front door call the same :meth:`Limiter.check`::
+Door-free on purpose: the HTTP sidecar and the gRPC RateLimitService make a
+:class:`~netlimit.limit.request.CheckRequest` and call the same
+:meth:`Limiter.check`::
 
-    result = await limiter.check("api", [[("remote_address", "10.0.0.1")],
-                                         [("path", "/login"), ("remote_address", "10.0.0.1")]],
-                                 cost=1)
+    req = build_request("api", [DescriptorIn([("remote_address", "10.0.0.1")]),
+                                 DescriptorIn([("path", "/login"), ("remote_address", "10.0.0.1")])])
+    result = await limiter.check(req)
     result.code            # OK (1) or OVER_LIMIT (2), Lyft's numbering
     result.statuses        # one DescriptorStatus per descriptor, in order
     result.report          # the most constraining enforced status (for headers)
+
+:meth:`check_fast` is the same decision without a coroutine for an in-process
+store (the sidecar's fast paths), answering its most common outcome without
+building result objects.
 
 Semantics
 ---------
@@ -19,6 +24,15 @@ Semantics
   reported status is, among the enforced (non-shadow) rules, the denied one
   with the longest ``retry_after``; when all allow, the one with the fewest
   ``remaining`` (then the smallest limit).
+* Each descriptor is charged its own cost (``hits_addend``; 0 is a free probe),
+  and a descriptor's limit ``override`` replaces the configured limit for it as
+  envoyproxy/ratelimit does (``GetLimit``): it applies whenever the domain is
+  ours, also when no configured descriptor matches; it is never shadow_mode and
+  never replaced nor replacing.  Its counters are keyed by the descriptor's
+  keys and values under the override's rate, apart from the configured limit's;
+  it keeps the algorithm of the configured descriptor it matches (fixed_window
+  when none, Lyft's only one).
+* A domain other than the rules' has no limits: every status is OK.
 * ``shadow_mode`` rules are charged and counted exactly like the others, but
   their denials become OK with ``shadow_over = True``; they never appear in
   ``report`` (clients never see a dark-launched limit) nor delay a request.
@@ -33,6 +47,7 @@ Semantics
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from bisect import bisect_left
@@ -40,11 +55,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .algorithms import Decision
-from .rules import Entry, Rule, RuleSet
-from .stores import MemoryStore, StoreError
+from ..config.model import UNIT_SECONDS
+from ..errors import StoreError
+from .algorithms import Decision, Limit
+from .request import CheckRequest, Override
+from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
+from .stores import MemoryStore, Store
 
-log = logging.getLogger("netlimit.sidecar")
+log = logging.getLogger("netlimit.limit")
 _perf = time.perf_counter
 _bisect_left = bisect_left
 _new = object.__new__
@@ -165,7 +183,7 @@ class Limiter:
     def __init__(
         self,
         rules: RuleSet,
-        store: Any = None,
+        store: Store | None = None,
         *,
         local: MemoryStore | None = None,
         on_store_failure: str = "local",
@@ -177,19 +195,21 @@ class Limiter:
             raise ValueError(f"on_store_failure must be open, local or closed, not {on_store_failure!r}")
         self.stats = CoreStats()
         cfg = rules.config
-        if store is None:
-            store = MemoryStore(
+
+        def memory() -> MemoryStore:
+            return MemoryStore(
                 max_keys=cfg.max_keys if cfg else 100_000, max_key_length=cfg.max_key_length if cfg else 256
             )
+
+        if store is None:
+            store = memory()
         self.store = store
         self._mem: MemoryStore | None = store if isinstance(store, MemoryStore) else None
         #: True when the primary store is in-process: :meth:`check_nowait` can decide
         #: (a plain attribute: the fast paths read it per request)
         self.is_sync = self._mem is not None
         if local is None and self._mem is None:
-            local = MemoryStore(
-                max_keys=cfg.max_keys if cfg else 100_000, max_key_length=cfg.max_key_length if cfg else 256
-            )
+            local = memory()
         self.local = local
         self.on_store_failure = on_store_failure
         self.retry_interval = float(retry_interval)
@@ -201,6 +221,8 @@ class Limiter:
         self._fail_log = _LogEvery(log_interval, clock)
         self._rule_log = _LogEvery(log_interval, clock)
         self.rules = rules
+        self._ov_rules: RuleSet | None = None  # the rules the override cache was built for
+        self._ov_cache: dict[tuple, Rule] = {}
 
     # -- configuration -------------------------------------------------------
 
@@ -228,22 +250,66 @@ class Limiter:
 
     # -- the decision ----------------------------------------------------------
 
-    def _match(self, rs: RuleSet, descriptors: Sequence[Sequence[Entry]]) -> list[Rule | None]:
+    def _rules_of(self, rs: RuleSet, req: CheckRequest) -> list[Rule | None]:
+        """The rule deciding each descriptor: the configured one it matches (or the
+        override's), after ``replaces``."""
         match = rs.match
-        rules = [match(d) for d in descriptors]
-        if rs.has_replaces:
-            replaced = {name for r in rules if r is not None for name in r.replaces}
+        descs = req.descriptors
+        ovs = req.overrides
+        if not ovs:
+            rules = [match(d) for d in descs]
+            if rs.has_replaces:
+                replaced = {name for r in rules if r is not None for name in r.replaces}
+                if replaced:
+                    rules = [None if r is not None and r.name in replaced else r for r in rules]
+            return rules
+        rules = [match(d) if ov is None else self._override_rule(rs, d, ov, match(d)) for d, ov in zip(descs, ovs)]
+        if rs.has_replaces:  # over configured rules only (an override has no name to replace or be replaced)
+            replaced = {n for r, ov in zip(rules, ovs) if r is not None and ov is None for n in r.replaces}
             if replaced:
-                rules = [None if r is not None and r.name in replaced else r for r in rules]
+                rules = [
+                    None if r is not None and ov is None and r.name in replaced else r for r, ov in zip(rules, ovs)
+                ]
         return rules
 
-    def check_nowait(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:
+    def _override_rule(self, rs: RuleSet, entries: Sequence[Entry], ov: Override, matched: Rule | None) -> Rule:
+        """The rule an override stands for, cached per (matched rule, keys, override)
+        and rebuilt lazily when the rules are reloaded."""
+        if self._ov_rules is not rs:
+            self._ov_rules = rs
+            self._ov_cache = {}
+        keys = tuple(k for k, _ in entries)
+        ck = (matched.path if matched is not None else None, keys, ov)
+        rule = self._ov_cache.get(ck)
+        if rule is None:
+            if len(self._ov_cache) >= _OVERRIDE_CACHE_MAX:
+                self._ov_cache.clear()
+            rule = self._ov_cache[ck] = override_rule(rs.domain, keys, ov, matched)
+        return rule
+
+    def check_nowait(self, req: CheckRequest) -> CheckResult:
         """:meth:`check` without a coroutine, for an in-process primary store
-        (``is_sync``); front doors that run outside a task use it."""
-        if domain != self.rules.domain:
-            return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
-        res = self.check_fast(descriptors, cost)
-        return self.as_result(*res) if isinstance(res, tuple) else res
+        (``is_sync``)."""
+        if req.domain != self.rules.domain:
+            return CheckResult(OK, [DescriptorStatus(OK) for _ in req.descriptors])
+        costs = req.costs
+        if not req.overrides and (len(costs) == 1 or costs.count(costs[0]) == len(costs)):
+            res = self.check_fast(req.descriptors, costs[0])
+            return self.as_result(*res) if isinstance(res, tuple) else res
+        t0 = _perf()
+        rs = self.rules
+        mem = self._mem
+        assert mem is not None, "check_nowait needs an in-process store; use check()"
+        rules = self._rules_of(rs, req)
+        key = rs.store_key
+        hit = mem.hit_sync
+        decided = [
+            None if r is None or r.limit is None else (hit(key(r, d), r.limit, c), SRC_STORE)
+            for d, r, c in zip(req.descriptors, rules, costs)
+        ]
+        result = self._evaluate(req.descriptors, rules, decided, costs)
+        self.stats.latency.observe(_perf() - t0)
+        return result
 
     @staticmethod
     def as_result(r: Rule, dec: Decision) -> CheckResult:
@@ -265,15 +331,18 @@ class Limiter:
         return result
 
     def check_fast(self, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> tuple[Rule, Decision] | CheckResult:
-        """:meth:`check_nowait` in the rules' own domain, for the fast paths:
-        ``(rule, decision)`` for the common answer -- one descriptor, admitted by
-        an enforced rule with no delay, counted as check_nowait counts it, but no
-        DescriptorStatus or CheckResult built -- else check_nowait's CheckResult."""
+        """:meth:`check_nowait` of a request in the rules' own domain, with one cost
+        for every descriptor and no override -- what the HTTP endpoints make --
+        for the fast paths: ``(rule, decision)`` for the common answer (one
+        descriptor, admitted by an enforced rule with no delay, counted as
+        check_nowait counts it, but no DescriptorStatus or CheckResult built),
+        else check_nowait's CheckResult."""
         t0 = _perf()
         rs = self.rules
         mem = self._mem
         if mem is None:
-            raise RuntimeError("check_nowait needs an in-process store; use check()")
+            raise RuntimeError("check_fast needs an in-process store; use check()")
+        result: tuple[Rule, Decision] | CheckResult
         if len(descriptors) == 1 and not rs.has_replaces:
             # one descriptor, without list machinery; the same result and counters as _evaluate
             d = descriptors[0]
@@ -290,21 +359,26 @@ class Limiter:
                     if near:
                         stats.near += cost
                     if not r.shadow and dec.delay <= 0.0:
-                        result = r, dec  # type: ignore[assignment]
+                        result = r, dec
                     else:
                         st = DescriptorStatus(OK, r, dec, False, near, SRC_STORE)
                         result = CheckResult(OK, [st]) if r.shadow else CheckResult(OK, [st], st, dec.delay)
                 else:
-                    result = self._evaluate(descriptors, (r,), ((dec, SRC_STORE),), cost)
+                    result = self._evaluate(descriptors, (r,), ((dec, SRC_STORE),), (cost,))
         else:
-            rules = self._match(rs, descriptors)
+            match = rs.match
+            rules: list[Rule | None] = [match(d) for d in descriptors]
+            if rs.has_replaces:
+                replaced = {name for r in rules if r is not None for name in r.replaces}
+                if replaced:
+                    rules = [None if r is not None and r.name in replaced else r for r in rules]
             hit = mem.hit_sync
             key = rs.store_key
             decided = [
                 None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
                 for d, r in zip(descriptors, rules)
             ]
-            result = self._evaluate(descriptors, rules, decided, cost)
+            result = self._evaluate(descriptors, rules, decided, (cost,) * len(descriptors))
         v = _perf() - t0  # Histogram.observe, inlined
         h = self.stats.latency
         h.counts[_bisect_left(h.bounds, v)] += 1
@@ -312,40 +386,42 @@ class Limiter:
         h.count += 1
         return result
 
-    async def check(self, domain: str, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> CheckResult:
-        """Decide one request.  ``descriptors`` are lists of (key, value) entries;
-        ``cost`` (>= 0) is charged to every matching rule."""
+    async def check(self, req: CheckRequest) -> CheckResult:
+        """Decide one request: every descriptor that matches a rule is charged its
+        cost; see the module doc for how the answer is combined."""
         if self._mem is not None:
-            return self.check_nowait(domain, descriptors, cost)
+            return self.check_nowait(req)
         t0 = _perf()
         rs = self.rules
-        if domain != rs.domain:
-            return CheckResult(OK, [DescriptorStatus(OK) for _ in descriptors])
-        rules = self._match(rs, descriptors)
+        if req.domain != rs.domain:
+            return CheckResult(OK, [DescriptorStatus(OK) for _ in req.descriptors])
+        descs = req.descriptors
+        costs = req.costs
+        rules = self._rules_of(rs, req)
         pending = [
-            (i, r, rs.store_key(r, d))
-            for i, (d, r) in enumerate(zip(descriptors, rules))
+            (i, r, r.limit, rs.store_key(r, d), costs[i])
+            for i, (d, r) in enumerate(zip(descs, rules))
             if r is not None and r.limit is not None
         ]
         decided: list[Any] = [None] * len(rules)
         if len(pending) == 1:
-            i, r, k = pending[0]
-            decided[i] = await self._hit(k, r, cost)
+            i, r, lim, k, c = pending[0]
+            decided[i] = await self._hit(k, r, lim, c)
         elif pending:
-            res = await asyncio.gather(*[self._hit(k, r, cost) for _, r, k in pending])
-            for (i, _, _), dr in zip(pending, res):
+            res = await asyncio.gather(*[self._hit(k, r, lim, c) for _, r, lim, k, c in pending])
+            for (i, _, _, _, _), dr in zip(pending, res):
                 decided[i] = dr
-        result = self._evaluate(descriptors, rules, decided, cost)
+        result = self._evaluate(descs, rules, decided, costs)
         self.stats.latency.observe(_perf() - t0)
         return result
 
-    def _evaluate(self, descriptors, rules, decided, cost: int) -> CheckResult:
+    def _evaluate(self, descriptors, rules, decided, costs: Sequence[int]) -> CheckResult:
         """Statuses, per-rule counters, the overall code and the reported status."""
         statuses: list[DescriptorStatus] = []
         report: DescriptorStatus | None = None
         code = OK
         delay = 0.0
-        for d, rule, dd in zip(descriptors, rules, decided):
+        for d, rule, dd, cost in zip(descriptors, rules, decided, costs):
             if dd is None:
                 statuses.append(DescriptorStatus(OK, rule))
                 continue
@@ -391,17 +467,17 @@ class Limiter:
 
     # -- store access with the breaker ------------------------------------------
 
-    async def _hit(self, key: str, rule: Rule, cost: int) -> tuple[Decision | None, str]:
+    async def _hit(self, key: str, rule: Rule, limit: Limit, cost: int) -> tuple[Decision | None, str]:
         probe = False
         if self._down_until:
             if self._clock() < self._down_until or self._probing:
-                return self._fallback(key, rule, cost)
+                return self._fallback(key, limit, cost)
             self._probing = probe = True
         try:
-            dec = await self.store.hit(key, rule.limit, cost)
-        except Exception as exc:
+            dec = await self.store.hit(key, limit, cost)
+        except Exception as exc:  # a StoreError, or a store's bug: either way the store is sick
             self._failed(exc)
-            return self._fallback(key, rule, cost)
+            return self._fallback(key, limit, cost)
         finally:
             if probe:
                 self._probing = False
@@ -409,17 +485,17 @@ class Limiter:
             self._recovered()
         return dec, SRC_STORE
 
-    def _fallback(self, key: str, rule: Rule, cost: int) -> tuple[Decision | None, str]:
+    def _fallback(self, key: str, limit: Limit, cost: int) -> tuple[Decision | None, str]:
         mode = self.on_store_failure
         self._fallbacks += 1
         self.stats.fallbacks[mode] += 1
         if mode == "local":
-            assert self.local is not None and rule.limit is not None  # made in __init__; limited rules only
-            return self.local.hit_sync(key, rule.limit, cost), SRC_LOCAL
+            assert self.local is not None  # made in __init__ when the primary is not in-process
+            return self.local.hit_sync(key, limit, cost), SRC_LOCAL
         if mode == "open":
             return None, SRC_OPEN
         ri = self.retry_interval
-        return Decision(False, rule.limit.capacity, 0, ri, ri), SRC_CLOSED  # type: ignore[union-attr]
+        return Decision(False, limit.capacity, 0, ri, ri), SRC_CLOSED
 
     def _failed(self, exc: BaseException) -> None:
         now = self._clock()
@@ -484,3 +560,46 @@ class Limiter:
                 dec.retry_after,
                 more,
             )
+
+
+#: at most this many override rules are cached (they are built from request data)
+_OVERRIDE_CACHE_MAX = 1024
+
+
+def override_rule(domain: str, keys: tuple[str, ...], ov: Override, matched: Rule | None) -> Rule:
+    """The rule a descriptor's ``limit`` override stands for."""
+    period = UNIT_SECONDS[ov.unit] * ov.multiplier
+    algorithm, delay = "fixed_window", False
+    if matched is not None and matched.limit is not None:
+        algorithm, delay = matched.algorithm, matched.limit.delay
+    per = f"{ov.multiplier} {ov.unit}s" if ov.multiplier > 1 else ov.unit
+    name = f"override {ov.requests_per_unit} per {per}"
+    # the Limit's name keeps override state apart from configured rules' state; it
+    # holds no request keys, so the number of distinct Limits stays small
+    limit = Limit(
+        algorithm=algorithm, limit=ov.requests_per_unit, period=float(period), burst=None, delay=delay, name=name
+    )
+    path = ".".join(keys)
+    tag = "\x1f".join(keys)
+    if len(tag) > 64:
+        tag = "#" + hashlib.blake2b(tag.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    sfn = sf_string(name)
+    return Rule(
+        name=name,
+        path=f"override:{path}",
+        domain=domain,
+        keys=keys,
+        unit=ov.unit,
+        requests_per_unit=ov.requests_per_unit,
+        period=period,
+        algorithm=algorithm,
+        limit=limit,
+        key_prefix=f"{domain}|~override {ov.requests_per_unit}/{period}s {algorithm}|{tag}|",
+        sf_name=sfn,
+        policy=f"{sfn};q={ov.requests_per_unit};w={period}",
+        near_threshold=limit.capacity - (4 * limit.capacity + 4) // 5,
+        # counted with the configured rule it overrides, if any (metric labels stay
+        # bounded by the configuration); otherwise not per rule
+        stats=matched.stats if matched is not None else RuleStats(),
+        multiplier=ov.multiplier,
+    )

@@ -36,7 +36,7 @@ from ..config.model import Descriptor, HttpConfig
 from ..config.validate import ConfigError, Loaded
 from .algorithms import Limit
 
-log = logging.getLogger("netlimit.sidecar")
+log = logging.getLogger("netlimit.limit")
 
 Entry = tuple[str, str]
 #: separates the values of a multi-entry descriptor in store keys
@@ -95,6 +95,8 @@ class Rule:
     #: allowed decisions with used >= 80% of the limit count as near_limit
     near_threshold: int = 0
     stats: RuleStats = field(default_factory=RuleStats)
+    #: a limit override's unit multiplier (requests per ``multiplier`` units)
+    multiplier: int = 1
 
     @property
     def description(self) -> str:

@@ -11,6 +11,7 @@ import pytest
 from netlimit.config.validate import load_string
 from netlimit.limit.limiter import OK, OVER_LIMIT, SRC_CLOSED, SRC_LOCAL, SRC_OPEN, SRC_STORE, Limiter
 from netlimit.limit.metrics import Metrics
+from netlimit.limit.request import CheckRequest
 from netlimit.limit.rules import from_loaded
 from netlimit.limit.stores import MemoryStore, StoreError
 
@@ -42,6 +43,11 @@ http:
     - key: never
       rate_limit: {unit: minute, requests_per_unit: 0, name: blocked}
 """
+
+
+def check(lim: Limiter, domain: str, descs, cost: int = 1):
+    """One request through the engine's public call."""
+    return lim.check(CheckRequest.simple(domain, descs, cost))
 
 
 class Clock:
@@ -100,7 +106,7 @@ def test_every_matching_descriptor_is_charged_and_the_most_constraining_reported
     async def go():
         out = []
         for _ in range(4):
-            out.append(await lim.check("api", descs))
+            out.append(await check(lim, "api", descs))
         return out
 
     r1, r2, r3, r4 = run(go())
@@ -126,10 +132,10 @@ def test_among_denials_the_longest_retry_is_reported(rules):
 
     async def go():
         for _ in range(3):
-            await lim.check("api", [[("user", "u")]])
+            await check(lim, "api", [[("user", "u")]])
         for _ in range(2):
-            await lim.check("api", [[("minute", "m")]])
-        return await lim.check("api", [[("minute", "m")], [("user", "u")]])
+            await check(lim, "api", [[("minute", "m")]])
+        return await check(lim, "api", [[("minute", "m")], [("user", "u")]])
 
     r = run(go())
     assert [s.code for s in r.statuses] == [OVER_LIMIT, OVER_LIMIT]
@@ -142,8 +148,8 @@ def test_equal_remaining_reports_the_smaller_limit(rules):
 
     async def go():
         for _ in range(2):
-            await lim.check("api", [[("ip", "a")]])  # per-ip: 5 -> 3 left
-        return await lim.check("api", [[("ip", "a")], [("user", "b")]])  # ip 2 left of 5, user 2 left of 3
+            await check(lim, "api", [[("ip", "a")]])  # per-ip: 5 -> 3 left
+        return await check(lim, "api", [[("ip", "a")], [("user", "b")]])  # ip 2 left of 5, user 2 left of 3
 
     r = run(go())
     assert r.report.rule.name == "per-user"
@@ -154,7 +160,7 @@ def test_shadow_mode_counts_and_never_blocks_or_reports(rules):
     lim, core = mk(rules, clock)
 
     async def go():
-        return [await lim.check("api", [[("dark", "d")], [("org", "o")]]) for _ in range(3)]
+        return [await check(lim, "api", [[("dark", "d")], [("org", "o")]]) for _ in range(3)]
 
     rs = run(go())
     assert [r.code for r in rs] == [OK, OK, OK]
@@ -167,22 +173,22 @@ def test_shadow_mode_counts_and_never_blocks_or_reports(rules):
 
 def test_shadow_only_request_has_no_report(rules):
     lim, _ = mk(rules, Clock())
-    r = run(lim.check("api", [[("dark", "x")]]))
+    r = run(check(lim, "api", [[("dark", "x")]]))
     assert r.code == OK and r.report is None
 
 
 def test_unlimited_is_never_charged_and_unknown_domain_allows(rules):
     lim, core = mk(rules, Clock())
-    r = run(lim.check("api", [[("free", "x")]]))
+    r = run(check(lim, "api", [[("free", "x")]]))
     assert r.code == OK and r.statuses[0].rule.unlimited and r.statuses[0].decision is None
-    r2 = run(lim.check("other-domain", [[("user", "u")], [("ip", "i")]]))
+    r2 = run(check(lim, "other-domain", [[("user", "u")], [("ip", "i")]]))
     assert r2.code == OK and [s.rule for s in r2.statuses] == [None, None]
     assert all(stats(rules, n)["hits"] == 0 for n in ("per-user", "per-ip", "free"))
 
 
 def test_replaces_drops_the_named_limit(rules):
     lim, core = mk(rules, Clock())
-    r = run(lim.check("api", [[("org", "o")], [("new", "n")]]))
+    r = run(check(lim, "api", [[("org", "o")], [("new", "n")]]))
     assert r.statuses[0].rule is None and r.statuses[0].code == OK
     assert r.statuses[1].rule.name == "new-limit"
     assert stats(rules, "per-org")["hits"] == 0 and stats(rules, "new-limit")["hits"] == 1
@@ -190,16 +196,16 @@ def test_replaces_drops_the_named_limit(rules):
 
 def test_cost_is_charged_to_every_rule(rules):
     lim, core = mk(rules, Clock())
-    r = run(lim.check("api", [[("ip", "a")], [("org", "b")]], cost=4))
+    r = run(check(lim, "api", [[("ip", "a")], [("org", "b")]], cost=4))
     assert [s.decision.remaining for s in r.statuses] == [1, 6]
-    r = run(lim.check("api", [[("ip", "a")], [("org", "b")]], cost=2))
+    r = run(check(lim, "api", [[("ip", "a")], [("org", "b")]], cost=2))
     assert [s.code for s in r.statuses] == [OVER_LIMIT, OK]
     assert r.statuses[1].decision.remaining == 4
 
 
 def test_a_zero_limit_denies(rules):
     lim, _ = mk(rules, Clock())
-    r = run(lim.check("api", [[("never", "x")]]))
+    r = run(check(lim, "api", [[("never", "x")]]))
     assert r.code == OVER_LIMIT and r.report.decision.retry_after == math.inf
 
 
@@ -208,7 +214,7 @@ def test_near_limit_at_80_percent(rules):
 
     async def go():
         for _ in range(10):
-            await lim.check("api", [[("org", "o")]])
+            await check(lim, "api", [[("org", "o")]])
 
     run(go())
     assert stats(rules, "per-org")["near"] == 3  # used 8, 9, 10 of 10
@@ -223,25 +229,25 @@ def test_store_failure_local_mode_breaker_probe_and_recovery(rules, caplog):
     lim, core = mk(rules, clock, store=store, local=MemoryStore(clock=clock), retry_interval=1.0)
 
     async def go():
-        r = await lim.check("api", [[("user", "u")]])
+        r = await check(lim, "api", [[("user", "u")]])
         assert r.statuses[0].source == SRC_STORE and r.report.decision.remaining == 2
         store.fail = True
-        r = await lim.check("api", [[("user", "u")]])  # fails, decided locally
+        r = await check(lim, "api", [[("user", "u")]])  # fails, decided locally
         assert r.statuses[0].source == SRC_LOCAL and r.report.decision.remaining == 2  # local state is fresh
         assert not lim.store_available
         calls = store.calls
         for _ in range(5):  # breaker open: the store is not called
-            r = await lim.check("api", [[("user", "u")]])
+            r = await check(lim, "api", [[("user", "u")]])
         assert store.calls == calls
         assert r.code == OVER_LIMIT and r.statuses[0].source == SRC_LOCAL  # the local store limits too
         clock.t += 1.5  # retry interval over: one probe, still down
-        await lim.check("api", [[("user", "v")]])
+        await check(lim, "api", [[("user", "v")]])
         assert store.calls == calls + 1 and not lim.store_available
         store.fail = False
-        await lim.check("api", [[("user", "v")]])  # inside the new interval: no call
+        await check(lim, "api", [[("user", "v")]])  # inside the new interval: no call
         assert store.calls == calls + 1
         clock.t += 1.5
-        r = await lim.check("api", [[("user", "u")]])  # probe succeeds: back to the store
+        r = await check(lim, "api", [[("user", "u")]])  # probe succeeds: back to the store
         assert lim.store_available and r.statuses[0].source == SRC_STORE
         assert r.report.decision.remaining == 1  # the store's own count continued
 
@@ -272,10 +278,10 @@ def test_concurrent_probe_is_single(rules):
         store.release = gate()
         store.release.set()
         lim, core = mk(rules, clock, store=store)
-        await lim.check("api", [[("user", "u")]])  # opens the breaker
+        await check(lim, "api", [[("user", "u")]])  # opens the breaker
         clock.t += 2
         store.release = gate()
-        tasks = [asyncio.create_task(lim.check("api", [[("user", "u")]])) for _ in range(5)]
+        tasks = [asyncio.create_task(check(lim, "api", [[("user", "u")]])) for _ in range(5)]
         await asyncio.sleep(0.01)
         assert store.calls == 2  # only one probe in flight
         store.release.set()
@@ -292,7 +298,7 @@ def test_store_failure_open_and_closed_modes(rules):
         store = FlakyStore(clock)
         store.fail = True
         lim, core = mk(rules, clock, store=store, on_store_failure=mode, retry_interval=2.0)
-        r = run(lim.check("api", [[("user", "u")], [("dark", "d")], [("nomatch", "x")]]))
+        r = run(check(lim, "api", [[("user", "u")], [("dark", "d")], [("nomatch", "x")]]))
         if mode == "open":
             assert r.code == OK and r.report is None
             assert [s.source for s in r.statuses] == [SRC_OPEN, SRC_OPEN, ""]
@@ -313,7 +319,7 @@ def test_set_rules_swaps_atomically_and_updates_mode(rules):
         )
     )
     lim.set_rules(new, "closed")
-    r = run(lim.check("api", [[("user", "u")]]))
+    r = run(check(lim, "api", [[("user", "u")]]))
     assert r.report.decision.limit == 30 and lim.on_store_failure == "closed"
 
 
@@ -324,8 +330,8 @@ def test_metrics_hooks_count_per_rule():
 
     async def go():
         for _ in range(3):
-            await lim.check("api", [[("dark", "d")], [("user", "u")]])
-        await lim.check("api", [[("user", "u")]])
+            await check(lim, "api", [[("dark", "d")], [("user", "u")]])
+        await check(lim, "api", [[("user", "u")]])
 
     run(go())
     text = m.render().decode()
@@ -370,7 +376,7 @@ http:
     lim = Limiter(rules, MemoryStore(clock=clock))
 
     async def go():
-        return [await lim.check("api", [[("q", "x")], [("dq", "y")]]) for _ in range(4)]
+        return [await check(lim, "api", [[("q", "x")], [("dq", "y")]]) for _ in range(4)]
 
     rs = run(go())
     # one at once, two queued 0.5 s apart (nginx limit_req burst=2 without nodelay), then denied

@@ -13,9 +13,9 @@ import pytest
 from grpc_health.v1 import health_pb2
 from rls_helpers import OK, OVER_LIMIT, U32_MAX, UNIT, desc, headers, make_limiter, request, serving
 
-from netlimit.limit.limiter import Limiter
+from netlimit.limit.limiter import Limiter, override_rule
 from netlimit.limit.metrics import Metrics
-from netlimit.rls.servicer import Override, override_rule
+from netlimit.limit.request import Override
 
 CONFIG = """
 version: 1
@@ -276,9 +276,9 @@ def test_override_keeps_the_matched_rules_algorithm_else_lyfts_fixed_window():
         (request("api", [("k", "v")], [("", "v")]), "descriptors[1].entries[0].key must not be empty"),
         (request("api", *[[("k", str(i))] for i in range(65)]), "at most 64 descriptors"),
         (request("api", [("k", str(i)) for i in range(33)]), "at most 32 entries"),
-        (request("api", [("k", "v")], hits=1_000_001), "hits_addend must be at most 1000000"),
-        (request("api", desc(("k", "v"), hits=2_000_000)), "descriptors[0].hits_addend must be at most"),
-        (request("api", desc(("k", "v"), limit=(5, 0))), "descriptors[0].limit.unit must be SECOND"),
+        (request("api", [("k", "v")], hits=1_000_001), "hits_addend must be a whole number from 0 to 1000000"),
+        (request("api", desc(("k", "v"), hits=2_000_000)), "descriptors[0].hits_addend must be a whole number"),
+        (request("api", desc(("k", "v"), limit=(5, 0))), "descriptors[0].limit.unit must be one of SECOND, MINUTE"),
     ],
 )
 def test_malformed_requests_get_invalid_argument_and_the_server_goes_on(req, message):

@@ -432,6 +432,25 @@ def test_json_api_camel_case_cost_and_unknown_domain(decision):
     assert r.header("X-RateLimit-Limit") is None
 
 
+def test_json_api_takes_lyfts_per_descriptor_cost_and_limit_override(decision):
+    """The JSON door reads the whole RateLimitRequest shape, as the gRPC door does:
+    a descriptor's own hitsAddend (0 = a free probe) and a limit override, which
+    applies even where no configured descriptor matches."""
+    entry = {"key": "nothing-configured", "value": "json-override"}
+    ov = {"requestsPerUnit": 2, "unit": "MINUTE"}
+    probe = decision.post_json(
+        "/v1/check", {"domain": "api", "descriptors": [{"entries": [entry], "limit": ov, "hitsAddend": 0}]}
+    )
+    assert probe.status == 200 and probe.json()["statuses"][0]["limitRemaining"] == 2  # nothing charged
+    codes = []
+    for _ in range(3):
+        r = decision.post_json("/v1/check", {"domain": "api", "descriptors": [{"entries": [entry], "limit": ov}]})
+        codes.append(r.status)
+        st = r.json()["statuses"][0]
+        assert st["currentLimit"] == {"name": "override 2 per minute", "requestsPerUnit": 2, "unit": "MINUTE"}
+    assert codes == [200, 200, 429]
+
+
 @pytest.mark.parametrize(
     "raw,detail",
     [
@@ -453,12 +472,23 @@ def test_json_api_camel_case_cost_and_unknown_domain(decision):
         ),
         (b'{"domain": "api", "descriptors": [{"entries": []}]}', "descriptors[0].entries is empty"),
         (
-            b'{"domain": "api", "descriptors": [], "hits_addend": -1}',
-            "'hits_addend' must be a whole number from 0 to 1000000, got -1",
+            b'{"domain": "api", "descriptors": [{"entries": [{"key": "a"}]}], "hits_addend": -1}',
+            "hits_addend must be a whole number from 0 to 1000000, got -1",
         ),
         (
+            b'{"domain": "api", "descriptors": [{"entries": [{"key": "a"}], "hitsAddend": 2000000}]}',
+            "descriptors[0].hits_addend must be a whole number from 0 to 1000000, got 2000000",
+        ),
+        (b'{"domain": "api", "descriptors": []}', "the descriptor list must not be empty"),
+        (
             b'{"domain": "api", "descriptors": [], "extra": 1}',
-            "unknown field(s) 'extra': expected domain, descriptors, hits_addend",
+            "unknown field(s) 'extra': expected domain, descriptors, hitsAddend",
+        ),
+        (b'{"domain": "api", "descriptors": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", None),
+        (b'{"domain": "api", "descriptors": [], "hits_addend": ' + b"9" * 5000 + b"}", None),
+        (
+            b'{"domain": "api", "descriptors": [{"entries": [{"key": "a"}], "limit": {"unit": "FORTNIGHT"}}]}',
+            "descriptors[0].limit.unit must be one of SECOND, MINUTE, HOUR, DAY, MONTH, YEAR, got \"'FORTNIGHT'\"",
         ),
     ],
 )
@@ -466,7 +496,11 @@ def test_json_api_bad_input_is_400_with_a_clear_message(decision, raw, detail):
     r = decision.post_json("/v1/check", raw)
     assert r.status == 400
     assert r.header("Content-Type") == PROBLEM_CT
-    assert r.json() == {"type": "about:blank", "title": "Bad Request", "status": 400, "detail": detail}
+    doc = r.json()
+    if detail is None:  # hostile bodies: a 400 naming JSON, never a server error or a traceback
+        assert doc["detail"].startswith("the body is not valid JSON"), doc
+    else:
+        assert doc == {"type": "about:blank", "title": "Bad Request", "status": 400, "detail": detail}
 
 
 def test_json_api_body_size_is_bounded(decision):
