@@ -38,12 +38,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
-import signal
-import socket
 import time
-from http import HTTPStatus
 from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, DummyCookieJar, TCPConnector, client_exceptions, hdrs, web
@@ -51,67 +47,34 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from ..config.validate import ConfigError, load_file
+from ..errors import BadRequest
 from ..limit.actions import ActionPlan, path_of_uri
 from ..limit.headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_headers, simple_problem
-from ..limit.limiter import CODE_NAMES, OVER_LIMIT, SRC_NONE, CheckResult, Limiter
+from ..limit.limiter import OVER_LIMIT, CheckResult, Limiter
 from ..limit.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..limit.metrics import FrontStats, Metrics
+from ..limit.request import CheckRequest
 from ..limit.rules import from_loaded
 from ..limit.stores import MemoryStore, RedisStore
-from .httphead import MAX_HEAD, http_date, ok_response, parse_check
+from .httphead import MAX_HEAD, ok_response, parse_check
+from .json_api import parse_json_request, result_json
+from .protocol import (
+    ADMIN_PREFIX,
+    HOP_BY_HOP,
+    MAX_DELAY,
+    REASONS,
+    STATUS_LINES,
+    FastHTTPProtocol,
+    Reply,
+    ServerState,
+    http_date_bytes,
+)
+from .proxy import UpstreamPool
 
 log = logging.getLogger("netlimit.sidecar")
 
 MAX_JSON_BODY = 64 * 1024
-MAX_DESCRIPTORS = 64
-MAX_ENTRIES = 32
-MAX_COST = 1_000_000
-MAX_DELAY = 60.0
-ADMIN_PREFIX = "/_netlimit"
-
-# RFC 9110 §7.6.1: Connection and the fields it names, plus the classic
-# hop-by-hop fields, are not forwarded.  Expect is answered by this hop.
-HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "proxy-authenticate",
-        "proxy-authorization",
-    )
-)
 _SKIP_AUTO = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-
-
-class BadRequest(Exception):
-    pass
-
-
-class Reply:
-    """A decision endpoint's answer, independent of the server that sends it."""
-
-    __slots__ = ("status", "headers", "body", "delay")
-
-    def __init__(self, status: int, headers: dict[str, str], body: str = "", delay: float = 0.0):
-        self.status = status
-        self.headers = headers
-        self.body = body  # a problem+json document, or "" (no body)
-        self.delay = delay  # leaky bucket queue mode: answer after this many seconds
-
-    @classmethod
-    def problem(cls, status: int, title: str, detail: str) -> Reply:
-        return cls(status, {}, simple_problem(status, title, detail))
-
-    async def response(self) -> web.Response:
-        if self.delay > 0:
-            await asyncio.sleep(self.delay)
-        if self.body:
-            return web.Response(status=self.status, text=self.body, content_type=PROBLEM_TYPE, headers=self.headers)
-        return web.Response(status=self.status, headers=self.headers)
 
 
 def _hop_tokens(headers) -> frozenset[str] | None:
@@ -168,9 +131,7 @@ class Sidecar:
         self._file_sig = self._stat()
         self._stat_error_logged = False
         self._xff_warned = False
-        self.fast_conns: set = set()  # FastCheckProtocol connections (idle ones are swept)
-        # answers held back until the end of this loop iteration (FastCheckProtocol._write)
-        self.out_batch: list | None = None
+        self.state = ServerState()  # connections and batched answers of the running server
 
     # -- reload --------------------------------------------------------------------
 
@@ -240,9 +201,9 @@ class Sidecar:
         an editor that replaces the file by rename changes the inode."""
         while True:
             await asyncio.sleep(self.reload_interval)
-            if self.fast_conns:
+            if self.state.conns:
                 now = time.monotonic()
-                for conn in list(self.fast_conns):
+                for conn in list(self.state.conns):
                     conn.close_if_idle(now)
             sig = self._stat()
             if sig == self._file_sig:
@@ -261,21 +222,6 @@ class Sidecar:
         self._file_sig = self._stat()
         self.reload("SIGHUP")
 
-    def flush_out(self) -> None:
-        """Write the answers FastCheckProtocol held back in this loop iteration."""
-        batch = self.out_batch
-        if batch is None:  # already written (a connection handed to aiohttp)
-            return
-        self.out_batch = None
-        for t, out, close in batch:
-            if not t.is_closing():
-                try:
-                    t.write(out)
-                    if close:
-                        t.close()
-                except Exception:  # a transport gone under us: the others still go out
-                    log.debug("answer not written", exc_info=True)
-
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -288,8 +234,6 @@ class Sidecar:
                 timeout=ClientTimeout(total=None, connect=5, sock_read=self.upstream_timeout),
                 trust_env=False,
             )
-            from .proxy import UpstreamPool
-
             self.pool = UpstreamPool(self.upstream, connect_timeout=5.0, read_timeout=self.upstream_timeout)
         self._watch_task = asyncio.create_task(self.watch())
 
@@ -379,13 +323,13 @@ class Sidecar:
         if isinstance(prep, Reply):
             return await prep.response()
         descs, deny_status = prep
-        result = await self.limiter.check(self.limiter.rules.domain, descs)
+        result = await self.limiter.check(CheckRequest.simple(self.limiter.rules.domain, descs))
         return await self.decision_reply("check", result, deny_status).response()
 
     async def authz(self, request: web.BaseRequest) -> web.Response:
         """Envoy ext_authz HTTP service with path_prefix /v1/authz."""
         descs = self.authz_request(request.remote or "", request.headers, request.method, request.raw_path)
-        result = await self.limiter.check(self.limiter.rules.domain, descs)
+        result = await self.limiter.check(CheckRequest.simple(self.limiter.rules.domain, descs))
         return await self.decision_reply("authz", result, 429).response()
 
     async def json_check(self, request: web.BaseRequest) -> web.Response:
@@ -409,11 +353,11 @@ class Sidecar:
             self.front.request("json", "bad_request")
             return _problem(413, "Content Too Large", f"the JSON body is limited to {MAX_JSON_BODY} bytes")
         try:
-            domain, descs, cost = parse_json_request(raw)
+            req = parse_json_request(raw)
         except BadRequest as exc:
             self.front.request("json", "bad_request")
             return _problem(400, "Bad Request", str(exc))
-        result = await self.limiter.check(domain, descs, cost)
+        result = await self.limiter.check(req)
         body = json.dumps(result_json(result), separators=(",", ":"))
         headers = rate_headers(result)
         over = result.code == OVER_LIMIT
@@ -451,7 +395,7 @@ class Sidecar:
         descs = self._descriptors(
             request.remote or "", request.headers, request.method, lambda: path_of_uri(request.raw_path)
         )
-        result = await self.limiter.check(self.limiter.rules.domain, descs)
+        result = await self.limiter.check(CheckRequest.simple(self.limiter.rules.domain, descs))
         rh = rate_headers(result)
         if result.code == OVER_LIMIT:
             self.front.request("proxy", "over_limit")
@@ -585,75 +529,6 @@ def _problem(status: int, title: str, detail: str, headers: dict[str, str] | Non
 
 # --- fast path -----------------------------------------------------------------------------
 
-IDLE_TIMEOUT = 75.0  # keep-alive connections idle longer are closed (aiohttp's default)
-_REASONS = {s.value: s.phrase for s in HTTPStatus}
-_STATUS_LINES = {c: f"HTTP/1.1 {c} {_REASONS[c]}\r\n" for c in (200, 400, 403, 429, 500)}
-
-
-def _http_date() -> bytes:
-    """The Date header value (formatted at most once per second), as bytes."""
-    return http_date().encode("latin-1")
-
-
-def set_nodelay(transport) -> None:
-    """Small requests and replies go out at once, not after Nagle's delay."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-
-
-class FastHTTPProtocol(asyncio.Protocol):
-    """What the two fast paths (decision endpoints here, the proxy in proxy.py)
-    share: registration for shutdown and idle sweeps, TCP_NODELAY, the running
-    loop, and the one-way hand-off of a connection to aiohttp.  Subclasses set
-    ``sc``, ``aio``, ``transport``, ``buf``, ``busy``, ``paused``, ``peer``,
-    ``last`` and ``loop`` (None)."""
-
-    __slots__ = ()
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = peer[0] if peer else ""
-        set_nodelay(transport)
-        self.sc.fast_conns.add(self)
-
-    def eof_received(self) -> bool:
-        return False
-
-    def _handoff(self, buf: bytes) -> None:
-        """Give the connection to aiohttp (with the unparsed bytes) for good."""
-        t = self.transport
-        if self.sc.out_batch:  # answers of earlier requests first (aiohttp writes the next ones)
-            self.sc.flush_out()
-        self.sc.fast_conns.discard(self)
-        self.buf = b""
-        self.busy = True  # nothing more for this protocol
-        if self.paused:
-            self.paused = 0
-            t.resume_reading()
-        proto = self.aio()
-        proto.connection_made(t)
-        t.set_protocol(proto)
-        if buf:
-            proto.data_received(buf)
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        """The running loop, looked up once per connection: asyncio.get_running_loop()
-        (also inside ensure_future) makes a getpid() system call on Python 3.11."""
-        loop = self.loop
-        if loop is None:
-            loop = self.loop = asyncio.get_running_loop()
-        return loop
-
-    def close_if_idle(self, now: float) -> None:
-        if not self.busy and now - self.last > IDLE_TIMEOUT and self.transport is not None:
-            self.transport.close()
-
-
 _ENDPOINT = ("check", "authz")  # by the fast path's request kind
 _OK = (("check", "ok"), ("authz", "ok"))  # FrontStats.requests keys
 _monotonic = time.monotonic
@@ -690,7 +565,7 @@ class FastCheckProtocol(FastHTTPProtocol):
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_lost(self, exc) -> None:
-        self.sc.fast_conns.discard(self)
+        self.sc.state.conns.discard(self)
         self.buf = b""
 
     def data_received(self, data: bytes) -> None:
@@ -767,7 +642,7 @@ class FastCheckProtocol(FastHTTPProtocol):
     async def _serve_async(self, endpoint, descs, deny, keep, head_only) -> None:
         sc = self.sc
         try:
-            result = await sc.limiter.check(sc.limiter.rules.domain, descs)
+            result = await sc.limiter.check(CheckRequest.simple(sc.limiter.rules.domain, descs))
             reply = sc.decision_reply(endpoint, result, deny)
             if reply.delay > 0:
                 await asyncio.sleep(reply.delay)
@@ -788,7 +663,7 @@ class FastCheckProtocol(FastHTTPProtocol):
         if t is None or t.is_closing():
             return
         status = reply.status
-        line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
+        line = STATUS_LINES.get(status) or f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}\r\n"
         parts = [line]
         for k, v in reply.headers.items():
             parts.append(f"{k}: {v}\r\n")
@@ -802,14 +677,14 @@ class FastCheckProtocol(FastHTTPProtocol):
         elif self.http10:
             parts.append("Connection: keep-alive\r\n")
         parts.append("Server: netlimit\r\nDate: ")
-        out = "".join(parts).encode("latin-1") + _http_date() + b"\r\n\r\n"
+        out = "".join(parts).encode("latin-1") + http_date_bytes() + b"\r\n\r\n"
         self._write(out + body.encode() if body and not head_only else out, not keep)
 
     def _write(self, out: bytes, close: bool) -> None:
         """Send an answer (then close, for a last one) at the end of this loop
         iteration, with every other answer the iteration produces (other
         connections ready at the same time, pipelined requests), back to back
-        and in order per connection (Sidecar.flush_out).  Each write to a
+        and in order per connection (ServerState.flush_out).  Each write to a
         sleeping client wakes it, and on a VM that wake-up (an IPI) is the
         dearest part of a small answer; written back to back, the answers after
         the first find the client awake.  Measured with wrk (8 connections):
@@ -817,8 +692,8 @@ class FastCheckProtocol(FastHTTPProtocol):
         t = self.transport
         if close:
             self.buf = b""  # nothing after a last answer is read
-        sc = self.sc
-        batch = sc.out_batch
+        state = self.sc.state
+        batch = state.out_batch
         if batch is None:
             try:
                 loop = self._loop()
@@ -827,214 +702,9 @@ class FastCheckProtocol(FastHTTPProtocol):
                 if close:
                     t.close()
                 return
-            batch = sc.out_batch = []
-            loop.call_soon(sc.flush_out)
+            batch = state.out_batch = []
+            loop.call_soon(state.flush_out)
         batch.append((t, out, close))
 
 
-# --- JSON API -----------------------------------------------------------------------------
-
-
-def parse_json_request(raw: bytes) -> tuple[str, list[list[tuple[str, str]]], int]:
-    """Validate a JSON API body; BadRequest with a message that names the field."""
-    if not raw.strip():
-        raise BadRequest(
-            'empty body: expected JSON like {"domain": "api", "descriptors": '
-            '[{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}'
-        )
-    try:
-        obj = json.loads(raw)
-    except UnicodeDecodeError:
-        raise BadRequest("the body is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(obj, dict):
-        raise BadRequest(f"the body must be a JSON object, got {type(obj).__name__}")
-    unknown = set(obj) - {"domain", "descriptors", "hits_addend", "hitsAddend"}
-    if unknown:
-        raise BadRequest(
-            f"unknown field(s) {', '.join(sorted(map(repr, unknown)))}: expected domain, descriptors, hits_addend"
-        )
-    domain = obj.get("domain")
-    if not isinstance(domain, str) or not domain:
-        raise BadRequest("'domain' must be a non-empty string")
-    descs = obj.get("descriptors")
-    if not isinstance(descs, list):
-        raise BadRequest('\'descriptors\' must be a list of {"entries": [{"key": ..., "value": ...}]}')
-    if len(descs) > MAX_DESCRIPTORS:
-        raise BadRequest(f"at most {MAX_DESCRIPTORS} descriptors per request, got {len(descs)}")
-    out: list[list[tuple[str, str]]] = []
-    for i, d in enumerate(descs):
-        if not isinstance(d, dict) or not isinstance(d.get("entries"), list):
-            raise BadRequest(f"descriptors[{i}] must be an object with an 'entries' list")
-        entries = d["entries"]
-        if not entries:
-            raise BadRequest(f"descriptors[{i}].entries is empty")
-        if len(entries) > MAX_ENTRIES:
-            raise BadRequest(f"descriptors[{i}].entries: at most {MAX_ENTRIES} entries, got {len(entries)}")
-        es = []
-        for j, e in enumerate(entries):
-            if not isinstance(e, dict):
-                raise BadRequest(f"descriptors[{i}].entries[{j}] must be an object with 'key' and 'value'")
-            k = e.get("key")
-            v = e.get("value", "")
-            if not isinstance(k, str) or not k:
-                raise BadRequest(f"descriptors[{i}].entries[{j}].key must be a non-empty string")
-            if not isinstance(v, str):
-                raise BadRequest(f"descriptors[{i}].entries[{j}].value must be a string")
-            es.append((k, v))
-        out.append(es)
-    cost = obj.get("hits_addend", obj.get("hitsAddend", 1))
-    if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= MAX_COST:
-        raise BadRequest(f"'hits_addend' must be a whole number from 0 to {MAX_COST}, got {cost!r}")
-    if cost == 0:  # proto3 default: unset means 1 (Lyft)
-        cost = 1
-    return domain, out, cost
-
-
-def _duration(seconds: float) -> str:
-    """A protobuf Duration in JSON form ("42s", "0.250s")."""
-    if seconds <= 0 or not math.isfinite(seconds):
-        return "0s"
-    if abs(seconds - round(seconds)) < 1e-6:
-        return f"{round(seconds)}s"
-    return f"{seconds:.3f}s"
-
-
-def result_json(result: CheckResult) -> dict[str, Any]:
-    statuses = []
-    for st in result.statuses:
-        s: dict[str, Any] = {"code": CODE_NAMES[st.code]}
-        rule = st.rule
-        if rule is not None:
-            s["rule"] = rule.name
-            if rule.unlimited:
-                s["unlimited"] = True
-            else:
-                s["currentLimit"] = {
-                    "name": rule.name,
-                    "requestsPerUnit": rule.requests_per_unit,
-                    "unit": rule.unit.upper(),
-                }
-                s["algorithm"] = rule.algorithm
-                s["shadowMode"] = rule.shadow
-                d = st.decision
-                if d is not None:
-                    s["limitRemaining"] = d.remaining
-                    s["durationUntilReset"] = _duration(d.reset)
-                    if not d.allowed:
-                        from ..limit.headers import retry_seconds
-
-                        s["retryAfter"] = retry_seconds(st)
-                    if d.delay > 0:
-                        s["delay"] = _duration(d.delay)
-                if st.shadow_over:
-                    s["shadowOverLimit"] = True
-                if st.source != SRC_NONE:
-                    s["source"] = st.source
-        statuses.append(s)
-    return {"overallCode": CODE_NAMES[result.code], "statuses": statuses}
-
-
 # --- running ------------------------------------------------------------------------------
-
-
-async def serve(sidecar: Sidecar, host: str, port: int, *, fast_path: bool = True) -> None:
-    """Run until SIGTERM / SIGINT; SIGHUP reloads the rules.
-
-    Connections start on a fast path -- :class:`FastCheckProtocol` for the
-    decision endpoints, :class:`.proxy.FastProxyProtocol` in proxy mode -- and
-    aiohttp takes over a connection at its first request the fast path does not
-    serve; with ``fast_path=False`` aiohttp serves everything."""
-    await sidecar.start()  # the upstream session exists before the first request
-    aio = web.Server(sidecar.make_handler(), access_log=None)
-    loop = asyncio.get_running_loop()
-    fast = fast_path
-    if fast and sidecar.upstream is not None:
-        from .proxy import FastProxyProtocol
-
-        pool = sidecar.pool
-
-        def factory() -> asyncio.Protocol:
-            return FastProxyProtocol(sidecar, aio, pool)
-    elif fast:
-
-        def factory() -> asyncio.Protocol:
-            return FastCheckProtocol(sidecar, aio)
-    else:
-        factory = aio
-    try:
-        listener = await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)
-    except OSError as exc:
-        await sidecar.stop()
-        raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, sidecar.on_sighup)
-    a = listener.sockets[0].getsockname() if listener.sockets else (host, port)
-    shown = f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}"
-    rs = sidecar.limiter.rules
-    mode = f"proxy to {sidecar.upstream}" if sidecar.upstream is not None else "decision endpoint"
-    store = "memory" if sidecar.storage == "memory" else "redis"
-    log.info(
-        "listening on http://%s (%s%s; domain %r, %d rules, store %s, on_store_failure %s)",
-        shown,
-        mode,
-        ", fast path" if fast else "",
-        rs.domain,
-        len(rs.rules),
-        store,
-        sidecar.limiter.on_store_failure,
-    )
-    try:
-        await stop.wait()
-    finally:
-        log.info("stopping")
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(s)
-        listener.close()
-        # finish what is in flight, 5 s in all (not per connection: proxied streams can be long)
-        for _ in range(50):
-            if not any(conn.busy for conn in sidecar.fast_conns):
-                break
-            await asyncio.sleep(0.1)
-        for conn in list(sidecar.fast_conns):
-            if conn.transport is not None:
-                conn.transport.close()
-        await aio.shutdown(5.0)
-        await sidecar.stop()
-
-
-async def serve_with_grpc(
-    sidecar: Any, host: str, port: int, grpc_host: str, grpc_port: int, *, fast_path: bool = True
-) -> None:
-    """``app.serve`` plus the gRPC server on the same loop, sharing the sidecar's
-    limiter (rules, reloads, store) and metrics.  The gRPC server stops before
-    the sidecar closes its store."""
-    from ..rls.server import GrpcServer
-
-    gs = GrpcServer(sidecar.limiter, grpc_host, grpc_port, front=sidecar.front)
-    try:
-        await gs.start()
-    except OSError as exc:
-        await sidecar.limiter.close()
-        raise SystemExit(str(exc)) from None
-    rs = sidecar.limiter.rules
-    log.info(
-        "gRPC listening on %s (envoy.service.ratelimit.v3.RateLimitService, grpc.health.v1.Health; domain %r)",
-        gs.address,
-        rs.domain,
-    )
-    sidecar_stop = sidecar.stop
-
-    async def stop() -> None:  # serve() calls sidecar.stop() on its way out
-        await gs.stop()
-        await sidecar_stop()
-
-    sidecar.stop = stop
-    try:
-        await serve(sidecar, host, port, fast_path=fast_path)
-    finally:
-        sidecar.stop = sidecar_stop
-        await gs.stop()

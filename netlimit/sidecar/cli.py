@@ -88,7 +88,8 @@ def register(app: typer.Typer) -> None:
 
         from ..config.validate import ConfigError
         from ..listen import parse_listen
-        from .app import Sidecar, serve
+        from .app import Sidecar
+        from .server import serve
 
         try:
             host, port = parse_listen(listen)
@@ -121,7 +122,7 @@ def register(app: typer.Typer) -> None:
         try:
             with asyncio.Runner(loop_factory=factory) as runner:
                 if grpc is not None:
-                    from .app import serve_with_grpc
+                    from .server import serve_with_grpc
 
                     runner.run(serve_with_grpc(sc, host, port, grpc_host, grpc_port, fast_path=fast_path))
                 else:

@@ -44,8 +44,9 @@ from yarl import URL
 from ..limit.actions import path_of_uri
 from ..limit.headers import PROBLEM_TYPE, problem_body, rate_headers
 from ..limit.limiter import OVER_LIMIT
-from .app import ADMIN_PREFIX, HOP_BY_HOP, MAX_DELAY, FastHTTPProtocol, Reply, _http_date, set_nodelay
+from ..limit.request import CheckRequest
 from .httphead import MAX_HEAD, parse_request
+from .protocol import ADMIN_PREFIX, HOP_BY_HOP, MAX_DELAY, FastHTTPProtocol, Reply, http_date_bytes, set_nodelay
 
 log = logging.getLogger("netlimit.sidecar")
 
@@ -462,7 +463,7 @@ class FastProxyProtocol(FastHTTPProtocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        self.sc.fast_conns.discard(self)
+        self.sc.state.conns.discard(self)
         self.buf = b""
         self.pending = []
         up = self.up
@@ -587,14 +588,14 @@ class FastProxyProtocol(FastHTTPProtocol):
         fwd = self._forward_head(method, target, hs, conn_tokens)
         lim = sc.limiter
         if lim.is_sync:
-            self._decided(lim.check_nowait(lim.rules.domain, descs), fwd, body)
+            self._decided(lim.check_nowait(CheckRequest.simple(lim.rules.domain, descs)), fwd, body)
         else:
             self._loop().create_task(self._decide_async(descs, fwd, body))
 
     async def _decide_async(self, descs, fwd, body) -> None:
         lim = self.sc.limiter
         try:
-            result = await lim.check(lim.rules.domain, descs)
+            result = await lim.check(CheckRequest.simple(lim.rules.domain, descs))
         except Exception:  # never leave the connection hanging
             log.exception("decision failed")
             self.keep = False
@@ -820,7 +821,7 @@ class FastProxyProtocol(FastHTTPProtocol):
             parts.append("Connection: close\r\n")
         parts.append("Server: netlimit\r\nDate: ")
         tail = b"\r\n\r\n" if self.head_only else b"\r\n\r\n" + body
-        t.write("".join(parts).encode("latin-1") + _http_date() + tail)
+        t.write("".join(parts).encode("latin-1") + http_date_bytes() + tail)
 
     def _done(self) -> None:
         """The response is complete: the next request, or close."""

@@ -15,6 +15,7 @@ import pytest
 
 from netlimit.sidecar import app as app_mod
 from netlimit.sidecar import httphead
+from netlimit.sidecar import protocol as protocol_mod
 from netlimit.sidecar.app import FastCheckProtocol, Sidecar
 
 CONFIG = """\
@@ -72,7 +73,9 @@ def impl(request, monkeypatch):
             pytest.fail(f"netlimit/sidecar/_httphead.c is not built ({e}); pip install -e . with a C compiler")
         fns = {name: getattr(_httphead, name) for name in names}
     for name, fn in fns.items():
-        monkeypatch.setattr(app_mod, name, fn)
+        for mod in (app_mod, protocol_mod):
+            if hasattr(mod, name):
+                monkeypatch.setattr(mod, name, fn)
     return request.param
 
 

@@ -1,0 +1,130 @@
+"""The package's import graph: every arrow points one way.
+
+The engine (netlimit.limit) never imports a door (netlimit.sidecar, netlimit.rls,
+netlimit.daemon) nor a door's libraries (aiohttp, grpc, httptools, uvloop), and no
+two modules of netlimit import each other, directly or through others.  Imports
+inside functions count too: a lazy import is still an arrow.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "netlimit"
+ENGINE = "netlimit.limit"
+DOORS = ("netlimit.sidecar", "netlimit.rls", "netlimit.daemon", "netlimit.cli")
+DOOR_LIBRARIES = ("aiohttp", "grpc", "grpc_health", "httptools", "uvloop", "typer")
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(PKG.parent).with_suffix("")
+        name = ".".join(rel.parts)
+        mods[name.removesuffix(".__init__")] = p
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict[str, Path]) -> tuple[set[str], set[str]]:
+    """(netlimit modules, other top-level packages) that ``name`` imports."""
+    is_pkg = path.name == "__init__.py"
+    inside, outside = set(), set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for t in targets:
+            if t in mods:
+                if t != name:
+                    inside.add(t)
+            elif not t.startswith("netlimit"):
+                outside.add(t.split(".")[0])
+    return inside, outside
+
+
+def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    mods = _modules()
+    edges, ext = {}, {}
+    for name, path in mods.items():
+        edges[name], ext[name] = _imports(name, path, mods)
+    return edges, ext
+
+
+def test_the_engine_imports_no_door():
+    edges, ext = _graph()
+    bad = []
+    for m in edges:
+        if m == ENGINE or m.startswith(ENGINE + "."):
+            bad += [f"{m} -> {t}" for t in edges[m] if t.startswith(DOORS)]
+            bad += [f"{m} -> {x}" for x in ext[m] if x in DOOR_LIBRARIES]
+    assert not bad, "the engine reaches into a door:\n" + "\n".join(sorted(bad))
+
+
+def test_the_doors_do_not_import_each_other():
+    """The gRPC door and the daemon never need the HTTP sidecar (the sidecar may host the gRPC door)."""
+    edges, _ = _graph()
+    bad = [
+        f"{m} -> {t}"
+        for m in edges
+        if m.startswith(("netlimit.rls", "netlimit.daemon"))
+        for t in edges[m]
+        if t.startswith("netlimit.sidecar")
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    edges, _ = _graph()
+    # a package __init__ that re-exports its children is not a cycle of design: leave it out
+    leaf = {m for m in edges if _modules()[m].name != "__init__.py"}
+    g = {m: {t for t in edges[m] if t in leaf} for m in leaf}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in g:
+        if v not in index:
+            visit(v)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_check_is_not_vacuous():
+    """The graph sees the arrows it should (a broken walk would pass everything)."""
+    edges, ext = _graph()
+    assert "netlimit.limit.limiter" in edges["netlimit.rls.servicer"]
+    assert "grpc" in ext["netlimit.rls.servicer"]
+    assert "netlimit.limit.rules" in edges["netlimit.limit.limiter"]
