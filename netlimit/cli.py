@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 
 from . import __version__
+from .errors import ConfigError
 
 app = typer.Typer(
     name="netlimit",
@@ -36,6 +37,20 @@ EXIT_USAGE = 64  # wrong flags / not root / missing tool
 def err(message: str) -> None:
     """Print an error line to stderr (no colour, journal-friendly)."""
     typer.echo(message, err=True)
+
+
+def load_checked(path: Path):
+    """Load a config file and check every section the way the component that
+    runs it will (the ``http:`` rule tree as the sidecar builds it), so that
+    ``validate`` and the sidecar never disagree.  Raises ConfigError."""
+    from .config.validate import load_file
+
+    loaded = load_file(path)
+    if loaded.config.http is not None:
+        from .limit.rules import from_loaded
+
+        from_loaded(loaded)
+    return loaded
 
 
 def load_or_exit(path: Path):
@@ -75,12 +90,10 @@ def validate(
 
     Exit 0 when every file is valid, 1 otherwise.
     """
-    from .config.validate import ConfigError, load_file
-
     bad = 0
     for path in files:
         try:
-            loaded = load_file(path)
+            loaded = load_checked(path)
         except ConfigError as exc:
             bad += 1
             for p in exc.problems:

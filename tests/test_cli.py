@@ -116,3 +116,29 @@ def test_schema_rejects_unknown_fields():
     s = json.loads(runner.invoke(app, ["schema"]).output)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"version": 1, "network": [{"name": "a", "limt": "1/s"}]}, s)
+
+
+def test_validate_checks_the_http_rule_tree_as_the_sidecar_does(tmp_path):
+    """One validation path: what the sidecar refuses at start, validate refuses too."""
+    f = tmp_path / "dup.yaml"
+    f.write_text(
+        "version: 1\n"
+        "http:\n"
+        "  domain: api\n"
+        "  actions: [[remote_address]]\n"
+        "  descriptors:\n"
+        "    - key: remote_address\n"
+        "      rate_limit: {unit: second, requests_per_unit: 5}\n"
+        "    - key: remote_address\n"
+        "      rate_limit: {unit: second, requests_per_unit: 6}\n"
+    )
+    res = runner.invoke(app, ["validate", str(f)])
+    assert res.exit_code == 1
+    assert f"{f}:8:" in res.output and "duplicate descriptor: key 'remote_address'" in res.output
+    from netlimit.config.validate import load_file
+    from netlimit.errors import ConfigError
+    from netlimit.limit.rules import from_loaded
+
+    with pytest.raises(ConfigError) as exc:  # the sidecar's own loading says the same
+        from_loaded(load_file(f))
+    assert str(exc.value.problems[0]) in res.output
