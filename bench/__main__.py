@@ -1,11 +1,11 @@
 """netlimit benchmarks, side by side with the tools users would pick instead.
 
-    python -m bench --quick            # small sizes, about a minute
+    python -m bench --quick            # small sizes, about a minute (results in bench/results/quick/)
     python -m bench                    # the full sizes (about 15 minutes)
     python -m bench --only redis,http  # some sections (merged into the existing results)
 
 Writes ``<out>/latest.json``, ``<out>/latest.md`` and, when matplotlib is
-installed, ``<out>/kernel_apply.png`` (default out: bench/results).  Needs
+installed, ``<out>/kernel_apply.png`` (default out: bench/results, or bench/results/quick with --quick).  Needs
 root for the kernel and accuracy sections (they create network namespaces
 and delete them; nothing runs in the machine's own namespace), and
 redis-server, nginx, wrk, iperf3, iptables-legacy (scripts/setup.sh installs
@@ -59,14 +59,20 @@ def _machine() -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, seconds per section")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"), help="directory for latest.json/.md/.png")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="directory for latest.json/.md/.png (default bench/results; with --quick bench/results/quick, "
+        "so a quick run never overwrites the committed full-run results)",
+    )
     ap.add_argument("--only", default="", help=f"comma-separated sections of {','.join(SECTIONS)}")
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()] or list(SECTIONS)
     bad = [s for s in only if s not in SECTIONS]
     if bad:
         ap.error(f"unknown section(s) {', '.join(bad)}; expected {', '.join(SECTIONS)}")
-    out = Path(args.out)
+    results = REPO / "bench" / "results"
+    out = Path(args.out) if args.out else (results / "quick" if args.quick else results)
     out.mkdir(parents=True, exist_ok=True)
     mode = Mode(quick=args.quick)
     doc: dict = {}
