@@ -6,7 +6,7 @@ own namespace):
 
 * netlimit: ``reconcile.apply(compile_config(...), netns)`` with the default
   iptables backend (``restore``: iptables-legacy-save + one
-  iptables-legacy-restore per family; see netlimit/kernel/restore_backend.py)
+  iptables-legacy-restore per family; see netlimit/kernel/backends/restore.py)
   -- read the owned state, diff, write the difference; a full apply into an
   empty namespace, the same file again (no-op), and the file with one rule's
   limit changed. netlimit's spelling caches (savefmt.canon, render's match

@@ -55,7 +55,7 @@ def _check_netns(netns: str | None) -> None:
 
 def backend_note(netns: str | None = None) -> str | None:
     """A clear word when the host's `iptables` is the nf_tables variant."""
-    from .iptables import host_iptables_variant
+    from .backends import host_iptables_variant
 
     variant, version = host_iptables_variant()
     if variant != "nf_tables":
@@ -261,11 +261,8 @@ def register(app: typer.Typer) -> None:  # one function per command below
             base.err(f"error: flush failed: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
         if not quiet:
-            n_ipt = sum(
-                len(s.chains) + sum(len(v) for v in s.rules.values()) + sum(len(v) for v in s.jumps.values())
-                for s in st.iptables.values()
-            )
-            n_tc = len(st.tc.objects()) if st.tc is not None else 0
+            n_ipt = st.filter.count()
+            n_tc = len(st.tc.objects())
             where = f" in netns {netns}" if netns else ""
             if n_ipt + n_tc == 0:
                 typer.echo(f"nothing to flush{where}")

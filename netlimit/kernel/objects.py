@@ -2,8 +2,8 @@
 
 Everything the kernel backends install and everything `netlimit plan` prints
 is one of these objects, so plan and apply cannot disagree: render.py turns
-them into iptables-save / tc text, iptables.py and tc.py into python-iptables
-and pyroute2 calls.
+them into iptables-save / tc text, the backends (backends/) into
+iptables-restore input, libiptc and pyroute2 calls.
 
 Pure data, no kernel access, no heavy imports.
 """

@@ -9,105 +9,46 @@ The API a daemon calls (all kernel work runs in `netns` when given):
     flush(netns)                                  # remove everything netlimit owns
     rows    = list_owned(netns)                   # objects + counters, by rule
 
-Order of writes: iptables (one commit per family, under the xtables lock),
-then tc. If any step fails, every family already written and every tc change
-are put back to the state read at the start, and ApplyError names the rule
-and the kernel's answer.
+Order of writes: the packet filter through its backend (netlimit/kernel/backends:
+one atomic commit per table), then tc. If any step fails, the filter and tc are
+put back to the state read at the start, and ApplyError names the rule and the
+kernel's answer.
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ApplyError
+from .backends import BACKEND_ENV, BACKENDS, FilterBackend, FilterPlan, FilterState, backend_name, get_backend
 from .netns import LockTimeout, kernel_lock, run_in_netns, writer_lock
-from .objects import Desired, IptChain, IptRule, rule_of_comment
+from .objects import Desired
 
-# --- the packet-filter backend interface -----------------------------------------------
+if TYPE_CHECKING:
+    from .backends.tc import TcPlan, TcState
 
+__all__ = [
+    "BACKENDS",
+    "BACKEND_ENV",
+    "ApplyError",
+    "ApplyResult",
+    "Changes",
+    "State",
+    "apply",
+    "backend_name",
+    "diff",
+    "flush",
+    "get_backend",
+    "list_owned",
+    "read_owned",
+    "restore",
+]
 
-class FilterBackend(Protocol):
-    """What reconcile needs from a packet-filter backend: RestoreBackend
-    (restore_backend.py, iptables-legacy-save/-restore; the default) and
-    PythonIptablesBackend (libiptc through python-iptables). An nftables backend
-    would implement the same five calls. A state comes back to the backend that read it."""
-
-    name: str
-
-    def read(self, family: int) -> Any: ...
-    def plan(self, family: int, chains: list[IptChain], rules: list[IptRule], state: Any) -> Any: ...
-    def write(self, plan: Any) -> None: ...
-    def restore(self, state: Any) -> None: ...
-    def available(self, family: int) -> str | None: ...
-
-
-class PythonIptablesBackend:
-    name = "python-iptables (legacy x_tables)"
-    key = "python-iptables"
-
-    def read(self, family: int):
-        from . import iptables as ipt
-
-        return ipt.read_family(family)
-
-    def plan(self, family, chains, rules, state):
-        from . import iptables as ipt
-
-        kspecs = {r: ipt.kspec(ipt.to_iptc(r)) for r in rules}
-        return ipt.diff_family(family, chains, rules, state, kspecs)
-
-    def write(self, plan) -> None:
-        from . import iptables as ipt
-
-        ipt.apply_family(plan)
-
-    def restore(self, state) -> None:
-        from . import iptables as ipt
-
-        ipt.restore_family(state)
-
-    def available(self, family: int) -> str | None:
-        from . import iptables as ipt
-
-        return ipt.available(family)
-
-
-BACKENDS = ("restore", "python-iptables")
-BACKEND_ENV = "NETLIMIT_BACKEND"
-
-
-def backend_name(name: str | None = None) -> str:
-    """'restore' or 'python-iptables': `name`, else $NETLIMIT_BACKEND, else 'restore' when
-    iptables-legacy-save/-restore (and ip6tables-) are installed, else python-iptables."""
-    choice = (name or os.environ.get(BACKEND_ENV) or "auto").strip().lower()
-    if choice in ("auto", ""):
-        from .restore_backend import binaries_missing
-
-        return "python-iptables" if binaries_missing() else "restore"
-    if choice in ("iptables-restore", "iptables-legacy-restore"):
-        choice = "restore"
-    if choice in ("python-iptables", "iptc", "pyiptc"):
-        choice = "python-iptables"
-    if choice not in BACKENDS:
-        raise ApplyError(
-            f"unknown iptables backend {choice!r} (from {'--backend' if name else BACKEND_ENV}): "
-            f"choose one of {', '.join(BACKENDS)} or auto",
-            None,
-            rolled_back=False,
-        )
-    return choice
-
-
-def get_backend(name: str | None = None) -> FilterBackend:
-    if backend_name(name) == "restore":
-        from .restore_backend import RestoreBackend
-
-        return RestoreBackend()
-    return PythonIptablesBackend()
+log = logging.getLogger("netlimit.kernel")
 
 
 @contextmanager
@@ -121,35 +62,26 @@ def _nolock():
 @dataclass
 class State:
     netns: str | None
-    iptables: dict[int, Any] = field(default_factory=dict)  # family -> FamilyState
-    tc: Any = None  # TcState
-    unavailable: dict[int, str] = field(default_factory=dict)
-    backend: str | None = None  # the backend that read it
+    filter: FilterState  # as the filter backend read it
+    tc: TcState
+    backend: str  # the key of the backend that read it
 
     @property
     def empty(self) -> bool:
-        return all(s.empty for s in self.iptables.values()) and (self.tc is None or self.tc.empty)
+        return self.filter.empty and self.tc.empty
 
 
 @dataclass
 class Changes:
-    iptables: dict[int, Any] = field(default_factory=dict)  # family -> FamilyPlan
-    tc: Any = None  # TcPlan
+    filter: FilterPlan  # as the filter backend planned it
+    tc: TcPlan
 
     @property
     def empty(self) -> bool:
-        return all(p.empty for p in self.iptables.values()) and (self.tc is None or self.tc.empty)
+        return self.filter.empty and self.tc.empty
 
     def lines(self) -> list[str]:
-        out: list[str] = []
-        for fam, p in sorted(self.iptables.items()):
-            tool = "iptables" if fam == 4 else "ip6tables"
-            for op, _chain, _rule, line in p.changes:
-                out.append(f"{op} {tool:9} {line}")
-        if self.tc is not None:
-            for op, _dev, _rule, cmd in self.tc.changes:
-                out.append(f"{op} {'tc':9} {cmd}")
-        return out
+        return self.filter.lines() + self.tc.lines()
 
     def counts(self) -> dict[str, int]:
         lines = self.lines()
@@ -160,48 +92,22 @@ class Changes:
         }
 
 
-def _read(backend: FilterBackend, families=(4, 6)) -> State:
-    from . import tc
+def _read(backend: FilterBackend, netns: str | None) -> State:
+    from .backends import tc
 
-    st = State(netns=None, backend=getattr(backend, "key", None))
-    prefetch = getattr(backend, "prefetch", None)
-    if prefetch is not None:  # start reading every family at once (restore: one -save process each)
-        prefetch(families)
-    st.tc = tc.read_state()
-    for fam in families:
-        why = backend.available(fam)
-        if why is not None:
-            st.unavailable[fam] = why
-            continue
-        st.iptables[fam] = backend.read(fam)
-    return st
+    return State(netns, backend.read(), tc.read_state(), backend.key)
 
 
 def _diff(backend: FilterBackend, desired: Desired, state: State) -> Changes:
-    from . import tc
+    from .backends import tc
 
-    ch = Changes()
-    for fam in (4, 6):
-        rules = list(desired.family_rules(fam))
-        if fam in state.unavailable:
-            if rules:
-                raise ApplyError(
-                    f"{'ip6tables' if fam == 6 else 'iptables'} (legacy) is not usable here: {state.unavailable[fam]}",
-                    rules[0].rule or None,
-                    rolled_back=False,
-                )
-            continue
-        ch.iptables[fam] = backend.plan(fam, list(desired.family_chains(fam)), rules, state.iptables[fam])
-    ch.tc = tc.diff(desired.devices, state.tc)
-    return ch
+    return Changes(backend.plan(desired, state.filter), tc.diff(desired.devices, state.tc))
 
 
 def read_owned(netns: str | None = None, *, backend: str | None = None) -> State:
     def work() -> State:
         with kernel_lock():
-            st = _read(get_backend(backend))
-        st.netns = netns
-        return st
+            return _read(get_backend(backend), netns)
 
     return run_in_netns(netns, work)
 
@@ -232,32 +138,26 @@ def apply(
     desired: Desired, netns: str | None = None, *, dry_run: bool = False, backend: str | None = None
 ) -> ApplyResult:
     """Make the kernel (in `netns`) equal to `desired`. Idempotent; rolls back on failure.
-    `backend`: 'restore' | 'python-iptables' (default: see backend_name)."""
+    `backend`: 'restore' | 'python-iptables' (default: see backends.backend_name)."""
     chosen = get_backend(backend)
 
     def work() -> ApplyResult:
-        from . import tc
+        from .backends import tc
 
-        backend = chosen
         t0 = time.monotonic()
         with kernel_lock(), writer_lock(netns) if not dry_run else _nolock():
-            state = _read(backend)
-            state.netns = netns
+            state = _read(chosen, netns)
             t_read = time.monotonic()
-            changes = _diff(backend, desired, state)
+            changes = _diff(chosen, desired, state)
             t_diff = time.monotonic()
             res = ApplyResult(changes, state, {"read": t_read - t0, "diff": t_diff - t_read})
             if dry_run or changes.empty:
                 return res
-            touched: list[int] = []
-            tc_touched = False
+            filter_touched = tc_touched = False
             try:
-                for fam in (4, 6):
-                    plan = changes.iptables.get(fam)
-                    if plan is None or plan.empty:
-                        continue
-                    touched.append(fam)
-                    backend.write(plan)
+                if not changes.filter.empty:
+                    filter_touched = True
+                    chosen.write(changes.filter)
                 res.timings["iptables"] = time.monotonic() - t_diff
                 t1 = time.monotonic()
                 if not changes.tc.empty:
@@ -267,11 +167,11 @@ def apply(
             except Exception as exc:
                 rule = getattr(exc, "rule", None)
                 problems = []
-                for fam in reversed(touched):
+                if filter_touched:
                     try:
-                        backend.restore(state.iptables[fam])
+                        chosen.restore(state.filter)
                     except Exception as rexc:  # pragma: no cover - reported, not hidden
-                        problems.append(f"restoring {'ip6tables' if fam == 6 else 'iptables'} failed: {rexc}")
+                        problems.append(f"restoring {chosen.name} failed: {rexc}")
                 if tc_touched:
                     try:
                         tc.restore(state.tc)
@@ -284,6 +184,7 @@ def apply(
                     msg += "; ROLLBACK INCOMPLETE: " + "; ".join(problems)
                 else:
                     msg += "; the previous state was restored"
+                log.warning("apply failed: %s", msg)
                 raise ApplyError(msg, rule, rolled_back=not problems) from exc
             res.timings["total"] = time.monotonic() - t0
             return res
@@ -303,14 +204,12 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> State:
     chosen = get_backend(backend)
 
     def work() -> State:
-        from . import tc
+        from .backends import tc
 
         with kernel_lock(), writer_lock(netns):
-            st = _read(chosen)
-            st.netns = netns
-            for fam, fst in st.iptables.items():
-                if not fst.empty:
-                    chosen.write(chosen.plan(fam, [], [], fst))  # the diff against nothing
+            st = _read(chosen, netns)
+            if not st.filter.empty:
+                chosen.write(chosen.plan(Desired(), st.filter))  # the diff against nothing
             tc.flush(st.tc)
             return st
 
@@ -322,75 +221,10 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> State:
 # --- list -----------------------------------------------------------------------
 
 
-def _rows(st: State) -> list[dict[str, Any]]:
-    from . import iptables as ipt
-    from .render import rule_line, tc_command
-    from .tc import TcClass, TcFilter, TcLink, TcQdisc
+def _rows(backend: FilterBackend, st: State) -> list[dict[str, Any]]:
+    from .backends import tc
 
-    rows: list[dict[str, Any]] = []
-    for fam, fst in sorted(st.iptables.items()):
-        layer = "iptables" if fam == 4 else "ip6tables"
-        lists = [(c, fst.rules.get(c, [])) for c in fst.chains] + list(fst.jumps.items())
-        for chain, lst in lists:
-            for lr in lst:
-                r = lr.rule
-                name = rule_of_comment(r.comment) if r.comment else "(jump)"
-                dropping = r.target in ("DROP", "REJECT")
-                row: dict[str, Any] = {
-                    "rule": name,
-                    "layer": layer,
-                    "object": rule_line(r),
-                    "chain": chain,
-                    "packets": lr.packets,
-                    "bytes": lr.bytes,
-                    "dropped": lr.packets if dropping else 0,
-                }
-                for m in r.matches:
-                    opts = dict(m.options)
-                    if m.module == "hashlimit" and "hashlimit-name" in opts:
-                        row["table"] = f"hashlimit {opts['hashlimit-name']}"
-                        row["table_entries"] = ipt.hashlimit_entries(opts["hashlimit-name"], fam)
-                    elif m.module == "recent" and "name" in opts:
-                        row["table"] = f"recent {opts['name']}"
-                        row["table_entries"] = ipt.recent_entries(opts["name"])
-                rows.append(row)
-    if st.tc is not None:
-        for x in st.tc.objects():
-            o = x.obj
-            kind = (
-                "link"
-                if isinstance(o, TcLink)
-                else "qdisc"
-                if isinstance(o, TcQdisc)
-                else "class"
-                if isinstance(o, TcClass)
-                else "filter"
-                if isinstance(o, TcFilter)
-                else "?"
-            )
-            key = (
-                f"class {o.dev} {o.classid:#x}"
-                if isinstance(o, TcClass)
-                else f"filter {o.dev} {o.parent:#x} {o.prio}"
-                if isinstance(o, TcFilter)
-                else f"{kind} {o.dev}"
-            )
-            rows.append(
-                {
-                    "rule": o.rule or "",
-                    "layer": "tc",
-                    "object": tc_command(o),
-                    "dev": o.dev,
-                    "kind": kind,
-                    "key": key,
-                    "packets": x.packets,
-                    "bytes": x.bytes,
-                    "dropped": x.drops,
-                    "overlimits": x.overlimits,
-                    "backlog": x.backlog,
-                }
-            )
-    return rows
+    return backend.rows(st.filter) + tc.rows(st.tc)
 
 
 NAMES_DIR = "/run/netlimit"
@@ -404,15 +238,10 @@ def _names_path(netns: str | None) -> str:
 
 def tc_names(desired: Desired) -> dict[str, str]:
     """tc objects carry no comment: map their keys (as in list rows) to rule names."""
+    from .backends.tc import row_key
     from .objects import TcClass, TcFilter
 
-    out: dict[str, str] = {}
-    for o in desired.tc_objects:
-        if isinstance(o, TcClass) and o.rule:
-            out[f"class {o.dev} {o.classid:#x}"] = o.rule
-        elif isinstance(o, TcFilter) and o.rule:
-            out[f"filter {o.dev} {o.parent:#x} {o.prio}"] = o.rule
-    return out
+    return {row_key(o): o.rule for o in desired.tc_objects if isinstance(o, (TcClass, TcFilter)) and o.rule}
 
 
 def save_names(netns: str | None, desired: Desired) -> None:
@@ -485,9 +314,7 @@ def list_owned(
 
     def work() -> list[dict[str, Any]]:
         with kernel_lock():
-            st = _read(chosen)
-            rows = _rows(st)
-        return rows
+            return _rows(chosen, _read(chosen, netns))
 
     rows = run_in_netns(netns, work)
     names = tc_names(desired) if desired is not None else load_names(netns)
@@ -502,13 +329,10 @@ def restore(state: State, netns: str | None = None) -> None:
     the confirm-or-roll-back of `apply --confirm`, and a daemon's undo."""
 
     def work() -> None:
-        from . import tc
+        from .backends import tc
 
         with kernel_lock(), writer_lock(netns):
-            backend = get_backend(state.backend)
-            for fst in state.iptables.values():
-                backend.restore(fst)
-            if state.tc is not None:
-                tc.restore(state.tc)
+            get_backend(state.backend).restore(state.filter)
+            tc.restore(state.tc)
 
     run_in_netns(netns, work)

@@ -97,7 +97,7 @@ def _owned_summary(st) -> dict:
     ipt = {
         fam: {c: [lr.kspec for lr in s.rules.get(c, [])] for c in s.chains}
         | {f"jumps:{b}": [lr.kspec for lr in j] for b, j in s.jumps.items()}
-        for fam, s in st.iptables.items()
+        for fam, s in st.filter.families.items()
     }
     tc = sorted(str(x.obj) for x in st.tc.objects())
     return {"iptables": ipt, "tc": tc}
@@ -116,6 +116,20 @@ def test_apply_then_reapply_writes_nothing(topo, backend):
     assert _strip_dates(_save(topo)) == before_ipt
     assert _tc(topo) == before_tc
     print("apply timings", r1.timings, "re-apply", r2.timings)
+
+
+def test_changing_one_rule_keeps_the_other_rules_counters(topo, backend):
+    """Both iptables backends write through the shared planner: only the changed rule is
+    replaced (deleted and inserted at its place); the others keep their counters."""
+    topo.apply(full(topo))
+    traffic.udp_flood(topo.cli, topo.cli4, topo.srv4, 5000, 500, 0.5)
+    flood = traffic.counter_by_comment(topo.srv, "netlimit:udp-flood")
+    assert flood > 0
+    res = topo.apply(full(topo).replace("max_connections: 20", "max_connections: 30"))
+    assert res.changes.counts() == {"add": 2, "remove": 2, "reorder": 0}, res.changes.lines()
+    assert traffic.counter_by_comment(topo.srv, "netlimit:udp-flood") == flood
+    lines = _strip_dates(_save(topo))
+    assert lines.count("--connlimit-above 30") == 2 and "--connlimit-above 20" not in lines
 
 
 def test_partial_state_is_repaired(topo, backend):
@@ -353,7 +367,7 @@ def test_concurrent_applies_do_not_lose_rules(topo, tmp_path):
     assert sum("applied" in o for o, _ in outs) == 1
     assert not topo.apply(full(topo)).changed
     st = topo.state()
-    assert len(st.iptables[4].jumps["INPUT"]) == 1
+    assert len(st.filter.families[4].jumps["INPUT"]) == 1
 
 
 def test_cli_apply_confirm_rolls_back_without_confirmation(topo, tmp_path):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from netlimit.config.validate import load_file, load_string
-from netlimit.kernel import reconcile, restore_backend, traffic
+from netlimit.kernel import reconcile, traffic
+from netlimit.kernel.backends import restore as restore_backend
 from netlimit.kernel.compile import compile_config
 from netlimit.kernel.objects import Match
 from netlimit.kernel.reconcile import ApplyError

@@ -1,6 +1,7 @@
-"""The restore backend's pure parts: canonical spelling, reading -save text, planning the
-smallest edit, restore input and error mapping (no kernel, no root). The same against
-the real kernel: tests/kernel/test_restore_backend.py."""
+"""The restore backend's pure parts and the iptables planner both legacy backends share
+(netlimit/kernel/iptables_plan.py): canonical spelling, reading -save text, planning the
+smallest edit, its steps as restore input, error mapping (no kernel, no root). The same
+against the real kernel: tests/kernel/test_restore_backend.py."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import subprocess
 
 import pytest
 
+from netlimit.kernel import iptables_plan as ip
 from netlimit.kernel import reconcile
-from netlimit.kernel import restore_backend as rb
-from netlimit.kernel.iptables import IptablesError
+from netlimit.kernel.backends import restore as rb
+from netlimit.kernel.iptables_plan import IptablesError
 from netlimit.kernel.objects import IptRule, Match
 from netlimit.kernel.savefmt import canon, parse_spec, split, unquote
 
@@ -140,8 +142,8 @@ def test_parse_save_keeps_only_what_netlimit_owns():
     assert "OTHER" not in st.rules
 
 
-def _want(spec: str, name: str = "x", chain: str = "NETLIMIT") -> rb.Want:
-    return rb.Want(chain, spec, name, family=4)
+def _want(spec: str, name: str = "x", chain: str = "NETLIMIT") -> ip.Want:
+    return ip.Want(chain, spec, name, family=4)
 
 
 def _state(specs: list[str], chain: str = "NETLIMIT", jump: bool = True):
@@ -162,7 +164,7 @@ JUMP = '-m comment --comment "netlimit: jump" -j NETLIMIT'
 def _plan(live, want, jump_live=True, jumps=((0, JUMP),)):
     st = _state(live, jump=jump_live)
     w = {"NETLIMIT": [_want(s, s.split('"')[1][9:]) for s in want]}
-    return rb.plan_family(4, ["NETLIMIT"], w, [(i, _want(j, "", "INPUT")) for i, j in jumps], st)
+    return ip.plan_family(4, ["NETLIMIT"], w, [(i, _want(j, "", "INPUT")) for i, j in jumps], st)
 
 
 def test_plan_noop_is_empty():
@@ -173,15 +175,15 @@ def test_plan_one_change_deletes_and_inserts_in_place():
     p = _plan([A, B, C], [A, B.replace("2", "22"), C])
     assert p.chain_ops == {"NETLIMIT": ([1], [(1, p.chain_ops["NETLIMIT"][1][0][1])])}
     assert [c[0] for c in p.changes] == ["-", "+"]
-    lines = [ln.text for ln in rb._commit_lines(p, counters=False)]
+    lines = [op.text() for op in ip.commit_ops(p)]
     assert lines == ["-D NETLIMIT 2", "-I NETLIMIT 2 " + B.replace("2", "22")]
 
 
 def test_plan_appends_at_the_end_and_fills_a_new_chain():
     p = _plan([A], [A, B, C])
-    assert [ln.text for ln in rb._commit_lines(p, counters=False)] == [f"-A NETLIMIT {B}", f"-A NETLIMIT {C}"]
+    assert [op.text() for op in ip.commit_ops(p)] == [f"-A NETLIMIT {B}", f"-A NETLIMIT {C}"]
     p = _plan(None, [A, B], jump_live=False)
-    assert [ln.text for ln in rb._commit_lines(p, counters=False)] == [
+    assert [op.text() for op in ip.commit_ops(p)] == [
         ":NETLIMIT - [0:0]",
         f"-A NETLIMIT {A}",
         f"-A NETLIMIT {B}",
@@ -195,8 +197,8 @@ def test_plan_reorder_is_reported_as_a_move():
 
 
 def test_plan_flush_deletes_jumps_then_chains():
-    p = rb.plan_family(4, [], {}, [], _state([A, B]))
-    assert [ln.text for ln in rb._commit_lines(p, counters=False)] == [f"-D INPUT {JUMP}", "-F NETLIMIT", "-X NETLIMIT"]
+    p = ip.plan_family(4, [], {}, [], _state([A, B]))
+    assert [op.text() for op in ip.commit_ops(p)] == [f"-D INPUT {JUMP}", "-F NETLIMIT", "-X NETLIMIT"]
 
 
 def test_hashlimit_settings_change_needs_a_first_commit():
@@ -204,9 +206,9 @@ def test_hashlimit_settings_change_needs_a_first_commit():
     new = HL.format(rate="50/sec", expire=10000)
     p = _plan([A, old, C], [A, new, C])
     assert p.pre_remove == {"NETLIMIT": [1]}
-    assert [ln.text for ln in rb._pre_remove_lines(p)] == ["-D NETLIMIT 2"]
+    assert [op.text() for op in ip.pre_remove_ops(p)] == ["-D NETLIMIT 2"]
     # commit 2 does not delete it again; the insert lands at the same place
-    assert [ln.text for ln in rb._commit_lines(p, counters=False)] == [f"-I NETLIMIT 2 {new}"]
+    assert [op.text() for op in ip.commit_ops(p)] == [f"-I NETLIMIT 2 {new}"]
     # same settings under another port: no first commit needed
     assert not _plan([A, old, C], [A, old.replace("5000", "5001"), C]).pre_remove
 
@@ -215,9 +217,9 @@ def test_counters_are_written_back_on_rollback():
     st = _state([A])
     lr = st.rules["NETLIMIT"][0]
     lr.packets, lr.bytes = 4, 400
-    w = rb.want_of_live(lr)
-    p = rb.plan_family(4, ["NETLIMIT"], {"NETLIMIT": [w]}, [], _state([], jump=False))
-    assert [ln.text for ln in rb._commit_lines(p, counters=True)][-1] == f"[4:400] -A NETLIMIT {A}"
+    w = ip.want_of_live(lr)
+    p = ip.plan_family(4, ["NETLIMIT"], {"NETLIMIT": [w]}, [], _state([], jump=False))
+    assert [op.text(True) for op in ip.commit_ops(p)][-1] == f"[4:400] -A NETLIMIT {A}"
 
 
 class _Fake:
@@ -239,7 +241,7 @@ def test_restore_failure_names_the_rule_on_that_line(monkeypatch):
     )
     monkeypatch.setattr(rb, "_run", fake)
     with pytest.raises(IptablesError) as ei:
-        rb.RestoreBackend().write(p)
+        rb.RestoreBackend().write_family(p)
     # line 1 *filter, 2 "-D NETLIMIT 2" (rule b), 3 the insert (rule b)
     assert ei.value.rule == "b" and "unknown option" in str(ei.value) and "Try `" not in str(ei.value)
     assert fake.calls[0].splitlines()[0] == "*filter" and fake.calls[0].endswith("COMMIT\n")
@@ -250,11 +252,11 @@ def test_restore_refused_at_commit_is_blamed(monkeypatch):
     monkeypatch.setattr(rb, "_run", _Fake(1, "iptables-restore: line 4 failed\n"))
     monkeypatch.setattr(rb, "blame", lambda fam, wants, chains: wants[1])
     with pytest.raises(IptablesError) as ei:
-        rb.RestoreBackend().write(p)
+        rb.RestoreBackend().write_family(p)
     assert ei.value.rule == "c" and "the kernel refused" in str(ei.value)
     monkeypatch.setattr(rb, "blame", lambda fam, wants, chains: None)  # no culprit found alone
     with pytest.raises(IptablesError) as ei:
-        rb.RestoreBackend().write(p)
+        rb.RestoreBackend().write_family(p)
     assert ei.value.rule == "b, c"
 
 
@@ -263,7 +265,7 @@ def test_hashlimit_change_is_two_blocks_in_one_run(monkeypatch):
     p = _plan([old], [HL.format(rate="50/sec", expire=10000)])
     fake = _Fake(0, "")
     monkeypatch.setattr(rb, "_run", fake)
-    rb.RestoreBackend().write(p)
+    rb.RestoreBackend().write_family(p)
     assert len(fake.calls) == 1 and fake.calls[0].count("COMMIT") == 2
 
 
@@ -315,12 +317,12 @@ def _simulate(live: list[int], want: list[int]) -> list[int]:
     text = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:NETLIMIT - [0:0]\n"
     text += "".join(f"-A NETLIMIT {_spec(x)}\n" for x in live) + "COMMIT\n"
     st = rb.parse_save(text, 4)
-    wl = {"NETLIMIT": [rb.Want("NETLIMIT", _spec(x), str(x), family=4) for x in want]}
-    p = rb.plan_family(4, ["NETLIMIT"], wl, [], st)
+    wl = {"NETLIMIT": [ip.Want("NETLIMIT", _spec(x), str(x), family=4) for x in want]}
+    p = ip.plan_family(4, ["NETLIMIT"], wl, [], st)
     cur = list(live)
     of = {_spec(x): x for x in set(live) | set(want)}
-    for ln in rb._pre_remove_lines(p) + rb._commit_lines(p, counters=False):
-        op, _chain, rest = ln.text.split(" ", 2)
+    for step in ip.pre_remove_ops(p) + ip.commit_ops(p):
+        op, _chain, rest = step.text().split(" ", 2)
         if op == "-D":
             del cur[int(rest) - 1]
         elif op == "-I":

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
-from .objects import (
+from ..objects import (
     IFB_PREFIX,
     TC_INGRESS_PRIO,
     TC_MAJOR,
@@ -297,15 +298,6 @@ def _read_filters(ipr, idx: int, dev: str, parent: int, names: dict[int, str]):
 
 
 @dataclass
-class DevicePlan:
-    dev: str
-    rebuild_tree: Device | None = None  # (re)install the HTB tree on dev
-    remove_tree: bool = False  # delete our root qdisc on dev
-    ingress: Device | None = None  # (re)install the redirect on device.interface
-    remove_ingress: bool = False
-
-
-@dataclass
 class TcPlan:
     add_links: list[TcLink] = field(default_factory=list)
     del_links: list[str] = field(default_factory=list)
@@ -321,9 +313,12 @@ class TcPlan:
             self.add_links or self.del_links or self.trees or self.remove_trees or self.ingress or self.remove_ingress
         )
 
+    def lines(self) -> list[str]:
+        return [f"{op} {'tc':9} {cmd}" for op, _dev, _rule, cmd in self.changes]
+
 
 def diff(devices: tuple[Device, ...], st: TcState) -> TcPlan:
-    from .render import tc_command
+    from ..render import tc_command
 
     plan = TcPlan()
     want_links = {o.name: o for d in devices for o in d.objects if isinstance(o, TcLink)}
@@ -524,7 +519,7 @@ def apply(plan: TcPlan, st: TcState) -> None:
                 if found:
                     ipr.link("del", index=found[0])
         except NetlinkError as exc:
-            from .render import tc_command
+            from ..render import tc_command
 
             failed = cur_obj[0]
             what = tc_command(failed) if failed is not None else "tc"
@@ -562,3 +557,42 @@ def restore(snapshot: TcState) -> None:
             devices.append(Device(dev=name, interface=name, direction="egress", objects=(link.obj,)))
     cur = read_state()
     apply(diff(tuple(devices), cur), cur)
+
+
+# --- list --------------------------------------------------------------------------------
+
+
+def row_key(o: TcObject) -> str:
+    """How a list row names a tc object (tc objects carry no comment: reconcile maps
+    these keys to rule names)."""
+    if isinstance(o, TcClass):
+        return f"class {o.dev} {o.classid:#x}"
+    if isinstance(o, TcFilter):
+        return f"filter {o.dev} {o.parent:#x} {o.prio}"
+    return f"{'link' if isinstance(o, TcLink) else 'qdisc'} {o.dev}"
+
+
+def rows(st: TcState) -> list[dict[str, Any]]:
+    """`list` rows for every owned tc object, with its counters."""
+    from ..render import tc_command
+
+    out: list[dict[str, Any]] = []
+    for x in st.objects():
+        o = x.obj
+        kind = {TcLink: "link", TcQdisc: "qdisc", TcClass: "class", TcFilter: "filter"}.get(type(o), "?")
+        out.append(
+            {
+                "rule": o.rule or "",
+                "layer": "tc",
+                "object": tc_command(o),
+                "dev": o.dev,
+                "kind": kind,
+                "key": row_key(o),
+                "packets": x.packets,
+                "bytes": x.bytes,
+                "dropped": x.drops,
+                "overlimits": x.overlimits,
+                "backlog": x.backlog,
+            }
+        )
+    return out

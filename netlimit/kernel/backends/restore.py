@@ -1,6 +1,6 @@
 """iptables / ip6tables backend through iptables-legacy-save and iptables-legacy-restore.
 
-The default backend when those programs are installed (reconcile.get_backend).
+The default backend when those programs are installed (backends.get_backend).
 Per family and apply it runs one `-save` (read) and one `-restore --noflush`
 (write; two when a hashlimit rule's settings change, see below), instead of
 one python-iptables call of 1-3 ms per rule.
@@ -19,17 +19,10 @@ a desired rule (render.rule_spec) is compared as canon(text) -- or as is, when
 plan's lines) is parsed only when asked for.
 
 Write: one restore input per family, applied atomically by the kernel (one
-table replace). Only the differences are written: in owned chains the rules
-that went are deleted by number and the new ones inserted at their place
-(difflib over the canonical specs), so untouched rules keep their counters;
-new chains are declared, dropped chains flushed and deleted; the jumps in
-built-in chains are deleted by spec (other tools may have moved them) and
-inserted at the top. Nothing to change: nothing is run.
-
-hashlimit: the kernel keeps a hashlimit table's first settings while any rule
-uses its name, so a rule whose hashlimit settings change is removed in a
-first commit and the new one added in a second (as the python-iptables
-backend does).
+table replace): the steps of the shared planner (netlimit/kernel/iptables_plan.py)
+as restore lines, so only the differences are written and untouched rules keep
+their counters. A hashlimit settings change is two `*filter ... COMMIT` blocks
+in the same run. Nothing to change: nothing is run.
 
 Errors: restore says which input line failed; each line maps back to the rule
 it writes. A refusal at COMMIT (the kernel's checkentry, e.g. REJECT
@@ -43,24 +36,35 @@ netlimit's writer lock.
 
 from __future__ import annotations
 
-import difflib
 import gc
 import os
 import re
 import shutil
 import subprocess
-from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .iptables import BUILTINS, TABLE, FamilyState, IptablesError, LiveRule, match_jumps
-from .objects import COMMENT_PREFIX, IptChain, IptRule, owned_chain, owned_comment
-from .render import rule_line, rule_spec
-from .savefmt import canon, parse_spec
+from ..iptables_plan import (
+    BUILTINS,
+    TABLE,
+    TOOL,
+    FamilyPlan,
+    FamilyState,
+    IptablesError,
+    LiveRule,
+    Op,
+    Want,
+    commit_ops,
+    pre_remove_ops,
+    want_of,
+)
+from ..objects import COMMENT_PREFIX, IptRule, owned_chain, owned_comment
+from ..savefmt import canon, parse_spec
+from .xtables import XtablesBackend
 
 SAVE = {4: "iptables-legacy-save", 6: "ip6tables-legacy-save"}
 RESTORE = {4: "iptables-legacy-restore", 6: "ip6tables-legacy-restore"}
-TOOL = {4: "iptables", 6: "ip6tables"}
 LOCK_WAIT_S = 10
 TIMEOUT_S = 120
 
@@ -199,186 +203,6 @@ def save(family: int) -> str:
     return _save_result(family, p.returncode, p.stdout, p.stderr)
 
 
-# --- planning -----------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Want:
-    """One rule as it should be: the text to write, the rule it belongs to (for
-    messages), its canonical spec `kspec` (compared; computed when first needed: a
-    full apply into an empty chain compares nothing) and what plan output shows."""
-
-    chain: str
-    text: str
-    name: str
-    family: int = 4
-    source: IptRule | None = None  # for `line` (its position: -I at the top)
-    counters: tuple[int, int] | None = None  # written with --counters (rollback)
-    known: str | None = None  # the canonical spec, when already known
-
-    @property
-    def kspec(self) -> str:
-        if self.known is None:
-            self.known = canon(self.text, self.family)
-        return self.known
-
-    @property
-    def line(self) -> str:
-        """As render.rule_line spells it."""
-        if self.source is not None and self.source.position == 0:
-            return f"-I {self.chain} 1 {self.text}"
-        return f"-A {self.chain} {self.text}"
-
-
-@dataclass
-class RestorePlan:
-    family: int
-    create_chains: list[str] = field(default_factory=list)
-    # chain -> (live indexes to delete, [(final index, rule)] to insert, ascending)
-    chain_ops: dict[str, tuple[list[int], list[tuple[int, Want]]]] = field(default_factory=dict)
-    delete_chains: list[str] = field(default_factory=list)
-    delete_jumps: list[LiveRule] = field(default_factory=list)
-    add_jumps: list[tuple[int, Want]] = field(default_factory=list)  # (index in its chain, rule)
-    pre_remove: dict[str, list[int]] = field(default_factory=dict)  # chain -> live indexes, commit 1
-    changes: list[tuple[str, str, str, str]] = field(default_factory=list)
-    live_len: dict[str, int] = field(default_factory=dict)  # chain -> rules at read time
-    builtin_counts: dict[str, int] = field(default_factory=dict)
-    wanted_chains: list[str] = field(default_factory=list)
-    live_rules: dict[str, list[LiveRule]] = field(default_factory=dict)  # chain -> its rules at read time
-
-    def live_name(self, chain: str, index: int) -> str | None:
-        lst = self.live_rules.get(chain, [])
-        return (_label(lst[index].rule) or None) if index < len(lst) else None
-
-    @property
-    def empty(self) -> bool:
-        return not (self.create_chains or self.chain_ops or self.delete_chains or self.delete_jumps or self.add_jumps)
-
-
-def _label(r: IptRule) -> str:
-    return r.rule or r.comment
-
-
-def want_of(r: IptRule, live_texts: set[str] | frozenset[str] = frozenset()) -> Want:
-    """A desired rule with its canonical spec; a text -save printed as is is canonical
-    already, so most rules of a no-op apply need no canon() at all."""
-    text = rule_spec(r)
-    return Want(r.chain, text, _label(r), r.family, r, None, text if text in live_texts else None)
-
-
-def want_of_live(lr: LiveRule) -> Want:
-    return Want(lr.rule.chain, lr.text, _label(lr.rule), lr.rule.family, None, (lr.packets, lr.bytes), lr.kspec)
-
-
-_HL_SEG = re.compile(r"-m hashlimit (.*?)(?= -m | -j | -g |$)")
-_HL_NAME = re.compile(r"--hashlimit-name (\S+)")
-
-
-def _hashlimit_settings(kspec: str) -> dict[str, str]:
-    """{table name: that match's whole canonical option text} of a rule's hashlimit matches."""
-    if "-m hashlimit" not in kspec:
-        return {}
-    out = {}
-    for seg in _HL_SEG.findall(kspec):
-        m = _HL_NAME.search(seg)
-        if m:
-            out[m.group(1)] = seg
-    return out
-
-
-def _settings_change(kspec: str, want_hl) -> bool:
-    """True if a going rule's hashlimit table is wanted with other settings: the kernel
-    would keep this rule's settings for the new rule, so it must go in a first commit."""
-    if "-m hashlimit" not in kspec:
-        return False
-    wanted = want_hl()
-    return any(name in wanted and wanted[name] != {seg} for name, seg in _hashlimit_settings(kspec).items())
-
-
-def plan_family(
-    family: int, chains: list[str], want: dict[str, list[Want]], jumps: list[tuple[int, Want]], state: FamilyState
-) -> RestorePlan:
-    """The smallest edit that turns `state` into: `chains` holding `want[chain]` in order,
-    and each of `jumps` ((index, rule) in a built-in chain) present once."""
-    plan = RestorePlan(family, builtin_counts=dict(state.builtin_counts), wanted_chains=list(chains))
-    hl_cache: list[dict[str, set[str]]] = []
-
-    def want_hl() -> dict[str, set[str]]:  # hashlimit name -> settings the new rules give it
-        if not hl_cache:
-            names: dict[str, set[str]] = {}
-            for c in chains:
-                for w in want.get(c, []):
-                    for name, seg in _hashlimit_settings(w.kspec).items():
-                        names.setdefault(name, set()).add(seg)
-            hl_cache.append(names)
-        return hl_cache[0]
-
-    for c in chains:
-        if c not in state.chains:
-            plan.create_chains.append(c)
-            plan.changes.append(("+", c, "", f":{c} - [0:0]"))
-        live = state.rules.get(c, [])
-        wl = want.get(c, [])
-        if not live:  # an empty or new chain: everything is appended, nothing to compare
-            if wl:
-                plan.chain_ops[c] = ([], list(enumerate(wl)))
-                plan.live_len[c] = 0
-                plan.changes.extend(("+", c, w.name, w.line) for w in wl)
-            continue
-        lk = [lr.kspec for lr in live]
-        wk = [w.kspec for w in wl]
-        if lk == wk:
-            continue
-        dels: list[int] = []
-        ins: list[tuple[int, Want]] = []
-        # common head and tail first: difflib then only sees the part that changed
-        head = 0
-        while head < len(lk) and head < len(wk) and lk[head] == wk[head]:
-            head += 1
-        tail = 0
-        while tail < len(lk) - head and tail < len(wk) - head and lk[-1 - tail] == wk[-1 - tail]:
-            tail += 1
-        sm = difflib.SequenceMatcher(None, lk[head : len(lk) - tail], wk[head : len(wk) - tail], autojunk=False)
-        for tag, i1, i2, j1, j2 in sm.get_opcodes():
-            if tag != "equal":
-                dels.extend(range(head + i1, head + i2))
-                ins.extend((head + j, wl[head + j]) for j in range(j1, j2))
-        plan.chain_ops[c] = (dels, ins)
-        plan.live_len[c] = len(live)
-        plan.live_rules[c] = live
-        gone = Counter(lk[i] for i in dels)
-        new = Counter(w.kspec for _, w in ins)
-        want_set = set(wk)
-        removed, added = gone - new, new - gone
-        for i in dels:
-            lr = live[i]
-            if removed[lr.kspec] > 0:
-                removed[lr.kspec] -= 1
-                plan.changes.append(("-", c, _label(lr.rule), rule_line(lr.rule)))
-                if lr.kspec not in want_set and _settings_change(lr.kspec, want_hl):
-                    plan.pre_remove.setdefault(c, []).append(i)
-        for _, w in ins:
-            if added[w.kspec] > 0:
-                added[w.kspec] -= 1
-                plan.changes.append(("+", c, w.name, w.line))
-        if gone & new:
-            plan.changes.append(("~", c, "", f"reorder {len(wk)} rules of {c}"))
-    for c in state.chains:
-        if c not in chains:
-            plan.delete_chains.append(c)
-            for lr in state.rules.get(c, []):
-                plan.changes.append(("-", c, _label(lr.rule), rule_line(lr.rule)))
-            plan.changes.append(("-", c, "", f"delete chain {c}"))
-    gone_jumps, new_jumps = match_jumps(state.jumps, {(w.chain, w.kspec): (idx, w) for idx, w in jumps})
-    for bchain, lr in gone_jumps:
-        plan.delete_jumps.append(lr)
-        plan.changes.append(("-", bchain, "", rule_line(lr.rule)))
-    for idx, w in new_jumps:
-        plan.add_jumps.append((idx, w))
-        plan.changes.append(("+", w.chain, "", w.line))
-    return plan
-
-
 # --- writing ------------------------------------------------------------------------------
 
 
@@ -389,50 +213,8 @@ class _Line:
     want: Want | None = None
 
 
-def _cmd(op: str, chain: str, rest: str, want: Want | None, counters: bool) -> str:
-    pre = f"[{want.counters[0]}:{want.counters[1]}] " if counters and want is not None and want.counters else ""
-    return f"{pre}{op} {chain} {rest}".rstrip()
-
-
-def _commit_lines(plan: RestorePlan, counters: bool) -> list[_Line]:
-    out: list[_Line] = []
-    for c in plan.create_chains:
-        out.append(_Line(f":{c} - [0:0]", None))
-    for lr in plan.delete_jumps:
-        out.append(_Line(f"-D {lr.rule.chain} {lr.text}", lr.rule.rule or None))
-    for c, (dels, ins) in plan.chain_ops.items():
-        pre = sorted(plan.pre_remove.get(c, []))
-        left = plan.live_len.get(c, 0) - len(pre)
-        for i in sorted(set(dels) - set(pre), reverse=True):
-            shift = sum(1 for p in pre if p < i)
-            out.append(_Line(f"-D {c} {i - shift + 1}", plan.live_name(c, i)))
-            left -= 1
-        for j, w in ins:
-            if j >= left:
-                out.append(_Line(_cmd("-A", c, w.text, w, counters), w.name, w))
-            else:
-                out.append(_Line(_cmd("-I", c, f"{j + 1} {w.text}", w, counters), w.name, w))
-            left += 1
-    for c in plan.delete_chains:
-        out.append(_Line(f"-F {c}", None))
-    for c in plan.delete_chains:
-        out.append(_Line(f"-X {c}", None))
-    lens = dict(plan.builtin_counts)
-    for lr in plan.delete_jumps:
-        lens[lr.rule.chain] = lens.get(lr.rule.chain, 1) - 1
-    for idx, w in sorted(plan.add_jumps, key=lambda x: x[0]):
-        n = lens.get(w.chain, 0)
-        out.append(_Line(_cmd("-I", w.chain, f"{min(idx, n) + 1} {w.text}", w, counters), w.name or None, w))
-        lens[w.chain] = n + 1
-    return out
-
-
-def _pre_remove_lines(plan: RestorePlan) -> list[_Line]:
-    out = []
-    for c, idxs in plan.pre_remove.items():
-        for i in sorted(idxs, reverse=True):
-            out.append(_Line(f"-D {c} {i + 1}", plan.live_name(c, i)))
-    return out
+def _lines(ops: list[Op], counters: bool) -> list[_Line]:
+    return [_Line(op.text(counters), op.rule, op.want if op.kind in ("-I", "-A") else None) for op in ops]
 
 
 _LINE_RE = re.compile(r"line:? (\d+)")
@@ -545,7 +327,7 @@ def blame(family: int, wants: list[Want], chains: list[str]) -> Want | None:
 # --- the backend -----------------------------------------------------------------------------
 
 
-class RestoreBackend:
+class RestoreBackend(XtablesBackend):
     name = "iptables-legacy-restore (legacy x_tables)"
     key = "restore"
 
@@ -553,7 +335,7 @@ class RestoreBackend:
         self._saved: dict[int, str] = {}
         self._running: dict[int, subprocess.Popen] = {}
 
-    def prefetch(self, families) -> None:
+    def _prefetch(self, families) -> None:
         """Start one -save per family at once (from this thread: in its namespace)."""
         for fam in families:
             if fam not in self._running and not binaries_missing((fam,)):
@@ -576,54 +358,55 @@ class RestoreBackend:
             raise IptablesError(f"{SAVE[family]} did not finish within {TIMEOUT_S} s") from None
         return _save_result(family, proc.returncode, out, err)
 
-    def available(self, family: int) -> str | None:
+    def read(self):
+        self._prefetch((4, 6))
+        return super().read()
+
+    def family_unavailable(self, family: int) -> str | None:
         missing = binaries_missing((family,))
         if missing:
             return f"{', '.join(missing)} not found on PATH (apt-get install iptables)"
         try:
-            self._saved[family] = self._collect(family)  # read() uses this output right after
+            self._saved[family] = self._collect(family)  # read_family() uses this output right after
         except (IptablesError, OSError, subprocess.TimeoutExpired) as exc:
             return str(exc)
         return None
 
-    def read(self, family: int) -> FamilyState:
+    def available(self) -> str | None:
+        missing = binaries_missing()
+        return f"{', '.join(missing)} not found on PATH (apt-get install iptables)" if missing else None
+
+    def read_family(self, family: int) -> FamilyState:
         text = self._saved.pop(family, None)
         if text is None:
             text = save(family)
         with _no_gc():
             return parse_save(text, family)
 
-    def plan(self, family: int, chains: list[IptChain], rules: list[IptRule], state: FamilyState) -> RestorePlan:
-        names = [c.name for c in chains]
-        nameset = set(names)
-        want: dict[str, list[Want]] = {c: [] for c in names}
-        jumps: list[tuple[int, Want]] = []
+    def wants(self, family: int, state: FamilyState) -> Callable[[IptRule], Want]:
+        """Desired rules compared as canon(text); a text -save printed as is is canonical
+        already, so most rules of a no-op apply need no canon() at all."""
         live_texts = {lr.text for lst in state.rules.values() for lr in lst}
         live_texts.update(lr.text for lst in state.jumps.values() for lr in lst)
-        with _no_gc():
-            for r in rules:
-                w = want_of(r, live_texts)
-                if r.chain in nameset:
-                    want[r.chain].append(w)
-                else:
-                    jumps.append((r.position or 0, w))
-            return plan_family(family, names, want, jumps, state)
 
-    def write(self, plan: RestorePlan) -> None:
+        def want(r: IptRule) -> Want:
+            w = want_of(r, spell=canon)
+            if w.text in live_texts:
+                w.known = w.text
+            return w
+
+        return want
+
+    def plan(self, desired, state):
+        with _no_gc():
+            return super().plan(desired, state)
+
+    def write_family(self, plan: FamilyPlan) -> None:
         if plan.empty:
             return
         commits: list[tuple[str, list[_Line]]] = []
         if plan.pre_remove:  # a first commit, so that the kernel drops those hashlimit tables
-            commits.append(("removing hashlimit rules whose settings changed", _pre_remove_lines(plan)))
-        counters = any(w.counters for _, ins in plan.chain_ops.values() for _, w in ins) or any(
-            w.counters for _, w in plan.add_jumps
-        )
-        commits.append(("the new rule set", _commit_lines(plan, counters)))
+            commits.append(("removing hashlimit rules whose settings changed", _lines(pre_remove_ops(plan), False)))
+        counters = plan.counters
+        commits.append(("the new rule set", _lines(commit_ops(plan), counters)))
         _restore(plan.family, commits, plan.wanted_chains, counters)
-
-    def restore(self, state: FamilyState) -> None:
-        """Put back exactly the owned chains, rules (with their counters) and jumps of `state`."""
-        cur = parse_save(save(state.family), state.family)
-        want = {c: [want_of_live(lr) for lr in state.rules.get(c, [])] for c in state.chains}
-        jumps = [(lr.index, want_of_live(lr)) for lst in state.jumps.values() for lr in lst]
-        self.write(plan_family(state.family, list(state.chains), want, jumps, cur))

@@ -1,0 +1,150 @@
+"""What the two legacy x_tables backends (restore.py, libiptc.py) share: the family
+loop around the planner (netlimit/kernel/iptables_plan.py), rollback, and `list`
+rows with the live hashlimit / recent table sizes from /proc.
+
+A backend subclass provides four per-family primitives: `family_unavailable`,
+`read_family`, `want` (a desired rule in its canonical spelling) and
+`write_family` (one plan, atomically).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import ApplyError
+from ..iptables_plan import TOOL, FamilyPlan, FamilyState, Want, plan_back, plan_rules
+from ..netns import proc_net
+from ..objects import Desired, IptRule, rule_of_comment
+from ..render import rule_line
+
+FAMILIES = (4, 6)
+
+
+@dataclass
+class XtablesState:
+    families: dict[int, FamilyState] = field(default_factory=dict)
+    unavailable: dict[int, str] = field(default_factory=dict)  # family -> why it cannot be read
+
+    @property
+    def empty(self) -> bool:
+        return all(s.empty for s in self.families.values())
+
+    def count(self) -> int:
+        return sum(s.count() for s in self.families.values())
+
+
+@dataclass
+class XtablesPlan:
+    families: dict[int, FamilyPlan] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return all(p.empty for p in self.families.values())
+
+    def lines(self) -> list[str]:
+        return [line for _fam, p in sorted(self.families.items()) for line in p.lines()]
+
+
+class XtablesBackend:
+    key = ""
+    name = ""
+
+    # --- per-family primitives (the subclass) ---
+    def family_unavailable(self, family: int) -> str | None:
+        raise NotImplementedError
+
+    def read_family(self, family: int) -> FamilyState:
+        raise NotImplementedError
+
+    def wants(self, family: int, state: FamilyState) -> Callable[[IptRule], Want]:
+        """A function IptRule -> Want in this backend's spelling (it may look at `state`)."""
+        raise NotImplementedError
+
+    def write_family(self, plan: FamilyPlan) -> None:
+        raise NotImplementedError
+
+    # --- the FilterBackend interface ---
+    def available(self) -> str | None:
+        whys = [w for w in (self.family_unavailable(f) for f in FAMILIES) if w]
+        return "; ".join(whys) if len(whys) == len(FAMILIES) else None
+
+    def read(self) -> XtablesState:
+        st = XtablesState()
+        for fam in FAMILIES:
+            why = self.family_unavailable(fam)
+            if why is not None:
+                st.unavailable[fam] = why
+            else:
+                st.families[fam] = self.read_family(fam)
+        return st
+
+    def plan(self, desired: Desired, state: XtablesState) -> XtablesPlan:
+        out = XtablesPlan()
+        for fam in FAMILIES:
+            rules = desired.family_rules(fam)
+            if fam in state.unavailable:
+                if rules:
+                    raise ApplyError(
+                        f"{TOOL[fam]} (legacy) is not usable here: {state.unavailable[fam]}",
+                        rules[0].rule or None,
+                        rolled_back=False,
+                    )
+                continue
+            fst = state.families[fam]
+            out.families[fam] = plan_rules(fam, desired.family_chains(fam), rules, fst, self.wants(fam, fst))
+        return out
+
+    def write(self, plan: XtablesPlan) -> None:
+        for _fam, p in sorted(plan.families.items()):
+            if not p.empty:
+                self.write_family(p)
+
+    def restore(self, state: XtablesState) -> None:
+        for fam, fst in sorted(state.families.items()):
+            p = plan_back(fst, self.read_family(fam))
+            if not p.empty:
+                self.write_family(p)
+
+    def rows(self, state: XtablesState) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for fam, fst in sorted(state.families.items()):
+            layer = TOOL[fam]
+            lists = [(c, fst.rules.get(c, [])) for c in fst.chains] + list(fst.jumps.items())
+            for chain, lst in lists:
+                for lr in lst:
+                    r = lr.rule
+                    row: dict[str, Any] = {
+                        "rule": rule_of_comment(r.comment) if r.comment else "(jump)",
+                        "layer": layer,
+                        "object": rule_line(r),
+                        "chain": chain,
+                        "packets": lr.packets,
+                        "bytes": lr.bytes,
+                        "dropped": lr.packets if r.target in ("DROP", "REJECT") else 0,
+                    }
+                    _table_entries(row, r, fam)
+                    rows.append(row)
+        return rows
+
+
+def _table_entries(row: dict[str, Any], r: IptRule, family: int) -> None:
+    """The live size of the rule's hashlimit / recent table, from /proc."""
+    for m in r.matches:
+        opts = dict(m.options)
+        if m.module == "hashlimit" and "hashlimit-name" in opts:
+            row["table"] = f"hashlimit {opts['hashlimit-name']}"
+            proc = "ipt_hashlimit" if family == 4 else "ip6t_hashlimit"
+            row["table_entries"] = _count_lines(proc_net(proc, opts["hashlimit-name"] or ""))
+        elif m.module == "recent" and "name" in opts:
+            row["table"] = f"recent {opts['name']}"
+            row["table_entries"] = _count_lines(proc_net("xt_recent", opts["name"] or ""))
+
+
+def _count_lines(path: str) -> int | None:
+    try:
+        with open(path) as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
+        return None
