@@ -120,10 +120,6 @@ def _bits(v: int) -> str:
     return format_bandwidth(v)
 
 
-def _proto(p: str) -> str:
-    return p
-
-
 def tc_command(o: TcObject) -> str:
     if isinstance(o, TcLink):
         return f"ip link add {o.name} type {o.kind} && ip link set {o.name} up"
@@ -139,10 +135,7 @@ def tc_command(o: TcObject) -> str:
         )
     if isinstance(o, TcFilter):
         keys = " ".join(f"match u32 0x{k.value:08x} 0x{k.mask:08x} at {k.offset}" for k in o.keys)
-        head = (
-            f"tc filter add dev {o.dev} parent {fmt_handle(o.parent)} protocol {_proto(o.protocol)} "
-            f"prio {o.prio} u32 {keys}"
-        )
+        head = f"tc filter add dev {o.dev} parent {fmt_handle(o.parent)} protocol {o.protocol} prio {o.prio} u32 {keys}"
         if o.redirect_to:
             return f"{head} action mirred egress redirect dev {o.redirect_to}"
         return f"{head} flowid {fmt_handle(o.flowid or 0)}"

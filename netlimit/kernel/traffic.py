@@ -237,7 +237,3 @@ def counter_by_comment(ns: str, comment: str, family: int = 4) -> int:
     if not found:
         raise RuntimeError(f"no rule with comment {comment!r} in namespace {ns}")
     return total
-
-
-def wait_quiet(seconds: float) -> None:
-    time.sleep(seconds)
