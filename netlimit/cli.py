@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from . import __version__
-from .errors import ConfigError
+from .errors import ConfigError, NetlimitError
 
 app = typer.Typer(
     name="netlimit",
@@ -53,6 +53,21 @@ def load_checked(path: Path):
     return loaded
 
 
+def _backend_warnings(loaded, backend: str | None) -> list:
+    """Warnings about the file under the backend `apply` would use (none if none is usable)."""
+    if not loaded.config.network:
+        return []
+    from .config.validate import backend_warnings
+    from .kernel.backends import choose
+
+    try:
+        key = choose(backend, loaded.config.backend).key
+    except NetlimitError as exc:
+        err(f"warning: {exc}")
+        return []
+    return backend_warnings(loaded, key)
+
+
 def load_or_exit(path: Path):
     """Load + validate a config file, or print every problem and exit 1."""
     from .config.validate import ConfigError, load_file
@@ -85,6 +100,12 @@ def _root(
 def validate(
     files: list[Path] = typer.Argument(..., help="Config files to check.", show_default=False),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing when valid."),
+    backend: str | None = typer.Option(
+        None,
+        "--backend",
+        metavar="auto|nftables|restore|python-iptables",
+        help="Warn about what the file means under this kernel backend (default: as `apply` would choose).",
+    ),
 ) -> None:
     """Check files without root: print every problem as FILE:LINE:COL: RULE: MESSAGE.
 
@@ -99,7 +120,7 @@ def validate(
             for p in exc.problems:
                 typer.echo(str(p))
             continue
-        for w in loaded.warnings:
+        for w in loaded.warnings + _backend_warnings(loaded, backend):
             typer.echo(str(w))
         if not quiet:
             c = loaded.config

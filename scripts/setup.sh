@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 machine for netlimit, as root: the system tools the
-# tests and the demo drive (iptables, tc, iperf3, redis, nginx, wrk ...) and the
+# tests and the demo drive (nft, iptables, tc, iperf3, redis, nginx, wrk ...) and the
 # package with its test extra in ./.venv. Safe to run again: it only adds what
 # is missing. Used by README's two commands and by CI (.ci/run).
 set -euo pipefail
@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   iptables iproute2 conntrack        # the kernel layer: iptables-legacy, tc, ip netns
+  nftables                           # the nftables backend (nft -f writes table inet netlimit; auto's pick on nf_tables hosts)
   iperf3 hping3 netcat-openbsd       # traffic for tests, demo, benchmarks
   redis-server nginx wrk             # the HTTP layer's real peers
   systemd systemd-container debootstrap util-linux   # units tested under a real systemd (nspawn)

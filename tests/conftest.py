@@ -69,13 +69,28 @@ def redis_factory():
 # --- network namespaces ---------------------------------------------------------------
 
 
-BACKENDS = ("restore", "python-iptables")
+LEGACY_BACKENDS = ("restore", "python-iptables")
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=LEGACY_BACKENDS)
 def backend(request, monkeypatch):
-    """Run the test once per iptables backend: the in-process reconcile calls and the
-    CLI subprocesses both follow $NETLIMIT_BACKEND (tests without it use the default)."""
+    """Run the test once per legacy x_tables backend: the in-process reconcile calls and
+    the CLI subprocesses both follow $NETLIMIT_BACKEND (tests without a backend fixture
+    use auto: nftables on this Debian 12 host)."""
+    monkeypatch.setenv("NETLIMIT_BACKEND", request.param)
+    return request.param
+
+
+@pytest.fixture(params=("nftables", "restore"))
+def any_backend(request, monkeypatch):
+    """Once with nftables and once with the legacy default (restore): what auto picks
+    on an nf_tables host and on a legacy one."""
+    monkeypatch.setenv("NETLIMIT_BACKEND", request.param)
+    return request.param
+
+
+@pytest.fixture(params=("nftables",) + LEGACY_BACKENDS)
+def every_backend(request, monkeypatch):
     monkeypatch.setenv("NETLIMIT_BACKEND", request.param)
     return request.param
 
@@ -98,7 +113,13 @@ def topo():
 
 def _root_snapshot() -> str:
     parts = []
-    for cmd in (["iptables-legacy-save"], ["ip6tables-legacy-save"], ["tc", "qdisc", "show"], ["ip", "-br", "link"]):
+    for cmd in (
+        ["iptables-legacy-save"],
+        ["ip6tables-legacy-save"],
+        ["nft", "list", "tables"],
+        ["tc", "qdisc", "show"],
+        ["ip", "-br", "link"],
+    ):
         if shutil.which(cmd[0]):
             parts.append(_sh(*cmd, check=False).stdout)
     return "\n".join(parts)

@@ -400,3 +400,9 @@ class Config(Strict):
     on_stop: Literal["flush", "keep"] = Field(
         "flush", description="daemon stop: remove rules (flush) or leave them in place (keep)"
     )
+    backend: Literal["auto", "nftables", "restore", "python-iptables"] = Field(
+        "auto",
+        description="how network rules reach the kernel: nftables (table inet netlimit), restore "
+        "(iptables-legacy-restore) or python-iptables; auto picks nftables where the host's iptables is the "
+        "nf_tables variant or legacy x_tables are unusable ($NETLIMIT_BACKEND and --backend override it)",
+    )

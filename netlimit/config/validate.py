@@ -231,6 +231,29 @@ def hashlimit_name(rule_name: str) -> str:
     return f"{rule_name[:9]}~{digest}"
 
 
+def backend_warnings(loaded: Loaded, backend: str) -> list[Problem]:
+    """What a file means differently under `backend` (the key the kernel layer chose)."""
+    out: list[Problem] = []
+    if backend != "nftables":
+        return out
+    for i, r in enumerate(loaded.config.network):
+        if r.method == "recent" and r.limit is not None:
+            line, col = loaded.position("network", i, "method")
+            out.append(
+                Problem(
+                    loaded.path,
+                    line,
+                    col,
+                    r.name,
+                    f"warning: under the nftables backend, method: recent is a bucket of {r.limit.count} per "
+                    "period per address plus a ban that every attempt renews (nft keeps no hit log): a client "
+                    f"that keeps knocking stays blocked, as with recent, but one that slows down below {r.limit} "
+                    "gets through sooner than recent's sliding window lets it (README: recent under nftables)",
+                )
+            )
+    return out
+
+
 def _semantic(config: Config, doc: Document, filename: str, warnings: list[Problem]) -> list[Problem]:
     out: list[Problem] = []
     limits = kl.host_limits()

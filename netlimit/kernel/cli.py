@@ -15,13 +15,35 @@ import typer
 
 NETNS_HELP = "Run against this network namespace (/run/netns/NAME); it must exist."
 BACKEND_HELP = (
-    "How iptables rules are read and written: restore (iptables-legacy-save/-restore, the default "
-    "when installed) or python-iptables. Default: $NETLIMIT_BACKEND, else auto."
+    "How network rules reach the kernel: nftables (one table inet netlimit), restore "
+    "(iptables-legacy-save/-restore) or python-iptables. Default: $NETLIMIT_BACKEND, else the file's "
+    "`backend:`, else auto: nftables where this host's iptables is the nf_tables variant or legacy "
+    "x_tables are unusable, the legacy backend on a legacy host."
 )
 
 
 def _backend_option():
-    return typer.Option(None, "--backend", metavar="restore|python-iptables", help=BACKEND_HELP)
+    return typer.Option(None, "--backend", metavar="auto|nftables|restore|python-iptables", help=BACKEND_HELP)
+
+
+def _choose(backend: str | None, config=None):
+    """The backend (key and why) for this command, or exit 64 with why not."""
+    from ..errors import ApplyError
+    from .backends import choose
+
+    try:
+        return choose(backend, config.backend if config is not None else None)
+    except ApplyError as exc:
+        base = _cli()
+        base.err(f"error: {exc}")
+        raise typer.Exit(base.EXIT_USAGE) from None
+
+
+def _backend_warnings(loaded, key: str) -> None:
+    from ..config.validate import backend_warnings
+
+    for w in backend_warnings(loaded, key):
+        _cli().err(str(w))
 
 
 def _cli():
@@ -53,10 +75,12 @@ def _check_netns(netns: str | None) -> None:
         raise typer.Exit(base.EXIT_USAGE) from None
 
 
-def backend_note(netns: str | None = None) -> str | None:
-    """A clear word when the host's `iptables` is the nf_tables variant."""
-    from .backends import host_iptables_variant
+def backend_note(key: str, netns: str | None = None) -> str | None:
+    """A clear word when a legacy backend writes on a host whose `iptables` is the nf_tables variant."""
+    from .backends import LEGACY, host_iptables_variant
 
+    if key not in LEGACY:
+        return None
     variant, version = host_iptables_variant()
     if variant != "nf_tables":
         return None
@@ -66,7 +90,8 @@ def backend_note(netns: str | None = None) -> str | None:
         "into the legacy x_tables (iptables-legacy), which the kernel evaluates as well: "
         f"`{ns}iptables -S` and `nft list ruleset` will NOT show them (iptables -S only warns "
         f"'iptables-legacy tables present'); see them with `{ns}iptables-legacy -S`, "
-        f"`{ns}ip6tables-legacy -S`, or `netlimit list`, which reads the kernel."
+        f"`{ns}ip6tables-legacy -S`, or `netlimit list`, which reads the kernel. "
+        "`--backend nftables` (or `backend: nftables`) puts them where this host's tools look."
     )
 
 
@@ -85,20 +110,26 @@ def register(app: typer.Typer) -> None:  # one function per command below
         netns: str | None = typer.Option(None, "--netns", help=NETNS_HELP + " Implies --live."),
         backend: str | None = _backend_option(),
     ) -> None:
-        """Print what `apply` would install: iptables-save rules and tc commands, grouped by rule.
+        """Print what `apply` would install: the nft script (or iptables-restore input) and tc
+        commands, grouped by rule, and which backend and why.
 
         Without --live no root is needed and the kernel is not touched.
         """
         base = _cli()
         loaded = base.load_or_exit(file)
         desired = _compile(loaded)
+        choice = _choose(backend, loaded.config)
+        _backend_warnings(loaded, choice.key)
         if not live and netns is None:
-            from .render import plan_json, plan_text
+            from .render import plan_dict, plan_text
 
             if json_out:
-                typer.echo(plan_json(desired, source=str(file), sha256=loaded.sha256), nl=False)
+                doc = plan_dict(desired, source=str(file), sha256=loaded.sha256, backend=choice.key)
+                doc["backend"], doc["backend_reason"] = choice.key, choice.why
+                typer.echo(json.dumps(doc, indent=2))
             else:
-                typer.echo(plan_text(desired, source=str(file), sha256=loaded.sha256), nl=False)
+                text = plan_text(desired, source=str(file), sha256=loaded.sha256, backend=choice.key, why=choice.why)
+                typer.echo(text, nl=False)
             return
         _need_root("plan --live")
         _check_netns(netns)
@@ -106,7 +137,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
         from .reconcile import apply as do_apply
 
         try:
-            res = do_apply(desired, netns, dry_run=True, backend=backend)
+            res = do_apply(desired, netns, dry_run=True, backend=choice.key)
         except ApplyError as exc:
             base.err(f"error: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
@@ -117,6 +148,8 @@ def register(app: typer.Typer) -> None:  # one function per command below
                     {
                         "file": str(file),
                         "netns": netns,
+                        "backend": choice.key,
+                        "backend_reason": choice.why,
                         "changed": bool(lines),
                         "changes": lines,
                         "counts": res.changes.counts(),
@@ -125,6 +158,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
                 )
             )
             return
+        typer.echo(f"# backend: {choice.key} ({choice.why})")
         where = f" in netns {netns}" if netns else ""
         if not lines:
             typer.echo(f"no changes: the kernel{where} already matches {file}")
@@ -161,14 +195,15 @@ def register(app: typer.Typer) -> None:  # one function per command below
         desired = _compile(loaded)
         _need_root("apply")
         _check_netns(netns)
+        choice = _choose(backend, loaded.config)
         from .reconcile import ApplyError
         from .reconcile import apply as do_apply
 
-        note = backend_note(netns)
+        note = backend_note(choice.key, netns)
         if note and not quiet and not json_out:
             base.err(note)
         try:
-            res = do_apply(desired, netns, backend=backend)
+            res = do_apply(desired, netns, backend=choice.key)
         except ApplyError as exc:
             base.err(f"error: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
@@ -179,6 +214,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
                     {
                         "file": str(file),
                         "netns": netns,
+                        "backend": choice.key,
                         "changed": bool(lines),
                         "changes": lines,
                         "counts": res.changes.counts(),
@@ -197,9 +233,10 @@ def register(app: typer.Typer) -> None:  # one function per command below
                 typer.echo(line)
         c = res.changes.counts()
         t = res.timings
+        layer = "nftables" if choice.key == "nftables" else "iptables"
         typer.echo(
             f"applied {file}{where}: {c['add']} added, {c['remove']} removed in {t.get('total', 0):.2f} s "
-            f"(iptables {t.get('iptables', 0):.2f} s, tc {t.get('tc', 0):.2f} s)"
+            f"({layer} {t.get('filter', 0):.2f} s, tc {t.get('tc', 0):.2f} s)"
         )
         if confirm is not None and not _confirmed(confirm):
             from .reconcile import restore
@@ -222,22 +259,23 @@ def register(app: typer.Typer) -> None:  # one function per command below
     ) -> None:
         """Show every object netlimit owns, by rule, with packets/bytes matched and dropped (root)."""
         base = _cli()
-        desired = _compile(base.load_or_exit(file)) if file else None
+        loaded = base.load_or_exit(file) if file else None
+        desired = _compile(loaded) if loaded else None
         _need_root("list")
         _check_netns(netns)
+        choice = _choose(backend, loaded.config if loaded else None)
         from .reconcile import ApplyError, list_owned
 
         try:
-            rows = list_owned(netns, desired, backend=backend)
+            rows = list_owned(netns, desired, backend=choice.key)
         except ApplyError as exc:
             base.err(f"error: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
         if json_out:
-            typer.echo(json.dumps({"netns": netns, "objects": rows}, indent=2))
+            doc = {"netns": netns, "backend": choice.key, "backend_reason": choice.why, "objects": rows}
+            typer.echo(json.dumps(doc, indent=2))
             return
-        note = backend_note(netns)
-        if note:
-            base.err(note)
+        typer.echo(f"backend: {choice.key} ({choice.why})")
         if not rows:
             typer.echo("netlimit owns nothing here" + (f" (netns {netns})" if netns else ""))
             return
@@ -249,30 +287,34 @@ def register(app: typer.Typer) -> None:  # one function per command below
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
         backend: str | None = _backend_option(),
     ) -> None:
-        """Remove everything netlimit owns (both families, tc trees, ingress redirects, IFBs) and nothing else."""
+        """Remove everything netlimit owns (nftables table, iptables/ip6tables chains, tc trees,
+        ingress redirects, IFBs) and nothing else."""
         base = _cli()
         _need_root("flush")
         _check_netns(netns)
+        choice = _choose(backend)
         from .reconcile import flush as do_flush
 
         try:
-            st = do_flush(netns, backend=backend)
+            st = do_flush(netns, backend=choice.key)
         except Exception as exc:
             base.err(f"error: flush failed: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
         if not quiet:
-            n_ipt = st.filter.count()
+            counts = {st.backend: st.filter.count()} | {k: s.count() for k, s in st.others.items()}
             n_tc = len(st.tc.objects())
             where = f" in netns {netns}" if netns else ""
-            if n_ipt + n_tc == 0:
+            if sum(counts.values()) + n_tc == 0:
                 typer.echo(f"nothing to flush{where}")
             else:
-                typer.echo(f"flushed{where}: {n_ipt} iptables/ip6tables objects, {n_tc} tc objects")
+                what = ", ".join(f"{n} {_LAYER_WORDS[k]} objects" for k, n in counts.items() if n)
+                typer.echo(f"flushed{where}: {what or 'no packet-filter objects'}, {n_tc} tc objects")
 
     @app.command()
     def demo(
         duration: float = typer.Option(4.0, "--seconds", min=1.0, max=10.0, help="Length of each traffic run."),
         keep: bool = typer.Option(False, "--keep", help="Leave the namespaces up for a look (then `ip netns del`)."),
+        backend: str | None = _backend_option(),
     ) -> None:
         """Show netlimit working: two throw-away namespaces, rules/demo.yaml, real traffic,
         configured vs measured. Never touches this host's own namespace."""
@@ -281,12 +323,15 @@ def register(app: typer.Typer) -> None:  # one function per command below
         from .demo import DemoError, run_demo
 
         try:
-            ok = run_demo(duration=duration, keep=keep)
+            ok = run_demo(duration=duration, keep=keep, backend=backend)
         except DemoError as exc:
             base.err(f"error: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
         if not ok:
             raise typer.Exit(base.EXIT_FAILED)
+
+
+_LAYER_WORDS = {"nftables": "nftables", "restore": "iptables/ip6tables", "python-iptables": "iptables/ip6tables"}
 
 
 def _confirmed(seconds: float) -> bool:

@@ -7,9 +7,7 @@ file and HZ give the same objects, names and handles.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,16 +15,26 @@ from ..config import kernel_limits as kl
 from ..config.model import BandwidthRule, Config, NetworkRule
 from ..config.units import PortRange, format_bandwidth
 from ..config.validate import hashlimit_name
+from .compile_nft import compile_nft
+from .network_common import (
+    HASHLIMIT_DEFAULT_MAX,
+    HASHLIMIT_DEFAULT_SIZE,
+    LOG_LIMIT_BURST,
+    burst_of,
+    comment_for,
+    describe_network,
+    expire_ms,
+    log_prefix,
+    short_name,
+)
 from .objects import (
     CHAIN_FORWARD,
     CHAIN_INPUT,
     CHAIN_MAX,
     COMMENT_EXEMPT,
     COMMENT_JUMP,
-    COMMENT_PREFIX,
     IFB_PREFIX,
     LOG_CHAIN_PREFIX,
-    LOG_PREFIX_MAX,
     TC_INGRESS_PRIO,
     TC_MAJOR,
     TC_MINOR_DEFAULT,
@@ -48,13 +56,7 @@ from .objects import (
 )
 
 TABLE = "filter"
-# Defaults for values iptables would otherwise pick itself (we always set them).
-HASHLIMIT_DEFAULT_BURST = 5  # iptables' own default
-HASHLIMIT_DEFAULT_SIZE = 4096
-HASHLIMIT_DEFAULT_MAX = 65536
-HASHLIMIT_MIN_EXPIRE_MS = 10_000  # iptables' own default
-LOG_LIMIT = "10/min"  # an `action: log` rule logs at most this often
-LOG_LIMIT_BURST = "5"
+LOG_LIMIT = "10/min"  # an `action: log` rule logs at most this often (burst: LOG_LIMIT_BURST)
 MULTIPORT_MAX = 15  # entries per multiport match (a range counts 2)
 
 _RATE_UNIT = {"second": "sec", "minute": "min", "hour": "hour", "day": "day"}
@@ -64,29 +66,13 @@ _PROTO_NUM = {"tcp": 6, "udp": 17}
 # --- names ------------------------------------------------------------------------
 
 
-def _short(name: str, room: int) -> str:
-    """`name` if it fits in `room` characters, else a prefix + '~' + 5-hex digest."""
-    if len(name) <= room:
-        return name
-    digest = hashlib.sha1(name.encode()).hexdigest()[:5]
-    return f"{name[: room - 6]}~{digest}"
-
-
 def log_chain_name(rule_name: str) -> str:
-    return LOG_CHAIN_PREFIX + _short(rule_name, CHAIN_MAX - len(LOG_CHAIN_PREFIX))
+    return LOG_CHAIN_PREFIX + short_name(rule_name, CHAIN_MAX - len(LOG_CHAIN_PREFIX))
 
 
 def ifb_name(interface: str) -> str:
     """IFB device for ingress shaping of `interface` (<= 15 characters, deterministic)."""
-    return IFB_PREFIX + _short(interface, 15 - len(IFB_PREFIX))
-
-
-def log_prefix(rule_name: str) -> str:
-    return COMMENT_PREFIX + _short(rule_name, LOG_PREFIX_MAX - len(COMMENT_PREFIX) - 1) + " "
-
-
-def comment_for(rule_name: str) -> str:
-    return COMMENT_PREFIX + rule_name
+    return IFB_PREFIX + short_name(interface, 15 - len(IFB_PREFIX))
 
 
 # --- iptables ---------------------------------------------------------------------
@@ -171,16 +157,10 @@ def _limit_match(rule: NetworkRule, family: int) -> list[Match]:
                 ),
             )
         ]
-    burst = rule.burst if rule.burst is not None else HASHLIMIT_DEFAULT_BURST
+    burst = burst_of(rule)
     size = rule.htable_size if rule.htable_size is not None else HASHLIMIT_DEFAULT_SIZE
     hmax = rule.htable_max if rule.htable_max is not None else max(HASHLIMIT_DEFAULT_MAX, size)
-    if rule.htable_expire is not None:
-        expire = rule.htable_expire
-    else:
-        # an entry must outlive the time its bucket needs to refill, or an idle
-        # source would come back to a full bucket early
-        refill_ms = math.ceil(1000 * burst * rate.period / rate.count)
-        expire = max(HASHLIMIT_MIN_EXPIRE_MS, refill_ms)
+    expire = expire_ms(rule)
     mode = {"source": "srcip", "destination": "dstip", "source+port": "srcip,dstport", "all": None}[rule.per]
     exact = rate.exact()
     assert exact is not None, "validate rejects rates hashlimit cannot express"
@@ -198,23 +178,6 @@ def _limit_match(rule: NetworkRule, family: int) -> list[Match]:
     return [Match("hashlimit", tuple(opts))]
 
 
-def _describe_network(rule: NetworkRule) -> str:
-    what: str = rule.protocol if rule.protocol != "all" else "all protocols"
-    if rule.ports:
-        what += " port " + ",".join(str(p) for p in rule.ports)
-    if rule.new_connections:
-        what += ", new connections"
-    if rule.max_connections is not None:
-        lim = f"more than {rule.max_connections} concurrent connections per {rule.per} (connlimit)"
-    else:
-        lim = f"over {rule.limit} per {rule.per} ({rule.method}"
-        if rule.method == "hashlimit":
-            lim += f", burst {rule.burst if rule.burst is not None else HASHLIMIT_DEFAULT_BURST}"
-        lim += ")"
-    act = {"drop": "drop", "reject": "reject", "log": "log + count, never drop"}[rule.action]
-    return f"{what}: {lim} -> {act}"
-
-
 def _network_rules(rule: NetworkRule, family: int, chain: str) -> list[IptRule]:
     srcs = _fam_nets(rule.sources, family) if rule.sources else [None]
     dsts = _fam_nets(rule.destinations, family) if rule.destinations else [None]
@@ -226,7 +189,7 @@ def _network_rules(rule: NetworkRule, family: int, chain: str) -> list[IptRule]:
     target, topts = _target(rule, family)
     limit = _limit_match(rule, family)
     out: list[IptRule] = []
-    note = _describe_network(rule)
+    note = describe_network(rule)
     for s in srcs:
         for d in dsts:
             for pchunk in ports:
@@ -541,5 +504,10 @@ def compile_config(config: Config, hz: int | None = None) -> Desired:
     devices = compile_bandwidth(config, hz)
     names = tuple(r.name for r in config.network) + tuple(b.name for b in config.bandwidth)
     return Desired(
-        chains=tuple(chains), rules=tuple(rules), devices=tuple(devices), rule_names=names, notes=(f"HZ={hz}",)
+        chains=tuple(chains),
+        rules=tuple(rules),
+        devices=tuple(devices),
+        rule_names=names,
+        notes=(f"HZ={hz}",),
+        nft=compile_nft(config),
     )

@@ -103,48 +103,64 @@ def _teardown(srv: str, cli: str) -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
 
-def _counter(srv: str, src: str) -> str:
-    comment = f"demo-count-{src}"
-    _sh(
-        "ip",
-        "netns",
-        "exec",
-        srv,
-        traffic.need("iptables-legacy"),
-        "-A",
-        "INPUT",
-        "-s",
-        src,
-        "-p",
-        "udp",
-        "--dport",
-        "5000",
-        "-m",
-        "comment",
-        "--comment",
-        comment,
-        "-j",
-        "ACCEPT",
-    )
-    return comment
+def _counters(srv: str, sources: list[str], nft: bool) -> None:
+    """One counting rule per source for what got through netlimit: in a table of the
+    demo's own after netlimit's chain (nftables), or appended to INPUT (legacy)."""
+    if nft:
+        rules = "".join(f'\t\tip saddr {s} udp dport 5000 counter comment "demo-count-{s}"\n' for s in sources)
+        script = f"table ip nldemo {{\n\tchain input {{\n\t\ttype filter hook input priority 100;\n{rules}\t}}\n}}\n"
+        p = subprocess.run(
+            ["ip", "netns", "exec", srv, "nft", "-f", "-"], input=script, capture_output=True, text=True, timeout=30
+        )
+        if p.returncode != 0:
+            raise DemoError(f"nft -f: {p.stderr.strip()}")
+        return
+    ipt = traffic.need("iptables-legacy")
+    for s in sources:
+        rule = [
+            "-s",
+            s,
+            "-p",
+            "udp",
+            "--dport",
+            "5000",
+            "-m",
+            "comment",
+            "--comment",
+            f"demo-count-{s}",
+            "-j",
+            "ACCEPT",
+        ]
+        _sh("ip", "netns", "exec", srv, ipt, "-A", "INPUT", *rule)
 
 
-def run_demo(duration: float = 4.0, keep: bool = False, out=None) -> bool:
+def _count(srv: str, src: str, nft: bool) -> int:
+    if nft:
+        return traffic.nft_counter(srv, "ip nldemo", f"demo-count-{src}")
+    return traffic.counter_by_comment(srv, f"demo-count-{src}")
+
+
+def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str | None = None) -> bool:
+    """The demo on `backend` (default: what `apply` would pick here, auto)."""
     from ..config.validate import ConfigError, load_file
+    from ..errors import NetlimitError
+    from .backends import choose
     from .compile import compile_config
     from .reconcile import ApplyError, apply
 
     out = out or sys.stdout
-    for tool in ("iperf3", "iptables-legacy", "ip"):
+    path = demo_file()
+    try:
+        loaded = load_file(path)
+        choice = choose(backend, loaded.config.backend)
+    except (ConfigError, NetlimitError) as exc:
+        raise DemoError(str(exc)) from None
+    nft = choice.key == "nftables"
+    for tool in ("iperf3", "ip", "nft" if nft else "iptables-legacy"):
         try:
             traffic.need(tool)
         except traffic.ToolMissing as exc:
             raise DemoError(str(exc)) from None
-    path = demo_file()
-    try:
-        loaded = load_file(path)
-    except ConfigError as exc:
-        raise DemoError(str(exc)) from None
     desired = compile_config(loaded.config)
     srv, cli = f"nldemo-{os.getpid()}-s", f"nldemo-{os.getpid()}-c"
     prog = Progress()
@@ -161,29 +177,27 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None) -> bool:
             f"rules from {path}",
             file=out,
         )
+        print(f"backend: {choice.key} ({choice.why})", file=out)
         _setup(srv, cli)
         t0 = time.monotonic()
         try:
-            res = apply(desired, srv)
+            res = apply(desired, srv, backend=choice.key)
         except ApplyError as exc:
             raise DemoError(f"apply failed: {exc}") from None
         c = res.changes.counts()
-        print(
-            f"applied {c['add']} objects in {time.monotonic() - t0:.2f} s (iptables + tc, one commit per family)\n",
-            file=out,
-        )
+        how = "one nft transaction" if nft else "one commit per family"
+        print(f"applied {c['add']} objects in {time.monotonic() - t0:.2f} s ({choice.key} + tc, {how})\n", file=out)
 
         # 1. packet flood: limited source and exempt source at once
         rate, burst, pps = 100, 10, 2000
-        c_lim, c_ex = _counter(srv, CLI4), _counter(srv, CLI4_EXEMPT)
+        _counters(srv, [CLI4, CLI4_EXEMPT], nft)
         prog.run(f"udp flood {pps} pkt/s from 2 sources", duration)
         p1 = traffic.udp_flood_start(cli, CLI4, SRV4, 5000, pps, duration)
         p2 = traffic.udp_flood_start(cli, CLI4_EXEMPT, SRV4, 5000, pps, duration)
         r1, r2 = traffic.flood_result(p1), traffic.flood_result(p2)
         prog.stop()
         time.sleep(0.2)
-        got = traffic.counter_by_comment(srv, c_lim)
-        got_ex = traffic.counter_by_comment(srv, c_ex)
+        got, got_ex = _count(srv, CLI4, nft), _count(srv, CLI4_EXEMPT, nft)
         exp = rate * r1.duration + burst
         rows.append(
             Row(

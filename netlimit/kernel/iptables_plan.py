@@ -8,7 +8,7 @@ iptables-legacy-save prints, or what python-iptables reads back), and calls
 the desired one:
 
 * in owned chains the rules that went are deleted by number and the new ones
-  inserted at their place (difflib over the canonical specs), so untouched rules
+  inserted at their place (edit.py over the canonical specs), so untouched rules
   keep their counters;
 * new chains are declared, dropped chains flushed and deleted;
 * the jumps from built-in chains match by spec wherever they stand (other tools
@@ -28,13 +28,13 @@ libiptc calls (backends/libiptc.py). `FamilyPlan.changes` are the lines `plan
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..errors import NetlimitError
+from .edit import edit
 from .objects import IptChain, IptRule
 from .render import rule_line, rule_spec
 
@@ -246,20 +246,8 @@ def plan_family(
         wk = [w.kspec for w in wl]
         if lk == wk:
             continue
-        dels: list[int] = []
-        ins: list[tuple[int, Want]] = []
-        # common head and tail first: difflib then only sees the part that changed
-        head = 0
-        while head < len(lk) and head < len(wk) and lk[head] == wk[head]:
-            head += 1
-        tail = 0
-        while tail < len(lk) - head and tail < len(wk) - head and lk[-1 - tail] == wk[-1 - tail]:
-            tail += 1
-        sm = difflib.SequenceMatcher(None, lk[head : len(lk) - tail], wk[head : len(wk) - tail], autojunk=False)
-        for tag, i1, i2, j1, j2 in sm.get_opcodes():
-            if tag != "equal":
-                dels.extend(range(head + i1, head + i2))
-                ins.extend((head + j, wl[head + j]) for j in range(j1, j2))
+        dels, ins_at = edit(lk, wk)
+        ins = [(j, wl[j]) for j in ins_at]
         plan.chain_ops[c] = (dels, ins)
         plan.live_len[c] = len(live)
         plan.live_rules[c] = live

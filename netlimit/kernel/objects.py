@@ -43,8 +43,12 @@ def owned_chain(name: str) -> bool:
 
 
 def rule_of_comment(comment: str) -> str:
-    """'netlimit:ssh-guard' -> 'ssh-guard'; 'netlimit: exempt' -> '(exempt)'."""
+    """'netlimit:ssh-guard' -> 'ssh-guard'; 'netlimit: exempt' -> '(exempt)'; an nftables
+    fingerprint (' #0123456789ab') is not part of the name."""
     rest = comment[len(COMMENT_PREFIX) :]
+    tag = rest.rfind(" #")
+    if tag >= 0 and len(rest) - tag - 2 == NFT_TAG_LEN:
+        rest = rest[:tag]
     return f"({rest.strip()})" if rest.startswith(" ") else rest
 
 
@@ -97,6 +101,77 @@ class IptRule:
     def all_matches(self) -> tuple[Match, ...]:
         """The comment match first, then the rule's own matches."""
         return (Match("comment", (("comment", self.comment),)),) + self.matches
+
+
+# --- nftables -------------------------------------------------------------------
+# One table `inet netlimit` (IPv4 and IPv6) that netlimit owns whole: base chains
+# `input` and `forward` at NFT_PRIORITY, after conntrack (-200) and before the
+# filter chains of iptables-nft, firewalld and docker (0 and above), so a limit
+# drops before any accept elsewhere; netlimit's chains never accept for others
+# (exempt is a `return`).
+
+NFT_FAMILY = "inet"
+NFT_TABLE = "netlimit"
+NFT_PRIORITY = -10  # nft spells it "filter - 10"
+NFT_CHAINS = {"input": "input", "forward": "forward"}  # chain -> hook
+NFT_TAG_LEN = 12  # hex digits of the fingerprint in every comment
+
+
+@dataclass(frozen=True)
+class NftChain:
+    name: str  # "input" | "forward"
+    hook: str
+    priority: int = NFT_PRIORITY
+    policy: str = "accept"
+
+    @property
+    def spec(self) -> str:
+        return f"type filter hook {self.hook} priority {self.priority}; policy {self.policy};"
+
+
+@dataclass(frozen=True)
+class NftSet:
+    """A named set: the exempt prefixes, or a rule's per-key state (dynamic, with
+    timeout). `comment` carries the fingerprint of everything that decides what the
+    elements mean (the declaration, the elements, the expression each element
+    holds): a set is replaced exactly when that changes, and kept (with its state)
+    otherwise."""
+
+    name: str
+    spec: str  # "type ipv4_addr; flags dynamic,timeout; timeout 10000ms; size 65536;"
+    rule: str  # the netlimit rule ("" = exempt)
+    comment: str  # "netlimit:<rule> #<fingerprint>"
+    elements: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NftRule:
+    """One rule of a base chain: `body` is the nft statement text without its comment;
+    `comment` "netlimit:<rule> #<fingerprint>" identifies it (the fingerprint covers
+    the body and the sets it uses)."""
+
+    chain: str
+    body: str
+    rule: str  # the netlimit rule ("" = exempt)
+    comment: str
+    family: int
+    sets: tuple[str, ...] = ()  # the named sets it references
+    note: str = ""
+
+    @property
+    def text(self) -> str:
+        return f'{self.body} comment "{self.comment}"'
+
+
+@dataclass(frozen=True)
+class NftTable:
+    chains: tuple[NftChain, ...] = ()
+    sets: tuple[NftSet, ...] = ()
+    rules: tuple[NftRule, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.chains
 
 
 # --- tc -------------------------------------------------------------------------
@@ -185,6 +260,7 @@ class Desired:
     chains: tuple[IptChain, ...] = ()
     rules: tuple[IptRule, ...] = ()
     devices: tuple[Device, ...] = ()
+    nft: NftTable = field(default_factory=NftTable)  # the same network rules for the nftables backend
     rule_names: tuple[str, ...] = ()  # network + bandwidth rule names, file order
     notes: tuple[str, ...] = field(default=())
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ApplyError
-from .backends import BACKEND_ENV, BACKENDS, FilterBackend, FilterPlan, FilterState, backend_name, get_backend
+from .backends import BACKEND_ENV, BACKENDS, FilterBackend, FilterPlan, FilterState, backend_name, get_backend, others
 from .netns import LockTimeout, kernel_lock, run_in_netns, writer_lock
 from .objects import Desired
 
@@ -65,23 +65,30 @@ class State:
     filter: FilterState  # as the filter backend read it
     tc: TcState
     backend: str  # the key of the backend that read it
+    # what netlimit owns through the other kind of backend (nftables vs legacy x_tables):
+    # left by a switch of backend, removed once the new rules are in
+    others: dict[str, FilterState] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
-        return self.filter.empty and self.tc.empty
+        return self.filter.empty and self.tc.empty and all(s.empty for s in self.others.values())
 
 
 @dataclass
 class Changes:
     filter: FilterPlan  # as the filter backend planned it
     tc: TcPlan
+    cleanup: dict[str, FilterPlan] = field(default_factory=dict)  # the other backends' objects going
 
     @property
     def empty(self) -> bool:
-        return self.filter.empty and self.tc.empty
+        return self.filter.empty and self.tc.empty and all(p.empty for p in self.cleanup.values())
 
     def lines(self) -> list[str]:
-        return self.filter.lines() + self.tc.lines()
+        out = self.filter.lines()
+        for p in self.cleanup.values():
+            out.extend(p.lines())
+        return out + self.tc.lines()
 
     def counts(self) -> dict[str, int]:
         lines = self.lines()
@@ -95,13 +102,23 @@ class Changes:
 def _read(backend: FilterBackend, netns: str | None) -> State:
     from .backends import tc
 
-    return State(netns, backend.read(), tc.read_state(), backend.key)
+    st = State(netns, backend.read(), tc.read_state(), backend.key)
+    for other in others(backend.key):
+        try:
+            ost = other.read()
+        except Exception as exc:  # the other kind of packet filter may simply not work here
+            log.debug("not reading %s: %s", other.name, exc)
+            continue
+        if not ost.empty:
+            st.others[other.key] = ost
+    return st
 
 
 def _diff(backend: FilterBackend, desired: Desired, state: State) -> Changes:
     from .backends import tc
 
-    return Changes(backend.plan(desired, state.filter), tc.diff(desired.devices, state.tc))
+    cleanup = {k: get_backend(k).plan(Desired(), ost) for k, ost in state.others.items()}
+    return Changes(backend.plan(desired, state.filter), tc.diff(desired.devices, state.tc), cleanup)
 
 
 def read_owned(netns: str | None = None, *, backend: str | None = None) -> State:
@@ -138,7 +155,8 @@ def apply(
     desired: Desired, netns: str | None = None, *, dry_run: bool = False, backend: str | None = None
 ) -> ApplyResult:
     """Make the kernel (in `netns`) equal to `desired`. Idempotent; rolls back on failure.
-    `backend`: 'restore' | 'python-iptables' (default: see backends.backend_name)."""
+    `backend`: 'nftables' | 'restore' | 'python-iptables' (default: see backends.choose).
+    Switching backends installs the new rules first, then removes the old ones."""
     chosen = get_backend(backend)
 
     def work() -> ApplyResult:
@@ -154,11 +172,17 @@ def apply(
             if dry_run or changes.empty:
                 return res
             filter_touched = tc_touched = False
+            cleaned: list[str] = []
             try:
                 if not changes.filter.empty:
                     filter_touched = True
                     chosen.write(changes.filter)
-                res.timings["iptables"] = time.monotonic() - t_diff
+                for key, plan in changes.cleanup.items():  # the new rules are in: the old ones go
+                    if not plan.empty:
+                        cleaned.append(key)
+                        log.info("removing netlimit's rules from %s (now in %s)", key, chosen.key)
+                        get_backend(key).write(plan)
+                res.timings["filter"] = time.monotonic() - t_diff
                 t1 = time.monotonic()
                 if not changes.tc.empty:
                     tc_touched = True
@@ -167,6 +191,11 @@ def apply(
             except Exception as exc:
                 rule = getattr(exc, "rule", None)
                 problems = []
+                for key in reversed(cleaned):
+                    try:
+                        get_backend(key).restore(state.others[key])
+                    except Exception as rexc:  # pragma: no cover - reported, not hidden
+                        problems.append(f"restoring {key} failed: {rexc}")
                 if filter_touched:
                     try:
                         chosen.restore(state.filter)
@@ -184,7 +213,7 @@ def apply(
                     msg += "; ROLLBACK INCOMPLETE: " + "; ".join(problems)
                 else:
                     msg += "; the previous state was restored"
-                log.warning("apply failed: %s", msg)
+                log.debug("apply failed: %s", msg)
                 raise ApplyError(msg, rule, rolled_back=not problems) from exc
             res.timings["total"] = time.monotonic() - t0
             return res
@@ -199,8 +228,8 @@ def apply(
 
 
 def flush(netns: str | None = None, *, backend: str | None = None) -> State:
-    """Remove everything netlimit owns (both families, tc trees, ingress redirects, IFBs).
-    Returns the state that was removed."""
+    """Remove everything netlimit owns (both families, nftables and legacy x_tables, tc
+    trees, ingress redirects, IFBs). Returns the state that was removed."""
     chosen = get_backend(backend)
 
     def work() -> State:
@@ -210,6 +239,9 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> State:
             st = _read(chosen, netns)
             if not st.filter.empty:
                 chosen.write(chosen.plan(Desired(), st.filter))  # the diff against nothing
+            for key, ost in st.others.items():
+                other = get_backend(key)
+                other.write(other.plan(Desired(), ost))
             tc.flush(st.tc)
             return st
 
@@ -224,7 +256,10 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> State:
 def _rows(backend: FilterBackend, st: State) -> list[dict[str, Any]]:
     from .backends import tc
 
-    return backend.rows(st.filter) + tc.rows(st.tc)
+    rows = backend.rows(st.filter)
+    for key, ost in st.others.items():
+        rows.extend(get_backend(key).rows(ost))
+    return rows + tc.rows(st.tc)
 
 
 NAMES_DIR = "/run/netlimit"
@@ -333,6 +368,8 @@ def restore(state: State, netns: str | None = None) -> None:
 
         with kernel_lock(), writer_lock(netns):
             get_backend(state.backend).restore(state.filter)
+            for key, ost in state.others.items():
+                get_backend(key).restore(ost)
             tc.restore(state.tc)
 
     run_in_netns(netns, work)

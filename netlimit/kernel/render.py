@@ -1,8 +1,9 @@
-"""Desired objects -> text: iptables-save lines, tc commands, the plan, JSON.
+"""Desired objects -> text: iptables-save lines, the nft script, tc commands, the plan, JSON.
 
 Pure. The iptables lines are what `iptables-legacy-save` prints for the same
 rules (option order included), so plan output can be compared with the kernel
-by eye and pasted into `iptables-legacy-restore --noflush`.
+by eye and pasted into `iptables-legacy-restore --noflush`; the nft script is
+what the nftables backend writes (the table in one block, for `nft -f -`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from typing import Any
 
 from ..config.units import format_bandwidth
 from .objects import (
+    NFT_FAMILY,
+    NFT_TABLE,
     Desired,
     IptChain,
     IptRule,
     Match,
+    NftRule,
+    NftSet,
     TcClass,
     TcFilter,
     TcLink,
@@ -113,6 +118,46 @@ def _group_title(r: IptRule) -> str:
     return r.note or r.comment
 
 
+# --- nftables -------------------------------------------------------------------
+
+
+def nft_set_body(s: NftSet) -> str:
+    """'{ type ipv4_addr; ...; comment "..."; }' as `add set` and a table block take it."""
+    elements = f" elements = {{ {', '.join(s.elements)} }};" if s.elements else ""
+    return f'{{ {s.spec}{elements} comment "{s.comment}"; }}'
+
+
+def nft_set_text(s: NftSet) -> str:
+    return f"set {s.name} {nft_set_body(s)}"
+
+
+def _nft_title(r: NftRule) -> str:
+    return f"rule {r.rule}: {r.note}" if r.rule else r.note
+
+
+def nft_text(desired: Desired, *, headers: bool = True) -> str:
+    """The table as one `nft -f` block: sets, then each chain with its rules, grouped by rule."""
+    t = desired.nft
+    if t.empty:
+        return ""
+    lines = [f"table {NFT_FAMILY} {NFT_TABLE} {{"]
+    lines.extend(f"\t{nft_set_text(s)}" for s in t.sets)
+    for c in t.chains:
+        lines.append(f"\tchain {c.name} {{")
+        lines.append(f"\t\t{c.spec}")
+        last = None
+        for r in t.rules:
+            if r.chain != c.name:
+                continue
+            if headers and (r.rule, r.note) != last:
+                lines.append(f"\t\t# {_nft_title(r)}")
+                last = (r.rule, r.note)
+            lines.append(f"\t\t{r.text}")
+        lines.append("\t}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 # --- tc -------------------------------------------------------------------------
 
 
@@ -165,7 +210,11 @@ def tc_text(desired: Desired, *, headers: bool = True) -> str:
 # --- the plan -------------------------------------------------------------------
 
 
-def plan_text(desired: Desired, *, source: str = "", sha256: str = "") -> str:
+def plan_text(desired: Desired, *, source: str = "", sha256: str = "", backend: str = "restore", why: str = "") -> str:
+    """The plan as `netlimit plan` prints it: the packet-filter part in the language of
+    `backend` ('nftables': the nft script; else iptables-restore input), then tc.
+    `why`: how the backend was chosen (a header line)."""
+    nft = backend == "nftables"
     out: list[str] = []
     head = "# netlimit plan"
     if source:
@@ -173,16 +222,28 @@ def plan_text(desired: Desired, *, source: str = "", sha256: str = "") -> str:
     out.append(head)
     if sha256:
         out.append(f"# sha256 {sha256}")
-    n_ipt = len(desired.rules)
+    if why:
+        out.append(f"# backend: {backend} ({why})")
     n_tc = len(desired.tc_objects)
-    out.append(
-        f"# {len(desired.rule_names)} rules -> {n_ipt} iptables/ip6tables rules, "
-        f"{len(desired.chains)} chains, {n_tc} tc objects ({', '.join(desired.notes)})"
-    )
-    if not n_ipt and not n_tc:
+    if nft:
+        t = desired.nft
+        n_filter = len(t.rules)
+        what = f"{n_filter} nftables rules, {len(t.sets)} sets, {len(t.chains)} chains"
+    else:
+        n_filter = len(desired.rules)
+        what = f"{n_filter} iptables/ip6tables rules, {len(desired.chains)} chains"
+    out.append(f"# {len(desired.rule_names)} rules -> {what}, {n_tc} tc objects ({', '.join(desired.notes)})")
+    if not n_filter and not n_tc:
         out.append("# nothing to install: this file has no network or bandwidth rules")
         return "\n".join(out) + "\n"
-    for fam in (4, 6):
+    if nft and n_filter:
+        out.append("")
+        out.append(
+            f"# --- nftables (table {NFT_FAMILY} {NFT_TABLE}, priority filter - 10; "
+            "paste into `nft -f -` where the table does not exist yet) ---"
+        )
+        out.append(nft_text(desired).rstrip("\n"))
+    for fam in () if nft else (4, 6):
         text = iptables_save_text(desired, fam)
         if text:
             out.append("")
@@ -256,17 +317,49 @@ def tc_dict(o: TcObject) -> dict[str, Any]:
     return d
 
 
-def plan_dict(desired: Desired, *, source: str = "", sha256: str = "") -> dict[str, Any]:
+def nft_dict(desired: Desired) -> dict[str, Any]:
+    t = desired.nft
     return {
+        "table": f"{NFT_FAMILY} {NFT_TABLE}",
+        "chains": [{"name": c.name, "hook": c.hook, "priority": c.priority, "policy": c.policy} for c in t.chains],
+        "sets": [
+            {"name": s.name, "rule": s.rule or None, "spec": s.spec, "elements": list(s.elements), "comment": s.comment}
+            for s in t.sets
+        ],
+        "rules": [
+            {
+                "layer": "nftables",
+                "family": r.family,
+                "chain": r.chain,
+                "rule": r.rule or None,
+                "comment": r.comment,
+                "sets": list(r.sets),
+                "text": r.text,
+                "note": r.note,
+            }
+            for r in t.rules
+        ],
+        "script": nft_text(desired, headers=False),
+    }
+
+
+def plan_dict(desired: Desired, *, source: str = "", sha256: str = "", backend: str = "restore") -> dict[str, Any]:
+    out: dict[str, Any] = {
         "file": source or None,
         "sha256": sha256 or None,
         "notes": list(desired.notes),
         "rules": list(desired.rule_names),
-        "iptables": {
+    }
+    if backend == "nftables":
+        out["backend"] = "nftables"
+        out["nftables"] = nft_dict(desired)
+    else:
+        out["iptables"] = {
             "chains": [chain_dict(c) for c in desired.chains],
             "rules": [rule_dict(r) for r in desired.rules],
             "restore": {FAMILY_TOOL[f]: iptables_save_text(desired, f, headers=False) for f in (4, 6)},
-        },
+        }
+    return out | {
         "tc": {
             "devices": [
                 {

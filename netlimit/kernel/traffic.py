@@ -25,7 +25,8 @@ class ToolMissing(Exception):
 def need(tool: str) -> str:
     path = shutil.which(tool)
     if not path:
-        raise ToolMissing(f"{tool} is not installed (apt-get install {'iptables' if 'iptables' in tool else tool})")
+        pkg = "iptables" if "iptables" in tool else "nftables" if tool == "nft" else tool
+        raise ToolMissing(f"{tool} is not installed (apt-get install {pkg})")
     return path
 
 
@@ -219,6 +220,22 @@ def iperf3(
         except subprocess.TimeoutExpired:
             srv.kill()
             srv.wait()
+
+
+def nft_counter(ns: str, table: str, comment: str) -> int:
+    """Packets counted by the rule carrying `comment` in nft table `table` ("ip nldemo")."""
+    out = subprocess.run(
+        exec_prefix(ns) + [need("nft"), "-j", "list", "table", *table.split()],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    for item in json.loads(out).get("nftables", []):
+        rule = item.get("rule")
+        if rule and rule.get("comment") == comment:
+            return sum(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
+    raise RuntimeError(f"no rule with comment {comment!r} in nft table {table} of namespace {ns}")
 
 
 def save_counters(ns: str, family: int = 4) -> str:

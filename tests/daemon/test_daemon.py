@@ -54,6 +54,12 @@ EXTRA_RULE = """\
 """
 
 
+@pytest.fixture(autouse=True)
+def _legacy_backend(monkeypatch):
+    """These tests read the legacy tables (iptables-legacy-save)."""
+    monkeypatch.setenv("NETLIMIT_BACKEND", "restore")
+
+
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=check)
 

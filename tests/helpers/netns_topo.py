@@ -19,7 +19,7 @@ from netlimit.kernel import reconcile
 from netlimit.kernel.compile import compile_config
 
 _seq = itertools.count()
-REQUIRED = ("ip", "tc", "iptables-legacy", "ip6tables-legacy", "iptables-legacy-save", "ip6tables-legacy-save")
+REQUIRED = ("ip", "tc", "iptables-legacy", "ip6tables-legacy", "iptables-legacy-save", "ip6tables-legacy-save", "nft")
 
 
 def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -31,7 +31,7 @@ def require(*tools: str) -> None:
     if missing:
         pytest.fail(
             f"required tool(s) missing: {', '.join(missing)} — install them "
-            "(apt-get install iproute2 iptables iperf3); these tests never skip",
+            "(apt-get install iproute2 iptables nftables iperf3); these tests never skip",
             pytrace=False,
         )
 

@@ -376,11 +376,19 @@ def _run_cli(*args):
 
 
 def test_cli_plan_without_root_and_fast_imports():
-    p = _run_cli("plan", "rules/example-all.yaml")
+    p = _run_cli("plan", "rules/example-all.yaml", "--backend", "restore")
     assert p.returncode == 0, p.stderr
     assert "-A NETLIMIT" in p.stdout and "tc qdisc add" in p.stdout
+    assert "# backend: restore (--backend restore)" in p.stdout
+    n = _run_cli("plan", "rules/example-all.yaml", "--backend", "nftables")
+    assert "table inet netlimit {" in n.stdout and "-A NETLIMIT" not in n.stdout and "tc qdisc add" in n.stdout
+    assert "method: recent is a bucket" in n.stderr  # the recent warning, under nftables only
+    assert "method: recent" not in p.stderr
+    auto = _run_cli("plan", "rules/example-all.yaml")
+    assert "# backend: " in auto.stdout and "auto: " in auto.stdout, auto.stdout[:400]
     pj = _run_cli("plan", "rules/example-all.yaml", "--json")
-    assert json.loads(pj.stdout)["rules"]
+    doc = json.loads(pj.stdout)
+    assert doc["rules"] and doc["backend"] in ("nftables", "restore", "python-iptables") and doc["backend_reason"]
     # plan must not load python-iptables or pyroute2
     code = (
         "import sys; from typer.testing import CliRunner; from netlimit.cli import app; "
@@ -403,13 +411,16 @@ def test_cli_plan_invalid_file_exit_1(tmp_path):
 
 @pytest.mark.parametrize("path", RULES, ids=[p.name for p in RULES])
 def test_golden_plan(path: Path):
-    """Regenerate with: NETLIMIT_UPDATE_GOLDEN=1 pytest tests/kernel/test_compile.py -k golden"""
+    """The plan under both backends (legacy: .plan.*, nftables: .nft.plan.*).
+    Regenerate with: NETLIMIT_UPDATE_GOLDEN=1 pytest tests/kernel/test_compile.py -k golden"""
     loaded = load_file(path)
     d = compile_config(loaded.config, hz=HZ)
     rel = f"rules/{path.name}"
     got = {
         ".plan.txt": plan_text(d, source=rel),
         ".plan.json": plan_json(d, source=rel),
+        ".nft.plan.txt": plan_text(d, source=rel, backend="nftables"),
+        ".nft.plan.json": plan_json(d, source=rel, backend="nftables"),
     }
     for suffix, text in got.items():
         golden = GOLDEN / (path.stem + suffix)

@@ -32,6 +32,7 @@ def test_demo_runs_and_cleans_up():
     for rule in ("udp-flood", "(exempt)", "new-conns", "max-conns", "bulk-out", "uploads-in"):
         assert rule in out
     assert "all within tolerance" in out and "MISS" not in out
+    assert "backend: nftables (auto: this host's iptables is the nf_tables variant" in out  # Debian 12
     assert "[demo]" in errout  # the progress line
     assert took < 60
     assert _demo_namespaces(p.pid) == []

@@ -270,16 +270,39 @@ def test_hashlimit_change_is_two_blocks_in_one_run(monkeypatch):
 
 
 def test_backend_choice(monkeypatch):
+    from netlimit.kernel import backends
+
     monkeypatch.delenv("NETLIMIT_BACKEND", raising=False)
     monkeypatch.setattr(rb, "binaries_missing", lambda families=(4, 6): [])
-    assert reconcile.backend_name() == "restore"
+    monkeypatch.setattr(backends, "legacy_unusable", lambda: None)
+    monkeypatch.setattr(backends.shutil, "which", lambda prog: f"/usr/sbin/{prog}")
+    # auto: nftables on an nf_tables host, the legacy backend on a legacy one
+    monkeypatch.setattr(backends, "host_iptables_variant", lambda: ("nf_tables", "iptables v1.8.9 (nf_tables)"))
+    c = backends.choose()
+    assert c.key == "nftables" and "nf_tables variant" in c.why and c.why.startswith("auto:")
+    monkeypatch.setattr(backends, "host_iptables_variant", lambda: ("legacy", "iptables v1.8.9 (legacy)"))
+    assert backends.choose().key == "restore"
     monkeypatch.setattr(rb, "binaries_missing", lambda families=(4, 6): ["ip6tables-legacy-restore"])
-    assert reconcile.backend_name() == "python-iptables"
+    assert backends.choose().key == "python-iptables"
+    # legacy x_tables unusable (a kernel without them): nftables even on a legacy-looking host
+    monkeypatch.setattr(backends, "legacy_unusable", lambda: "the kernel has no ip_tables (legacy x_tables)")
+    c = backends.choose()
+    assert c.key == "nftables" and "not usable" in c.why
+    # nf_tables host without nft: the legacy backend, and why
+    monkeypatch.setattr(backends, "legacy_unusable", lambda: None)
+    monkeypatch.setattr(backends, "host_iptables_variant", lambda: ("nf_tables", "iptables v1.8.9 (nf_tables)"))
+    monkeypatch.setattr(backends.shutil, "which", lambda prog: None)
+    c = backends.choose()
+    assert c.key == "python-iptables" and "nft is not installed" in c.why
+    # precedence: --backend, then $NETLIMIT_BACKEND, then the file's backend:
     monkeypatch.setenv("NETLIMIT_BACKEND", "restore")
-    assert reconcile.backend_name() == "restore"
+    assert backends.choose(None, "nftables") == backends.Choice("restore", "NETLIMIT_BACKEND restore")
+    assert backends.choose("nft", "restore").key == "nftables"
+    monkeypatch.setenv("NETLIMIT_BACKEND", "auto")
+    assert backends.choose(None, "nftables") == backends.Choice("nftables", "the file's backend: nftables")
     assert reconcile.backend_name("python-iptables") == "python-iptables"
-    with pytest.raises(reconcile.ApplyError, match="unknown iptables backend 'nft'"):
-        reconcile.backend_name("nft")
+    with pytest.raises(reconcile.ApplyError, match="unknown backend 'nftables-someday'"):
+        backends.choose("nftables-someday")
 
 
 def test_render_spec_is_unchanged_by_the_match_cache():

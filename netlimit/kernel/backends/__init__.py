@@ -1,13 +1,17 @@
 """Kernel backends: how the compiled objects reach the kernel.
 
-Packet filter (one of, chosen by `--backend` / $NETLIMIT_BACKEND):
+Packet filter (one of, chosen by `choose`):
 
+* ``nftables`` (nftables.py): one table `inet netlimit`, written with `nft -f`,
+  read over netlink (nfnetlink.py); the default where the host's `iptables` is the
+  nf_tables variant (Debian 12+, Ubuntu 22.04+, RHEL 9+, Fedora) or legacy
+  x_tables are not usable;
 * ``restore`` (restore.py): iptables-legacy-save / -restore, one atomic restore
-  per family; the default where those programs are installed;
+  per family; the default on a legacy host where those programs are installed;
 * ``python-iptables`` (libiptc.py): the same legacy x_tables through libiptc.
 
-Both share xtables.py (the family loop, `list` rows) and the planner in
-netlimit/kernel/iptables_plan.py. Shaping: tc.py (pyroute2), whatever the filter
+The two legacy ones share xtables.py (the family loop, `list` rows) and the planner
+in netlimit/kernel/iptables_plan.py. Shaping: tc.py (pyroute2), whatever the filter
 backend.
 
 A filter backend is the small interface `FilterBackend` below; reconcile.py
@@ -20,6 +24,8 @@ netns.kernel_lock(), and writers netns.writer_lock().
 from __future__ import annotations
 
 import os
+import shutil
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...errors import ApplyError
@@ -72,9 +78,11 @@ class FilterBackend(Protocol):
         ...
 
 
-BACKENDS = ("restore", "python-iptables")
+BACKENDS = ("nftables", "restore", "python-iptables")
+LEGACY = ("restore", "python-iptables")
 BACKEND_ENV = "NETLIMIT_BACKEND"
 _ALIASES = {
+    "nft": "nftables",
     "iptables-restore": "restore",
     "iptables-legacy-restore": "restore",
     "iptc": "python-iptables",
@@ -83,28 +91,92 @@ _ALIASES = {
 }
 
 
-def backend_name(name: str | None = None) -> str:
-    """'restore' or 'python-iptables': `name`, else $NETLIMIT_BACKEND, else 'restore' when
-    iptables-legacy-save/-restore (and ip6tables-) are installed, else python-iptables."""
-    choice = (name or os.environ.get(BACKEND_ENV) or "auto").strip().lower()
-    if choice in ("auto", ""):
-        from .restore import binaries_missing
+@dataclass(frozen=True)
+class Choice:
+    key: str  # one of BACKENDS
+    why: str  # for `plan` and `list`: "auto: this host's iptables is the nf_tables variant (...)"
 
-        return "python-iptables" if binaries_missing() else "restore"
-    choice = _ALIASES.get(choice, choice)
-    if choice not in BACKENDS:
-        raise ApplyError(
-            f"unknown iptables backend {choice!r} (from {'--backend' if name else BACKEND_ENV}): "
-            f"choose one of {', '.join(BACKENDS)} or auto",
-            None,
-            rolled_back=False,
+
+def choose(name: str | None = None, configured: str | None = None) -> Choice:
+    """The packet-filter backend: `name` (--backend), else $NETLIMIT_BACKEND, else
+    `configured` (the file's `backend:`), else auto: nftables where the host's
+    `iptables` is the nf_tables variant or legacy x_tables are not usable, the legacy
+    backend where the host is on legacy (restore where iptables-legacy-restore is
+    installed, else python-iptables)."""
+    env = os.environ.get(BACKEND_ENV, "").strip()
+    for value, source in ((name, "--backend"), (env, BACKEND_ENV), (configured, "the file's backend:")):
+        choice = (value or "").strip().lower()
+        if not choice or choice == "auto":
+            continue
+        key = _ALIASES.get(choice, choice)
+        if key not in BACKENDS:
+            raise ApplyError(
+                f"unknown backend {choice!r} (from {source}): choose one of {', '.join(BACKENDS)} or auto",
+                None,
+                rolled_back=False,
+            )
+        return Choice(key, f"{source} {key}")
+    return _auto()
+
+
+def _auto() -> Choice:
+    variant, version = host_iptables_variant()
+    legacy_why = legacy_unusable()
+    nft_ok = shutil.which("nft") is not None
+    if nft_ok and variant == "nf_tables":
+        return Choice("nftables", f"auto: this host's iptables is the nf_tables variant ({version})")
+    if nft_ok and legacy_why is not None:
+        return Choice("nftables", f"auto: legacy x_tables are not usable here ({legacy_why})")
+    if legacy_why is None:
+        if variant == "nf_tables":
+            why = f"auto: nft is not installed (apt-get install nftables), so legacy x_tables ({version})"
+        else:
+            kind = "iptables-legacy" if variant == "legacy" else "not the nf_tables variant"
+            why = f"auto: this host's iptables is {kind} ({version})"
+        return Choice(_legacy_key(), why)
+    raise ApplyError(
+        f"no packet-filter backend is usable here: nft is not installed (apt-get install nftables) "
+        f"and legacy x_tables are not usable ({legacy_why})",
+        None,
+        rolled_back=False,
+    )
+
+
+def _legacy_key() -> str:
+    from .restore import binaries_missing
+
+    return "python-iptables" if binaries_missing() else "restore"
+
+
+def legacy_unusable() -> str | None:
+    """None when this host can run a legacy x_tables backend, else why not: the kernel
+    has no ip_tables (CONFIG_IP_NF_IPTABLES_LEGACY off, as RHEL 9 ships), or neither
+    iptables-legacy-restore nor python-iptables is installed."""
+    import importlib.util
+
+    kernel = os.path.exists("/proc/net/ip_tables_names") or os.path.isdir("/sys/module/ip_tables")
+    if not kernel:
+        release = os.uname().release
+        kernel = any(
+            os.path.exists(f"/lib/modules/{release}/kernel/net/ipv4/netfilter/ip_tables.ko{ext}")
+            for ext in ("", ".xz", ".zst", ".gz")
         )
-    return choice
+    if not kernel:
+        return "the kernel has no ip_tables (legacy x_tables)"
+    from .restore import binaries_missing
+
+    if binaries_missing() and importlib.util.find_spec("iptc") is None:
+        return "neither iptables-legacy-restore (apt-get install iptables) nor python-iptables is installed"
+    return None
+
+
+def backend_name(name: str | None = None, configured: str | None = None) -> str:
+    """The key of `choose(name, configured)`."""
+    return choose(name, configured).key
 
 
 def host_iptables_variant() -> tuple[str, str]:
     """('nf_tables' | 'legacy' | 'unknown', version line) of the `iptables` on PATH."""
-    import shutil
     import subprocess
 
     exe = shutil.which("iptables")
@@ -122,11 +194,29 @@ def host_iptables_variant() -> tuple[str, str]:
     return ("legacy" if "legacy" in real else "unknown"), out
 
 
-def get_backend(name: str | None = None) -> FilterBackend:
-    if backend_name(name) == "restore":
+def get_backend(name: str | None = None, configured: str | None = None) -> FilterBackend:
+    return backend(backend_name(name, configured))
+
+
+def backend(key: str) -> FilterBackend:
+    """The backend called `key` (one of BACKENDS)."""
+    if key == "nftables":
+        from .nftables import NftablesBackend
+
+        return NftablesBackend()
+    if key == "restore":
         from .restore import RestoreBackend
 
         return RestoreBackend()
     from .libiptc import LibiptcBackend
 
     return LibiptcBackend()
+
+
+def others(key: str) -> list[FilterBackend]:
+    """The filter backends other than `key` whose objects netlimit removes once `key`
+    holds the rules (switching between nftables and legacy x_tables): nftables for a
+    legacy backend, the host's legacy backend for nftables; only where usable."""
+    if key == "nftables":
+        return [backend(_legacy_key())] if legacy_unusable() is None else []
+    return [backend("nftables")] if shutil.which("nft") else []

@@ -1,0 +1,450 @@
+"""nftables backend: the network rules as one table `inet netlimit` (compile_nft.py).
+
+Talking to the kernel:
+
+* write: `nft -f -` with a text script, one transaction per apply (nft sends the
+  whole script as one netlink batch: the kernel takes all of it or nothing). Not
+  python3-nftables: it is a Debian package, not on PyPI, so a virtualenv cannot
+  depend on it, and it is a thin ctypes wrapper of libnftables, which is what the
+  `nft` program is too. A text script is also exactly what `plan` prints and what
+  an operator can paste, and nft's error names the failing line, which maps back
+  to the rule.
+* read: nfnetlink.py, three netlink dumps (chains, sets, rules). `nft list` would
+  also dump the elements of every set, one request per set: 0.28 s for a table of
+  2,000 sets against a few ms here.
+
+Ownership: netlimit owns the whole table and nothing outside it. Every rule and set
+carries `netlimit:<rule> #<fingerprint>`; the plan compares fingerprints (it never
+predicts how nft prints a rule back):
+
+* a rule whose fingerprint is wanted stays where it is, with its counter; the others
+  are deleted by handle, and new ones inserted before the next rule that stays
+  (edit.py), so changing one rule touches only that rule;
+* a set whose fingerprint is wanted stays with its elements (the per-address state:
+  a client being limited stays limited); a set whose meaning changed (rate, burst,
+  key, timeout, size, exempt prefixes) is replaced, with the rules that use it;
+* a no-op apply runs nothing.
+
+Rollback: a failed `nft -f` changed nothing. To put an earlier state back (a later
+step failed, or `apply --confirm` was not confirmed), the backend needs the text of
+the rules it removed; the kernel only gives it back through `nft list`, so after every
+write the backend records the table it wrote (/run/netlimit/nft-<netns inode>.json),
+and the state read before a write carries that record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ...errors import NetlimitError
+from ..edit import edit
+from ..objects import (
+    NFT_FAMILY,
+    NFT_TABLE,
+    Desired,
+    NftChain,
+    NftRule,
+    NftSet,
+    NftTable,
+    rule_of_comment,
+)
+from ..render import nft_set_body
+from . import nfnetlink
+
+NFT = "nft"
+TABLE = f"{NFT_FAMILY} {NFT_TABLE}"
+TABLE_COMMENT = "netlimit: rate limits, managed by netlimit (netlimit list; netlimit flush removes it)"
+TIMEOUT_S = 120
+RECORD_DIR = "/run/netlimit"
+RECORD_VERSION = 1
+
+
+class NftError(NetlimitError):
+    """nft refused the transaction (nothing was changed); `rule` names the netlimit rule if known."""
+
+    def __init__(self, message: str, rule: str | None = None):
+        super().__init__(message)
+        self.rule = rule
+
+
+# --- what was written, for rollback ---------------------------------------------------------
+
+
+def _ns_inode() -> int:
+    return os.stat("/proc/thread-self/ns/net").st_ino
+
+
+def _record_path() -> str:
+    return os.path.join(RECORD_DIR, f"nft-{_ns_inode()}.json")
+
+
+Known = dict[tuple[str, str], NftRule | NftSet]  # (chain, comment) -> rule; ("set", comment) -> set
+
+
+def load_record(path: str) -> Known:
+    """What netlimit wrote: (chain, comment) -> the rule, ("set", comment) -> the set
+    (empty if unknown). A comment names one rule per chain: the exempt rule of `input`
+    and of `forward` are alike."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
+        return {}
+    out: Known = {}
+    try:
+        for r in data.get("rules", []):
+            out[(r["chain"], r["comment"])] = NftRule(**{**r, "sets": tuple(r["sets"])})
+        for s in data.get("sets", []):
+            out[("set", s["comment"])] = NftSet(**{**s, "elements": tuple(s["elements"])})
+    except (KeyError, TypeError):
+        return {}
+    return out
+
+
+def save_record(table: NftTable) -> None:
+    try:
+        os.makedirs(RECORD_DIR, exist_ok=True)
+        path = _record_path()
+        if table.empty:
+            forget_record()
+            return
+        _prune_records()
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(
+                {
+                    "version": RECORD_VERSION,
+                    "rules": [asdict(r) for r in table.rules],
+                    "sets": [asdict(s) for s in table.sets],
+                },
+                fh,
+            )
+        os.replace(tmp, path)
+    except OSError:
+        pass  # only rollback needs it; the kernel stays the truth
+
+
+def forget_record() -> None:
+    try:
+        os.unlink(_record_path())
+    except OSError:
+        pass
+
+
+def _prune_records() -> None:
+    """Drop the records of namespaces that no longer exist."""
+    live = set()
+    for path in ["/proc/1/ns/net", "/proc/thread-self/ns/net"] + [
+        os.path.join("/run/netns", n) for n in (os.listdir("/run/netns") if os.path.isdir("/run/netns") else [])
+    ]:
+        try:
+            live.add(os.stat(path).st_ino)
+        except OSError:
+            pass
+    for name in os.listdir(RECORD_DIR):
+        m = re.fullmatch(r"nft-(\d+)\.json", name)
+        if m and int(m.group(1)) not in live:
+            try:
+                os.unlink(os.path.join(RECORD_DIR, name))
+            except OSError:
+                pass
+
+
+# --- state and plan -----------------------------------------------------------------------
+
+
+@dataclass
+class NftState:
+    table: nfnetlink.Table | None  # None: netlimit's table does not exist
+    record: str = ""  # where the record of this namespace's table is (its path is per namespace)
+    _known: Known | None = field(default=None, repr=False)
+
+    @property
+    def empty(self) -> bool:
+        return self.table is None
+
+    def count(self) -> int:
+        t = self.table
+        return 0 if t is None else 1 + len(t.chains) + len(t.sets) + sum(len(v) for v in t.rules.values())
+
+    @property
+    def known(self) -> Known:
+        """What netlimit wrote, by comment."""
+        return self.load_known()
+
+    def load_known(self) -> Known:
+        """Read the record once (a write replaces it, so a state read before a write
+        must load it before)."""
+        if self._known is None:
+            self._known = load_record(self.record) if self.table is not None and self.record else {}
+        return self._known
+
+
+@dataclass
+class Step:
+    text: str  # one nft command
+    rule: str | None  # the netlimit rule it writes or removes (None: netlimit's own table, chains, exempt)
+
+
+@dataclass
+class NftPlan:
+    table: NftTable  # what the table holds once written (recorded for rollback)
+    before: NftState
+    steps: list[Step] = field(default_factory=list)
+    changes: list[tuple[str, str, str]] = field(default_factory=list)  # (op, rule, line)
+
+    @property
+    def empty(self) -> bool:
+        return not self.steps
+
+    def lines(self) -> list[str]:
+        return [f"{op} {'nft':9} {line}" for op, _rule, line in self.changes]
+
+    def script(self) -> str:
+        return "".join(s.text + "\n" for s in self.steps)
+
+
+def _same_chain(want: NftChain, live: nfnetlink.Chain) -> bool:
+    return (live.type, live.hook, live.priority, live.policy) == ("filter", want.hook, want.priority, want.policy)
+
+
+def _shown(r: nfnetlink.Rule, known: Known) -> str:
+    k = known.get((r.chain, r.comment))
+    return k.text if isinstance(k, NftRule) else f'handle {r.handle} comment "{r.comment}"'
+
+
+def plan_table(want: NftTable, state: NftState) -> NftPlan:
+    """The one transaction that turns `state` into `want` (see the module's notes)."""
+    p = NftPlan(want, state)
+    live = state.table
+    known: Known = state.known if live is not None else {}
+
+    def step(text: str, rule: str | None = None) -> None:
+        p.steps.append(Step(text, rule or None))
+
+    if want.empty:
+        if live is not None:
+            step(f"delete table {TABLE}")
+            for chain, rules in live.rules.items():
+                p.changes.extend(("-", rule_of_comment(r.comment), f"{chain}: {_shown(r, known)}") for r in rules)
+            p.changes.extend(("-", "", f"set {n}") for n in live.sets)
+            p.changes.append(("-", "", f"table {TABLE}"))
+        return p
+    if live is None:
+        step(f'add table {TABLE} {{ comment "{TABLE_COMMENT}"; }}')
+        p.changes.append(("+", "", f"table {TABLE}"))
+        live = nfnetlink.Table()
+    want_chains = {c.name: c for c in want.chains}
+    remake = {n for n, c in want_chains.items() if n in live.chains and not _same_chain(c, live.chains[n])}
+    want_sets = {s.name: s for s in want.sets}
+    doomed = {n for n, s in live.sets.items() if n not in want_sets or want_sets[n].comment != s.comment}
+
+    # rules: per chain, the smallest edit over fingerprints
+    deletes: list[Step] = []
+    inserts: list[Step] = []
+    removed: list[tuple[str, tuple[str, str, str]]] = []  # (comment, change)
+    added: list[tuple[str, tuple[str, str, str]]] = []
+    for c in want.chains:
+        lrules = [] if c.name in remake else live.rules.get(c.name, [])
+        wrules = [r for r in want.rules if r.chain == c.name]
+        wanted = {r.comment for r in wrules}
+        lkeys: list[str] = []
+        for r in lrules:  # a rule that uses a set about to be replaced goes too (the kernel refuses otherwise)
+            keep = r.comment in wanted and not (doomed and set(r.sets) & doomed)
+            lkeys.append(r.comment if keep else f"\0{r.handle}")
+        dels, ins = edit(lkeys, [r.comment for r in wrules])
+        for i in dels:
+            r = lrules[i]
+            deletes.append(Step(f"delete rule {TABLE} {c.name} handle {r.handle}", rule_of_comment(r.comment)))
+            removed.append((r.comment, ("-", rule_of_comment(r.comment), f"{c.name}: {_shown(r, known)}")))
+        # a new rule goes right before the next rule that stays (appended when none follows)
+        stay = iter([lrules[i].handle for i in range(len(lrules)) if i not in set(dels)])
+        inserted = set(ins)
+        handle_at = {j: next(stay) for j in range(len(wrules)) if j not in inserted}
+        anchor: dict[int, int | None] = {}
+        nxt: int | None = None
+        for j in range(len(wrules) - 1, -1, -1):
+            if j in inserted:
+                anchor[j] = nxt
+            else:
+                nxt = handle_at[j]
+        for j in ins:
+            w = wrules[j]
+            h = anchor[j]
+            where = f"insert rule {TABLE} {c.name} position {h}" if h is not None else f"add rule {TABLE} {c.name}"
+            inserts.append(Step(f"{where} {w.text}", w.rule))
+            added.append((w.comment, ("+", w.rule, f"{c.name}: {w.text}")))
+
+    for n in live.chains:
+        if n not in want_chains or n in remake:
+            p.changes.append(("-", "", f"chain {n}"))
+    p.changes.extend(("-", rule_of_comment(live.sets[n].comment), f"set {n}") for n in sorted(doomed))
+    for c in want.chains:
+        if c.name not in live.chains or c.name in remake:
+            p.changes.append(("+", "", f"chain {c.name} {{ {c.spec} }}"))
+    new_sets = [s for s in want.sets if s.name not in live.sets or s.name in doomed]
+    p.changes.extend(("+", s.rule, f"set {s.name} {nft_set_body(s)}") for s in new_sets)
+    moved = {k for k, _ in removed} & {k for k, _ in added}  # deleted and inserted again: a move
+    p.changes.extend(ch for k, ch in removed + added if k not in moved)
+    if moved:
+        p.changes.append(("~", "", f"reorder {len(moved)} rules"))
+
+    # the transaction: rules out, chains and sets out, chains and sets in, rules in
+    p.steps.extend(deletes)
+    for n in live.chains:
+        if n not in want_chains or n in remake:
+            step(f"flush chain {TABLE} {n}")
+            step(f"delete chain {TABLE} {n}")
+    for n in sorted(doomed):
+        step(f"delete set {TABLE} {n}", rule_of_comment(live.sets[n].comment) if live.sets[n].comment else None)
+    for c in want.chains:
+        if c.name not in live.chains or c.name in remake:
+            step(f"add chain {TABLE} {c.name} {{ {c.spec} }}")
+    for s in new_sets:
+        step(f"add set {TABLE} {s.name} {nft_set_body(s)}", s.rule)
+    p.steps.extend(inserts)
+    return p
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+_WHERE = re.compile(r"^(?:/dev/stdin|-):(\d+):[\d-]+: Error: (.*)$", re.M)
+
+
+def _run(script: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, LC_ALL="C")
+    return subprocess.run([NFT, "-f", "-"], input=script, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+
+
+def write_script(steps: list[Step]) -> None:
+    """Run `steps` as one transaction; NftError naming the rule of the line nft refused."""
+    script = "".join(s.text + "\n" for s in steps)
+    try:
+        p = _run(script)
+    except FileNotFoundError:
+        raise NftError(f"{NFT} is not installed (apt-get install nftables)") from None
+    except subprocess.TimeoutExpired:
+        raise NftError(f"nft -f did not finish within {TIMEOUT_S} s; nothing was changed") from None
+    if p.returncode == 0:
+        return
+    err = (p.stderr or p.stdout).strip()
+    m = _WHERE.search(err)
+    if m and 1 <= int(m.group(1)) <= len(steps):
+        bad = steps[int(m.group(1)) - 1]
+        shown = bad.text if len(bad.text) <= 300 else bad.text[:300] + "…"
+        head = f"rule {bad.rule!r}: " if bad.rule else ""
+        raise NftError(f"{head}nft refused `{shown}`: {m.group(2).strip()}", bad.rule)
+    names = list(dict.fromkeys(s.rule for s in steps if s.rule))
+    raise NftError(f"nft refused the transaction: {err[:500] or 'exit ' + str(p.returncode)}", ", ".join(names) or None)
+
+
+# --- the backend ---------------------------------------------------------------------------
+
+
+class NftablesBackend:
+    name = "nftables (table inet netlimit)"
+    key = "nftables"
+
+    def available(self) -> str | None:
+        if not shutil.which(NFT):
+            return f"{NFT} is not installed (apt-get install nftables)"
+        return None
+
+    def read(self) -> NftState:
+        return NftState(nfnetlink.read_table(NFT_TABLE, NFT_FAMILY), _record_path())
+
+    def plan(self, desired: Desired, state: NftState) -> NftPlan:
+        return plan_table(desired.nft, state)
+
+    def write(self, plan: NftPlan, record: NftTable | None = None) -> None:
+        """Run the plan; then record the table written (`record`: the same without
+        counter values, when a rollback wrote them)."""
+        if plan.empty:
+            return
+        plan.before.load_known()  # what is there now, before its record is replaced
+        write_script(plan.steps)
+        save_record(plan.table if record is None else record)
+
+    def restore(self, state: NftState) -> None:
+        """Put the table back as `state` held it: the rules and sets netlimit recorded
+        writing, with the rules' counters; a replaced dynamic set comes back empty."""
+        current = self.read()
+        current._known = state.known  # what netlimit wrote before (the record on disk may be newer)
+        if state.table is None:
+            self.write(plan_table(NftTable(), current))
+            return
+        target, recorded, unknown = _table_of(state)
+        if unknown:
+            raise NftError(
+                f"cannot put back {len(unknown)} object(s) of table {TABLE} whose text netlimit has no record "
+                f"of ({', '.join(unknown[:5])}); nothing was changed"
+            )
+        self.write(plan_table(target, current), record=recorded)
+
+    def rows(self, state: NftState) -> list[dict[str, Any]]:
+        t = state.table
+        if t is None:
+            return []
+        first_set = {}
+        for rules in t.rules.values():
+            for r in rules:
+                dyn = [s for s in r.sets if s in t.sets and not s.startswith("exempt")]
+                if dyn:
+                    first_set[r.handle] = dyn[0]
+        sizes = nfnetlink.set_sizes(NFT_TABLE, sorted(set(first_set.values())), NFT_FAMILY) if first_set else {}
+        rows: list[dict[str, Any]] = []
+        for chain, rules in t.rules.items():
+            for r in rules:
+                row: dict[str, Any] = {
+                    "rule": rule_of_comment(r.comment) if r.comment.startswith("netlimit:") else "(not netlimit's)",
+                    "layer": "nftables",
+                    "object": f"{chain}: {_shown(r, state.known)}",
+                    "chain": chain,
+                    "packets": r.packets,
+                    "bytes": r.bytes,
+                    "dropped": r.packets if r.drops else 0,
+                }
+                if r.handle in first_set:
+                    row["table"] = f"set {first_set[r.handle]}"
+                    row["table_entries"] = sizes.get(first_set[r.handle])
+                rows.append(row)
+        return rows
+
+
+def _table_of(state: NftState) -> tuple[NftTable, NftTable, list[str]]:
+    """The NftTable `state` shows, from the record: with the rules' counters (to write)
+    and without (to record), and what the record does not know."""
+    t = state.table
+    assert t is not None
+    known = state.known
+    unknown: list[str] = []
+    chains = tuple(
+        NftChain(c.name, c.hook or "", c.priority or 0, c.policy or "accept") for c in t.chains.values() if c.hook
+    )
+    sets: list[NftSet] = []
+    for s in t.sets.values():
+        k = known.get(("set", s.comment))
+        if isinstance(k, NftSet) and k.name == s.name:
+            sets.append(k)
+        else:
+            unknown.append(f"set {s.name}")
+    rules: list[NftRule] = []
+    counted: list[NftRule] = []
+    for chain, lst in t.rules.items():
+        for r in lst:
+            k = known.get((chain, r.comment))
+            if isinstance(k, NftRule):
+                rules.append(k)
+                body = re.sub(r"\bcounter\b", f"counter packets {r.packets} bytes {r.bytes}", k.body, count=1)
+                counted.append(NftRule(k.chain, body, k.rule, k.comment, k.family, k.sets, k.note))
+            else:
+                unknown.append(f"{chain} rule handle {r.handle}")
+    return NftTable(chains, tuple(sets), tuple(counted)), NftTable(chains, tuple(sets), tuple(rules)), unknown

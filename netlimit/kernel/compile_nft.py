@@ -1,0 +1,264 @@
+"""Network rules -> the nftables table netlimit owns. Pure: no kernel access, no root.
+
+The same rules compile.py turns into iptables rules, as native nft constructs in
+one table `inet netlimit` (no `xt` compat matches):
+
+* exempt: a named interval set per family (`exempt4`, `exempt6`), matched first
+  (`return`);
+* hashlimit (the default `method`): a dynamic set with timeout per rule and family
+  whose elements each hold their own token bucket,
+  `update @limit4-<rule> { <key> limit rate over N/unit burst B packets }`; the key
+  follows `per` (`ip saddr`, `ip daddr`, `ip saddr . th dport`; `per: all` is a
+  plain `limit` statement) with `source_prefix` / `source_prefix6` as a mask on the
+  address; `htable_max` is the set's size and `htable_expire` its timeout;
+* connlimit (`max_connections`): `add @conns4-<rule> { <key> ct count over N }`;
+* `method: recent`: nft keeps no hit log per address, so the closest native
+  construct is a token bucket of N per period (burst N) per address, plus a ban set
+  (timeout: the period) that an address over the bucket enters and that every
+  further attempt while banned refreshes: like `recent --update`, a client that
+  keeps knocking stays blocked until it has been quiet for a whole period. The
+  difference: recent counts the hits of the last period, the bucket refills
+  continuously, so a client that slows down below N per period gets through
+  sooner under nftables (README, "recent under nftables", has both columns
+  measured);
+* actions: drop, reject (TCP reset for tcp rules, else ICMP port unreachable), log
+  (a rate-limited `log prefix "netlimit:<rule> "`, no verdict); a counter on every rule.
+
+Every rule and set carries the comment `netlimit:<rule> #<fingerprint>` (12 hex
+digits of a SHA-1 over what it does): the nftables backend compares fingerprints,
+so it never has to predict how nft prints a rule back, and replaces a rule or set
+exactly when its meaning changes (a set with a new rate starts empty, as the
+kernel's hashlimit table would).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections.abc import Iterable
+
+from ..config.model import Config, NetworkRule
+from ..config.units import PortRange, Rate
+from .network_common import (
+    HASHLIMIT_DEFAULT_MAX,
+    LOG_LIMIT_BURST,
+    burst_of,
+    comment_for,
+    describe_network,
+    expire_ms,
+    log_prefix,
+)
+from .objects import COMMENT_EXEMPT, NFT_CHAINS, NFT_TAG_LEN, NftChain, NftRule, NftSet, NftTable
+
+NFPROTO = {4: "ipv4", 6: "ipv6"}
+ADDR = {4: "ip", 6: "ip6"}
+ADDR_TYPE = {4: "ipv4_addr", 6: "ipv6_addr"}
+ICMP = {4: "icmp", 6: "ipv6-icmp"}
+PORT_PROTOS = "{ tcp, udp, udplite, sctp, dccp }"  # the protocols hashlimit reads a port of
+SET_DEFAULT_SIZE = HASHLIMIT_DEFAULT_MAX
+LOG_RATE = "10/minute"  # compile.LOG_LIMIT in nft's words
+_NFT_UNIT = {"second": "second", "minute": "minute", "hour": "hour", "day": "day"}
+
+
+def _tag(*parts: str) -> str:
+    return hashlib.sha1("\x00".join(parts).encode()).hexdigest()[:NFT_TAG_LEN]
+
+
+def nft_rate(rate: Rate) -> str:
+    """'100/second'; a rate no whole N per second|minute|hour|day expresses (recent
+    allows 7/13s) is rounded down per day (at most 1/86400 off)."""
+    exact = rate.exact()
+    if exact is not None:
+        return f"{exact[0]}/{_NFT_UNIT[exact[1]]}"
+    return f"{max(1, rate.count * 86400 // rate.period)}/day"
+
+
+def _values(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else "{ " + ", ".join(items) + " }"
+
+
+def _ports(ports: Iterable[PortRange]) -> str:
+    return _values([str(p.first) if p.first == p.last else f"{p.first}-{p.last}" for p in sorted(set(ports))])
+
+
+def _nets(nets: Iterable, family: int) -> list[str] | None:
+    """A rule's CIDRs of one family as nft spells them; [] when it names none of this
+    family, None when one of them is /0 (any address: no match needed)."""
+    out: list[str] = []
+    for n in nets:
+        if n.version != family:
+            continue
+        if n.prefixlen == 0:
+            return None
+        out.append(str(n.network_address) if n.prefixlen == n.max_prefixlen else str(n))
+    return out
+
+
+def _masked(family: int, field: str, prefix: int | None) -> str:
+    """`ip saddr` or, grouped by a prefix, `ip saddr & 255.255.255.0`."""
+    expr = f"{ADDR[family]} {field}"
+    bits = 32 if family == 4 else 128
+    if prefix is None or prefix == bits:
+        return expr
+    mask = ipaddress.ip_network(f"{'0.0.0.0' if family == 4 else '::'}/{prefix}").netmask
+    return f"{expr} & {mask}"
+
+
+def _verdict(rule: NetworkRule) -> str:
+    if rule.action == "drop":
+        return "counter drop"
+    if rule.action == "reject":
+        return "counter reject with " + ("tcp reset" if rule.protocol == "tcp" else "icmpx port-unreachable")
+    return (
+        f"counter limit rate {LOG_RATE} burst {LOG_LIMIT_BURST} packets "
+        f'log prefix "{log_prefix(rule.name)}"'  # shadow: count and log, no verdict
+    )
+
+
+def _dynamic_spec(family: int, key_type: str, timeout_ms: int | None, size: int) -> str:
+    flags = "dynamic,timeout" if timeout_ms is not None else "dynamic"
+    timeout = f" timeout {timeout_ms}ms;" if timeout_ms is not None else ""
+    return f"type {key_type}; flags {flags};{timeout} size {size};"
+
+
+class _Rules:
+    """The sets and rules of one chain, in order."""
+
+    def __init__(self) -> None:
+        self.sets: list[NftSet] = []
+        self.rules: list[NftRule] = []
+
+    def set(self, name: str, spec: str, rule: str, holds: str, elements: tuple[str, ...] = ()) -> NftSet:
+        tag = _tag(name, spec, holds, *elements)
+        s = NftSet(name, spec, rule, f"{comment_for(rule) if rule else COMMENT_EXEMPT} #{tag}", elements)
+        self.sets.append(s)
+        return s
+
+    def rule(self, chain: str, family: int, name: str, body: str, sets: list[NftSet], note: str) -> None:
+        tag = _tag(body, *(s.comment for s in sets))
+        comment = f"{comment_for(name) if name else COMMENT_EXEMPT} #{tag}"
+        self.rules.append(NftRule(chain, body, name, comment, family, tuple(s.name for s in sets), note))
+
+
+def _match(rule: NetworkRule, family: int) -> str | None:
+    """The part of a rule that says which packets it looks at (None: none of this family)."""
+    parts = [f"meta nfproto {NFPROTO[family]}"]
+    if rule.interface:
+        parts.append(f'iifname "{rule.interface}"')
+    for field, nets in (("saddr", rule.sources), ("daddr", rule.destinations)):
+        if not nets:
+            continue
+        vals = _nets(nets, family)
+        if vals is not None and not vals:
+            return None
+        if vals:
+            parts.append(f"{ADDR[family]} {field} {_values(vals)}")
+    if rule.protocol in ("tcp", "udp"):
+        parts.append(f"{rule.protocol} dport {_ports(rule.ports)}" if rule.ports else f"meta l4proto {rule.protocol}")
+    elif rule.protocol == "icmp":
+        parts.append(f"meta l4proto {ICMP[family]}")
+    if rule.new_connections or rule.max_connections is not None:
+        parts.append("ct state new")
+    return " ".join(parts)
+
+
+def _network(out: _Rules, rule: NetworkRule, family: int, chain: str) -> None:
+    match = _match(rule, family)
+    if match is None:
+        return
+    name, v = rule.name, str(family)
+    note = describe_network(rule)
+    verdict = _verdict(rule)
+    prefix = rule.source_prefix if family == 4 else rule.source_prefix6
+    field = "daddr" if rule.per == "destination" else "saddr"
+
+    if rule.max_connections is not None:
+        n = rule.max_connections
+        if rule.per == "all":
+            out.rule(chain, family, name, f"{match} ct count over {n} {verdict}", [], note)
+            return
+        key = _masked(family, field, prefix if field == "saddr" else None)
+        holds = f"{key} ct count over {n}"
+        s = out.set(f"conns{v}-{name}", _dynamic_spec(family, ADDR_TYPE[family], None, SET_DEFAULT_SIZE), name, holds)
+        out.rule(chain, family, name, f"{match} add @{s.name} {{ {holds} }} {verdict}", [s], note)
+        return
+
+    assert rule.limit is not None
+    rate = nft_rate(rule.limit)
+    if rule.method == "recent":
+        period_ms = rule.limit.period * 1000
+        key = f"{ADDR[family]} {field}"
+        spec = _dynamic_spec(family, ADDR_TYPE[family], period_ms, SET_DEFAULT_SIZE)
+        bucket = f"{key} limit rate over {rate} burst {rule.limit.count} packets"
+        tokens = out.set(f"recent{v}-{name}", spec, name, bucket)
+        ban = out.set(f"ban{v}-{name}", spec, name, key)
+        note += f"; in nftables: a bucket of {rule.limit.count} per period, then a ban each attempt renews"
+        # banned: dropped, and every attempt keeps the ban for another period
+        out.rule(
+            chain, family, name, f"{match} {key} @{ban.name} update @{ban.name} {{ {key} }} {verdict}", [ban], note
+        )
+        # over the bucket: banned
+        body = f"{match} update @{tokens.name} {{ {bucket} }} add @{ban.name} {{ {key} }} {verdict}"
+        out.rule(chain, family, name, body, [tokens, ban], note)
+        return
+
+    limit = f"limit rate over {rate} burst {burst_of(rule)} packets"
+    if rule.per == "all":
+        out.rule(chain, family, name, f"{match} {limit} {verdict}", [], note)
+        return
+    # hashlimit's htable_max is the set's size (htable_size, its hash buckets, has no nft twin)
+    size = rule.htable_max if rule.htable_max is not None else max(SET_DEFAULT_SIZE, rule.htable_size or 0)
+    expire = expire_ms(rule)
+    key = _masked(family, field, prefix if field == "saddr" else None)
+    keyed: list[tuple[str, str, str, str]] = []  # (set name, key, key type, extra match)
+    if rule.per == "source+port" and rule.protocol in ("tcp", "udp"):
+        keyed.append((f"limit{v}-{name}", f"{key} . th dport", f"{ADDR_TYPE[family]} . inet_service", ""))
+    elif rule.per == "source+port" and rule.protocol == "all":
+        # as hashlimit: the destination port where the protocol has one, else port 0 (one bucket per address)
+        keyed.append(
+            (
+                f"limit{v}-{name}",
+                f"{key} . th dport",
+                f"{ADDR_TYPE[family]} . inet_service",
+                f"meta l4proto {PORT_PROTOS} ",
+            )
+        )
+        keyed.append((f"limit{v}p-{name}", key, ADDR_TYPE[family], f"meta l4proto != {PORT_PROTOS} "))
+    else:
+        keyed.append((f"limit{v}-{name}", key, ADDR_TYPE[family], ""))
+    for set_name, k, key_type, extra in keyed:
+        holds = f"{k} {limit}"
+        s = out.set(set_name, _dynamic_spec(family, key_type, expire, size), name, holds)
+        out.rule(chain, family, name, f"{match} {extra}update @{s.name} {{ {holds} }} {verdict}", [s], note)
+
+
+def compile_nft(config: Config) -> NftTable:
+    """The table for `config`'s exempt list and network rules (empty: no chains)."""
+    per_chain: dict[str, _Rules] = {}
+    for family in (4, 6):
+        for r in config.network:
+            if family not in r.families:
+                continue
+            chain = "input" if r.chain == "input" else "forward"
+            _network(per_chain.setdefault(chain, _Rules()), r, family, chain)
+    chains = [NftChain(c, NFT_CHAINS[c]) for c in ("input", "forward") if per_chain.get(c) and per_chain[c].rules]
+    if not chains:
+        return NftTable()
+    sets: list[NftSet] = []
+    rules: list[NftRule] = []
+    exempt = _Rules()
+    for family in (4, 6):
+        nets = tuple(str(n) for n in config.exempt if n.version == family)
+        if nets:
+            s = exempt.set(f"exempt{family}", f"type {ADDR_TYPE[family]}; flags interval;", "", "", nets)
+            for c in chains:
+                body = f"meta nfproto {NFPROTO[family]} {ADDR[family]} saddr @{s.name} counter return"
+                exempt.rule(c.name, family, "", body, [s], "exempt: never limited")
+    sets.extend(exempt.sets)
+    order = {x.name: i for i, x in enumerate(config.network)}  # file order; IPv4 before IPv6 within a rule
+    for c in chains:
+        rules.extend(r for r in exempt.rules if r.chain == c.name)
+        own = per_chain[c.name]
+        rules.extend(sorted(own.rules, key=lambda r: (order[r.rule], r.family)))
+        sets.extend(own.sets)
+    return NftTable(chains=tuple(chains), sets=tuple(sets), rules=tuple(rules))
