@@ -247,8 +247,9 @@ def backend_warnings(loaded: Loaded, backend: str) -> list[Problem]:
                     r.name,
                     f"warning: under the nftables backend, method: recent is a bucket of {r.limit.count} per "
                     "period per address plus a ban that every attempt renews (nft keeps no hit log): a client "
-                    f"that keeps knocking stays blocked, as with recent, but one that slows down below {r.limit} "
-                    "gets through sooner than recent's sliding window lets it (README: recent under nftables)",
+                    "that keeps knocking once blocked stays blocked, as with recent, but one that keeps coming a "
+                    f"little faster than {r.limit} passes until its bucket runs dry, where recent blocks it at "
+                    f"hit {r.limit.count + 1} (README: recent under nftables, measured)",
                 )
             )
     return out

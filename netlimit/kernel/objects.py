@@ -108,24 +108,31 @@ class IptRule:
 # `input` and `forward` at NFT_PRIORITY, after conntrack (-200) and before the
 # filter chains of iptables-nft, firewalld and docker (0 and above), so a limit
 # drops before any accept elsewhere; netlimit's chains never accept for others
-# (exempt is a `return`).
+# (exempt is a `return`). A base chain holds the exempt rules, then one jump per
+# network rule, in file order, to the rule's own chain `rule-<name>`: a changed
+# rule is rewritten inside its chain (appended, nothing else moves).
 
 NFT_FAMILY = "inet"
 NFT_TABLE = "netlimit"
 NFT_PRIORITY = -10  # nft spells it "filter - 10"
-NFT_CHAINS = {"input": "input", "forward": "forward"}  # chain -> hook
+NFT_CHAINS = {"input": "input", "forward": "forward"}  # base chain -> hook
+NFT_RULE_CHAIN_PREFIX = "rule-"  # each network rule's own chain: rule-<name>, jumped to in file order
 NFT_TAG_LEN = 12  # hex digits of the fingerprint in every comment
 
 
 @dataclass(frozen=True)
 class NftChain:
-    name: str  # "input" | "forward"
-    hook: str
+    """A base chain ("input", "forward": hook set) or a rule's own chain (hook None)."""
+
+    name: str
+    hook: str | None = None
     priority: int = NFT_PRIORITY
     policy: str = "accept"
 
     @property
     def spec(self) -> str:
+        if self.hook is None:
+            return ""
         return f"type filter hook {self.hook} priority {self.priority}; policy {self.policy};"
 
 

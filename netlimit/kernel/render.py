@@ -144,12 +144,13 @@ def nft_text(desired: Desired, *, headers: bool = True) -> str:
     lines.extend(f"\t{nft_set_text(s)}" for s in t.sets)
     for c in t.chains:
         lines.append(f"\tchain {c.name} {{")
-        lines.append(f"\t\t{c.spec}")
+        if c.spec:
+            lines.append(f"\t\t{c.spec}")
         last = None
         for r in t.rules:
             if r.chain != c.name:
                 continue
-            if headers and (r.rule, r.note) != last:
+            if headers and (r.rule, r.note) != last and (c.hook is None or not r.rule):
                 lines.append(f"\t\t# {_nft_title(r)}")
                 last = (r.rule, r.note)
             lines.append(f"\t\t{r.text}")

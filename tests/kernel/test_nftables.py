@@ -86,25 +86,26 @@ def test_noop_plans_nothing():
 
 
 def test_one_changed_rule_touches_only_that_rule_and_its_sets():
+    """The rule's own chain is rewritten (appends: nft needs no rule cache for them) and
+    its sets replaced; the jumps, the other chains and sets are not touched."""
     d0, d1 = _desired(BASE), _desired(BASE.replace("max_connections: 20", "max_connections: 30"))
-    live = _live(d0.nft)
-    p = nb.plan_table(d1.nft, live)
-    t = live.table
-    conns = [r for r in t.rules["input"] if rule_of_comment(r.comment) == "conns"]
-    after = t.rules["input"][t.rules["input"].index(conns[-1]) + 1]  # the first ssh-guard rule
-    assert [s.text for s in p.steps[:4]] == [
-        f"delete rule inet netlimit input handle {conns[0].handle}",
-        f"delete rule inet netlimit input handle {conns[1].handle}",
+    p = nb.plan_table(d1.nft, _live(d0.nft))
+    texts = [s.text for s in p.steps]
+    assert texts[:3] == [
+        "flush chain inet netlimit rule-conns",
         "delete set inet netlimit conns4-conns",
         "delete set inet netlimit conns6-conns",
     ]
-    assert len(p.steps) == 8
-    assert p.steps[4].text.startswith("add set inet netlimit conns4-conns {")
-    assert p.steps[6].text.startswith(f"insert rule inet netlimit input position {after.handle} ")
-    assert p.steps[7].text.startswith(f"insert rule inet netlimit input position {after.handle} ")
-    assert "ct count over 30" in p.steps[6].text and "ip6 saddr" in p.steps[7].text
-    assert {s.rule for s in p.steps} == {"conns"}
-    assert p.lines()[0].startswith("- nft ") and sum(1 for x in p.lines() if x.startswith("+")) == 4
+    assert [t.split(" {")[0] for t in texts[3:5]] == [
+        "add set inet netlimit conns4-conns",
+        "add set inet netlimit conns6-conns",
+    ]
+    assert (
+        texts[5].startswith("add rule inet netlimit rule-conns meta nfproto ipv4 ") and "ct count over 30" in texts[5]
+    )
+    assert texts[6].startswith("add rule inet netlimit rule-conns meta nfproto ipv6 ") and len(texts) == 7
+    assert {s.rule for s in p.steps} == {"conns"} and "position" not in p.script()
+    assert sum(1 for x in p.lines() if x.startswith("+")) == 4 and sum(1 for x in p.lines() if x.startswith("-")) == 4
 
 
 def test_a_changed_rate_replaces_the_set_an_unchanged_port_list_does_not():
@@ -114,7 +115,23 @@ def test_a_changed_rate_replaces_the_set_an_unchanged_port_list_does_not():
     # a set's fingerprint covers what its elements hold: another port keeps the set (and its state)
     p = nb.plan_table(_desired(BASE.replace("ports: [5000]", "ports: [5000, 5001]")).nft, _live(d0.nft))
     assert not any(s.text.startswith(("delete set", "add set")) for s in p.steps)
-    assert sum(s.text.startswith("delete rule") for s in p.steps) == 2
+    assert [s.text.split(" meta")[0] for s in p.steps] == [
+        "flush chain inet netlimit rule-udp-flood",
+        "add rule inet netlimit rule-udp-flood",
+        "add rule inet netlimit rule-udp-flood",
+    ]
+
+
+def test_a_new_rule_in_the_middle_is_one_jump_inserted_at_its_place():
+    d0 = _desired(BASE)
+    extra = "  - {name: mid, protocol: udp, ports: [53], limit: 5/second}\n"
+    text = BASE.replace("  - name: conns", extra + "  - name: conns")
+    live = _live(d0.nft)
+    p = nb.plan_table(_desired(text).nft, live)
+    conns_jump = next(r for r in live.table.rules["input"] if r.comment.startswith("netlimit:conns "))
+    assert p.steps[0].text == "add chain inet netlimit rule-mid"
+    assert p.steps[-1].text.startswith(f"insert rule inet netlimit input position {conns_jump.handle} jump rule-mid ")
+    assert not any(s.text.startswith(("delete", "flush")) for s in p.steps)
 
 
 def test_removing_everything_deletes_the_table_and_a_missing_table_is_created_first():
@@ -123,7 +140,8 @@ def test_removing_everything_deletes_the_table_and_a_missing_table_is_created_fi
     assert [s.text for s in p.steps] == ["delete table inet netlimit"]
     p = nb.plan_table(d.nft, nb.NftState(None))
     assert p.steps[0].text.startswith('add table inet netlimit { comment "netlimit:')
-    assert _kinds(p)[1:3] == ["add chain", "add set"] and _kinds(p)[-1] == "add rule"
+    kinds = _kinds(p)
+    assert kinds == sorted(kinds, key=["add table", "add chain", "add set", "add rule"].index)  # declared before used
     assert nb.plan_table(NftTable(), nb.NftState(None)).empty
 
 
@@ -136,17 +154,20 @@ def test_foreign_and_tampered_objects_in_the_table_go():
     t.rules["input"].insert(1, foreign)
     t.sets["limit4-udp-flood"].comment = "netlimit:udp-flood #000000000000"  # edited by hand
     t.chains["forward"] = nfnetlink.Chain("forward", 6, "filter", "forward", 0, "accept")
+    t.chains["input"].priority = 0  # not netlimit's priority: the chain is made again
     p = nb.plan_table(d.nft, live)
     texts = [s.text for s in p.steps]
-    assert "delete rule inet netlimit input handle 5" in texts
     assert "flush chain inet netlimit forward" in texts and "delete chain inet netlimit forward" in texts
-    # the set is replaced, and the rule using it goes and comes back (the kernel refuses otherwise)
-    user = next(r for r in t.rules["input"] if "limit4-udp-flood" in r.sets)
-    assert f"delete rule inet netlimit input handle {user.handle}" in texts
-    assert texts.index(f"delete rule inet netlimit input handle {user.handle}") < texts.index(
+    assert texts.index("delete chain inet netlimit input") < texts.index(
+        "add chain inet netlimit input { type filter hook input priority -10; policy accept; }"
+    )
+    assert not any("handle 5" in x for x in texts)  # went with its chain
+    # the set is replaced, and the chain whose rules use it is rewritten first (the kernel refuses otherwise)
+    assert texts.index("flush chain inet netlimit rule-udp-flood") < texts.index(
         "delete set inet netlimit limit4-udp-flood"
     )
     assert any(x.startswith("add set inet netlimit limit4-udp-flood") for x in texts)
+    assert sum(x.startswith("add rule inet netlimit input jump ") for x in texts) == 3
 
 
 @settings(max_examples=300, deadline=None)
@@ -210,7 +231,7 @@ network:
     )
     assert sets["limit4-sp"].startswith("type ipv4_addr . inet_service; flags dynamic,timeout; timeout 10000ms;")
     # protocol all: ports where the protocol has them, else one bucket per address (hashlimit's port 0)
-    sp_all = [r.body for r in d.nft.rules if r.rule == "sp-all"]
+    sp_all = [r.body for r in d.nft.rules if r.chain == "rule-sp-all"]
     assert len(sp_all) == 2 and "ip saddr 10.0.0.0/8" in sp_all[0] and "meta l4proto != {" in sp_all[1]
     assert ("sp-all", 6) not in text  # IPv4 sources only
     assert "ip daddr limit rate over 2/second" in text[("dst", 4)] and "meta l4proto ipv6-icmp" in text[("dst", 6)]
@@ -321,7 +342,7 @@ def test_noop_writes_nothing_and_a_limited_client_stays_limited_across_another_r
         proc = traffic.udp_flood_start(topo.cli, topo.cli4, topo.srv4, 5000, 2000, secs)
         time.sleep(1.0)  # the bucket of 10 is long empty: the client is being limited
         before = reconcile.read_owned(topo.srv, backend="nftables").filter.table
-        flood_before = next(r for r in before.rules["input"] if rule_of_comment(r.comment) == "udp-flood").packets
+        flood_before = before.rules["rule-udp-flood"][0].packets
         changed = reconcile.apply(
             _desired(BASE.replace("max_connections: 20", "max_connections: 30")), topo.srv, backend="nftables"
         )
@@ -339,15 +360,16 @@ def test_noop_writes_nothing_and_a_limited_client_stays_limited_across_another_r
         time.sleep(0.5)
     assert changed.changes.counts()["add"] == 4 and {x.split()[2] for x in changed.changes.lines()} <= {
         "set",
-        "input:",
+        "rule-conns:",
     }
     assert abs(got - exp) <= 3, f"delivered {got}, expected {exp:.1f}: the limited client's bucket was reset"
     after = reconcile.read_owned(topo.srv, backend="nftables").filter.table
     for name in ("limit4-udp-flood", "exempt4", "ban4-ssh-guard"):
         assert after.sets[name].handle == before.sets[name].handle, f"set {name} was replaced"
-    flood = next(r for r in after.rules["input"] if rule_of_comment(r.comment) == "udp-flood")
-    assert flood.handle == next(r for r in before.rules["input"] if r.comment == flood.comment).handle
+    flood = after.rules["rule-udp-flood"][0]
+    assert flood.handle == before.rules["rule-udp-flood"][0].handle
     assert flood.packets >= flood_before > 0
+    assert [r.handle for r in after.rules["input"]] == [r.handle for r in before.rules["input"]]  # jumps untouched
     sizes = reconcile.run_in_netns(topo.srv, nfnetlink.set_sizes, "netlimit", ["limit4-udp-flood"])
     assert sizes["limit4-udp-flood"] == 1  # the client's element is still there
 
@@ -467,15 +489,21 @@ def test_list_counters_set_entries_and_drift_repair(topo):
     rows = reconcile.list_owned(topo.srv, backend="nftables")
     flood = [r for r in rows if r["rule"] == "udp-flood" and r["layer"] == "nftables"]
     assert flood[0]["dropped"] > 800 and flood[0]["table"] == "set limit4-udp-flood" and flood[0]["table_entries"] == 1
-    assert flood[1]["table_entries"] == 0 and flood[0]["object"].startswith("input: meta nfproto ipv4 udp dport 5000")
+    assert flood[1]["table_entries"] == 0 and flood[0]["object"].startswith(
+        "rule-udp-flood: meta nfproto ipv4 udp dport 5000"
+    )
     assert {r["rule"] for r in rows} >= {"(exempt)", "udp-flood", "conns", "ssh-guard"}
     d = _desired(BASE)
     t = reconcile.read_owned(topo.srv, backend="nftables").filter.table
-    conns = next(r for r in t.rules["input"] if rule_of_comment(r.comment) == "conns")
+    conns = t.rules["rule-conns"][0]
     # drift: a deleted rule; a deleted rule and its set; the whole table
     for damage in (
-        [f"delete rule inet netlimit input handle {conns.handle}"],
-        [f"delete rule inet netlimit input handle {r.handle}" for r in t.rules["input"] if "ban6-ssh-guard" in r.sets]
+        [f"delete rule inet netlimit rule-conns handle {conns.handle}"],
+        [
+            f"delete rule inet netlimit rule-ssh-guard handle {r.handle}"
+            for r in t.rules["rule-ssh-guard"]
+            if "ban6-ssh-guard" in r.sets
+        ]
         + ["delete set inet netlimit ban6-ssh-guard"],
         ["delete table inet netlimit"],
     ):

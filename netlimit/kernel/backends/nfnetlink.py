@@ -53,7 +53,7 @@ class NetlinkError(OSError):
     pass
 
 
-@dataclass
+@dataclass(slots=True)
 class Chain:
     name: str
     handle: int
@@ -63,14 +63,14 @@ class Chain:
     policy: str | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Set:
     name: str
     handle: int
     comment: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class Rule:
     chain: str
     handle: int
@@ -238,11 +238,12 @@ NFTA_IMMEDIATE_DATA, NFTA_DATA_VERDICT, NFTA_VERDICT_CODE = 2, 2, 1
 NF_DROP = 0
 
 
-def _rule(buf: bytes) -> Rule | None:
-    """One rule message: table, chain, handle, comment; None for another table's rule.
-    A walk over the top level only (2,000 rules in a few ms); the expressions wait."""
+def _rule(buf: bytes) -> Rule:
+    """One rule message: table, chain, handle, comment. A walk over the top level only
+    (3,000 rules in 15 ms); the expressions wait until asked for."""
     unpack = _HDR.unpack_from
-    r = Rule(chain="", handle=0, raw=buf)
+    chain = table = comment = ""
+    handle = 0
     i, n = 0, len(buf)
     while i + 4 <= n:
         ln, typ = unpack(buf, i)
@@ -250,33 +251,40 @@ def _rule(buf: bytes) -> Rule | None:
             break
         typ &= NLA_TYPE_MASK
         if typ == NFTA_RULE_CHAIN:
-            r.chain = _str(buf[i + 4 : i + ln])
+            chain = buf[i + 4 : i + ln].rstrip(b"\0").decode()
         elif typ == NFTA_RULE_HANDLE:
-            r.handle = _U64.unpack_from(buf, i + 4)[0]
+            handle = _U64.unpack_from(buf, i + 4)[0]
         elif typ == NFTA_RULE_USERDATA:
-            r.comment = _udata(buf[i + 4 : i + ln], UDATA_RULE_COMMENT)
+            comment = _udata(buf[i + 4 : i + ln], UDATA_RULE_COMMENT)
         elif typ == NFTA_RULE_TABLE:
-            r.table = _str(buf[i + 4 : i + ln])
+            table = buf[i + 4 : i + ln].rstrip(b"\0").decode()
         i += (ln + 3) & ~3
-    return r
+    return Rule(chain, handle, comment, table, buf)
 
 
 def _set(buf: bytes, table: str) -> Set | None:
     """A named set of `table` from a set message (None: anonymous, or another table's)."""
-    s = Set("", 0)
-    flags, owner = 0, ""
-    for typ, off, alen in _walk(buf, 0, len(buf)):
+    unpack = _HDR.unpack_from
+    name = owner = comment = ""
+    handle = flags = 0
+    i, n = 0, len(buf)
+    while i + 4 <= n:
+        ln, typ = unpack(buf, i)
+        if ln < 4:
+            break
+        typ &= NLA_TYPE_MASK
         if typ == NFTA_SET_NAME:
-            s.name = _str(buf[off : off + alen])
+            name = buf[i + 4 : i + ln].rstrip(b"\0").decode()
         elif typ == NFTA_SET_HANDLE:
-            s.handle = _U64.unpack_from(buf, off)[0]
+            handle = _U64.unpack_from(buf, i + 4)[0]
         elif typ == NFTA_SET_USERDATA:
-            s.comment = _udata(buf[off : off + alen], UDATA_SET_COMMENT)
+            comment = _udata(buf[i + 4 : i + ln], UDATA_SET_COMMENT)
         elif typ == NFTA_SET_FLAGS:
-            flags = _be(buf[off : off + alen])
+            flags = int.from_bytes(buf[i + 4 : i + ln], "big")
         elif typ == NFTA_SET_TABLE:
-            owner = _str(buf[off : off + alen])
-    return s if owner == table and not flags & NFT_SET_ANONYMOUS else None
+            owner = buf[i + 4 : i + ln].rstrip(b"\0").decode()
+        i += (ln + 3) & ~3
+    return Set(name, handle, comment) if owner == table and not flags & NFT_SET_ANONYMOUS else None
 
 
 def _expressions(buf: bytes) -> tuple[int, int, tuple[str, ...], bool]:
@@ -361,10 +369,14 @@ def read_table(name: str, family: str = "inet") -> Table | None:
             s = _set(buf, name)
             if s is not None:
                 t.sets[s.name] = s
+        rules = t.rules
         for buf in nl.request(NFT_MSG_GETRULE, fam, _attr(NFTA_RULE_TABLE, tname), dump=True):
             r = _rule(buf)
-            if r is not None and r.table == name:
-                t.rules.setdefault(r.chain, []).append(r)
+            if r.table == name:
+                lst = rules.get(r.chain)
+                if lst is None:
+                    lst = rules[r.chain] = []
+                lst.append(r)
         return t
 
 

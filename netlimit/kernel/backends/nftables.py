@@ -39,13 +39,17 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import NetlimitError
 from ..edit import edit
+from ..gcpause import no_gc
 from ..objects import (
+    COMMENT_EXEMPT,
+    COMMENT_PREFIX,
     NFT_FAMILY,
+    NFT_RULE_CHAIN_PREFIX,
     NFT_TABLE,
     Desired,
     NftChain,
@@ -84,32 +88,44 @@ def _record_path() -> str:
     return os.path.join(RECORD_DIR, f"nft-{_ns_inode()}.json")
 
 
-Known = dict[tuple[str, str], NftRule | NftSet]  # (chain, comment) -> rule; ("set", comment) -> set
+class Record:
+    """What netlimit wrote into the table, by comment: a rule by (chain, comment) (the
+    exempt rules of `input` and `forward` are alike), a set by comment. Kept as the
+    JSON rows it was read from; a row becomes an object only when asked for."""
+
+    def __init__(self, rules: dict[tuple[str, str], list] | None = None, sets: dict[str, list] | None = None):
+        self._rules = rules or {}
+        self._sets = sets or {}
+
+    def rule(self, chain: str, comment: str) -> NftRule | None:
+        row = self._rules.get((chain, comment))
+        if row is None:
+            return None
+        c, body, rule, cmt, family, sets, note = row
+        return NftRule(c, body, rule, cmt, family, tuple(sets), note)
+
+    def set(self, comment: str) -> NftSet | None:
+        row = self._sets.get(comment)
+        if row is None:
+            return None
+        name, spec, rule, cmt, elements = row
+        return NftSet(name, spec, rule, cmt, tuple(elements))
 
 
-def load_record(path: str) -> Known:
-    """What netlimit wrote: (chain, comment) -> the rule, ("set", comment) -> the set
-    (empty if unknown). A comment names one rule per chain: the exempt rule of `input`
-    and of `forward` are alike."""
+def load_record(path: str) -> Record:
+    """The record at `path` (empty if missing or unreadable)."""
     try:
         with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != RECORD_VERSION:
-        return {}
-    out: Known = {}
-    try:
-        for r in data.get("rules", []):
-            out[(r["chain"], r["comment"])] = NftRule(**{**r, "sets": tuple(r["sets"])})
-        for s in data.get("sets", []):
-            out[("set", s["comment"])] = NftSet(**{**s, "elements": tuple(s["elements"])})
-    except (KeyError, TypeError):
-        return {}
-    return out
+            data = json.loads(fh.read())
+        if data.get("version") != RECORD_VERSION:
+            return Record()
+        return Record({(r[0], r[3]): r for r in data["rules"]}, {x[3]: x for x in data["sets"]})
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return Record()
 
 
 def save_record(table: NftTable) -> None:
+    """Record `table` as written (only rollback reads it; the kernel stays the truth)."""
     try:
         os.makedirs(RECORD_DIR, exist_ok=True)
         path = _record_path()
@@ -117,19 +133,27 @@ def save_record(table: NftTable) -> None:
             forget_record()
             return
         _prune_records()
+        doc = {
+            "version": RECORD_VERSION,
+            "rules": [[r.chain, r.body, r.rule, r.comment, r.family, r.sets, r.note] for r in table.rules],
+            "sets": [[x.name, x.spec, x.rule, x.comment, x.elements] for x in table.sets],
+        }
         tmp = path + ".tmp"
         with open(tmp, "w") as fh:
-            json.dump(
-                {
-                    "version": RECORD_VERSION,
-                    "rules": [asdict(r) for r in table.rules],
-                    "sets": [asdict(s) for s in table.sets],
-                },
-                fh,
-            )
+            fh.write(json.dumps(doc, separators=(",", ":")))
         os.replace(tmp, path)
     except OSError:
-        pass  # only rollback needs it; the kernel stays the truth
+        pass
+
+
+def keep_previous(path: str) -> str:
+    """Move the record at `path` aside (a new one is about to be written); its new path."""
+    prev = path + ".prev"
+    try:
+        os.replace(path, prev)
+    except OSError:
+        return ""
+    return prev
 
 
 def forget_record() -> None:
@@ -150,7 +174,7 @@ def _prune_records() -> None:
         except OSError:
             pass
     for name in os.listdir(RECORD_DIR):
-        m = re.fullmatch(r"nft-(\d+)\.json", name)
+        m = re.fullmatch(r"nft-(\d+)\.json(?:\.prev)?", name)
         if m and int(m.group(1)) not in live:
             try:
                 os.unlink(os.path.join(RECORD_DIR, name))
@@ -165,7 +189,7 @@ def _prune_records() -> None:
 class NftState:
     table: nfnetlink.Table | None  # None: netlimit's table does not exist
     record: str = ""  # where the record of this namespace's table is (its path is per namespace)
-    _known: Known | None = field(default=None, repr=False)
+    _known: Record | None = field(default=None, repr=False)
 
     @property
     def empty(self) -> bool:
@@ -176,15 +200,15 @@ class NftState:
         return 0 if t is None else 1 + len(t.chains) + len(t.sets) + sum(len(v) for v in t.rules.values())
 
     @property
-    def known(self) -> Known:
+    def known(self) -> Record:
         """What netlimit wrote, by comment."""
         return self.load_known()
 
-    def load_known(self) -> Known:
+    def load_known(self) -> Record:
         """Read the record once (a write replaces it, so a state read before a write
         must load it before)."""
         if self._known is None:
-            self._known = load_record(self.record) if self.table is not None and self.record else {}
+            self._known = load_record(self.record) if self.table is not None and self.record else Record()
         return self._known
 
 
@@ -213,19 +237,49 @@ class NftPlan:
 
 
 def _same_chain(want: NftChain, live: nfnetlink.Chain) -> bool:
+    if want.hook is None:
+        return live.hook is None
     return (live.type, live.hook, live.priority, live.policy) == ("filter", want.hook, want.priority, want.policy)
 
 
-def _shown(r: nfnetlink.Rule, known: Known) -> str:
-    k = known.get((r.chain, r.comment))
-    return k.text if isinstance(k, NftRule) else f'handle {r.handle} comment "{r.comment}"'
+def _chain_decl(c: NftChain) -> str:
+    return f"chain {c.name} {{ {c.spec} }}" if c.spec else f"chain {c.name}"
+
+
+def _shown(r: nfnetlink.Rule, state: NftState) -> str:
+    """A live rule as `plan` shows it: its text as netlimit wrote it, else handle and comment."""
+    k = state.known.rule(r.chain, r.comment)
+    return k.text if k is not None else f'handle {r.handle} comment "{r.comment}"'
+
+
+def _keeps(r: nfnetlink.Rule, wanted: dict[str, NftRule], doomed: set[str]) -> bool:
+    """A live rule stays if it is wanted and uses no set about to be replaced (the kernel
+    refuses that); the fingerprint says which sets it uses: the wanted rule's."""
+    w = wanted.get(r.comment)
+    return w is not None and not (doomed and doomed.intersection(w.sets))
+
+
+def _anchors(live_handles: list[int], dels: list[int], ins: list[int], n_want: int) -> dict[int, int | None]:
+    """For each inserted index of the wanted list: the handle of the next rule that stays
+    (the new rule goes right before it), None when none follows (appended)."""
+    gone = set(dels)
+    stay = iter(h for i, h in enumerate(live_handles) if i not in gone)
+    inserted = set(ins)
+    handle_at = {j: next(stay) for j in range(n_want) if j not in inserted}
+    anchor: dict[int, int | None] = {}
+    nxt: int | None = None
+    for j in range(n_want - 1, -1, -1):
+        if j in inserted:
+            anchor[j] = nxt
+        else:
+            nxt = handle_at[j]
+    return anchor
 
 
 def plan_table(want: NftTable, state: NftState) -> NftPlan:
     """The one transaction that turns `state` into `want` (see the module's notes)."""
     p = NftPlan(want, state)
     live = state.table
-    known: Known = state.known if live is not None else {}
 
     def step(text: str, rule: str | None = None) -> None:
         p.steps.append(Step(text, rule or None))
@@ -234,7 +288,7 @@ def plan_table(want: NftTable, state: NftState) -> NftPlan:
         if live is not None:
             step(f"delete table {TABLE}")
             for chain, rules in live.rules.items():
-                p.changes.extend(("-", rule_of_comment(r.comment), f"{chain}: {_shown(r, known)}") for r in rules)
+                p.changes.extend(("-", rule_of_comment(r.comment), f"{chain}: {_shown(r, state)}") for r in rules)
             p.changes.extend(("-", "", f"set {n}") for n in live.sets)
             p.changes.append(("-", "", f"table {TABLE}"))
         return p
@@ -244,38 +298,50 @@ def plan_table(want: NftTable, state: NftState) -> NftPlan:
         live = nfnetlink.Table()
     want_chains = {c.name: c for c in want.chains}
     remake = {n for n, c in want_chains.items() if n in live.chains and not _same_chain(c, live.chains[n])}
+    gone_chains = [n for n in live.chains if n not in want_chains or n in remake]
+    new_chains = [c for c in want.chains if c.name not in live.chains or c.name in remake]
     want_sets = {s.name: s for s in want.sets}
     doomed = {n for n, s in live.sets.items() if n not in want_sets or want_sets[n].comment != s.comment}
+    by_chain: dict[str, list[NftRule]] = {c.name: [] for c in want.chains}
+    for wr in want.rules:
+        by_chain[wr.chain].append(wr)
 
-    # rules: per chain, the smallest edit over fingerprints
-    deletes: list[Step] = []
-    inserts: list[Step] = []
-    removed: list[tuple[str, tuple[str, str, str]]] = []  # (comment, change)
+    deletes: list[Step] = []  # rules out of base chains, by handle
+    flushes: list[Step] = []  # rule chains rewritten whole
+    appends: list[Step] = []  # the rules of rewritten and new rule chains
+    inserts: list[Step] = []  # rules into base chains, at their place
+    removed: list[tuple[str, tuple[str, str, str]]] = []  # base chains: (comment, change line)
     added: list[tuple[str, tuple[str, str, str]]] = []
+    chain_removed: list[tuple[str, str, str]] = []  # rules' chains
+    chain_added: list[tuple[str, str, str]] = []
     for c in want.chains:
+        wrules = by_chain[c.name]
         lrules = [] if c.name in remake else live.rules.get(c.name, [])
-        wrules = [r for r in want.rules if r.chain == c.name]
-        wanted = {r.comment for r in wrules}
-        lkeys: list[str] = []
-        for r in lrules:  # a rule that uses a set about to be replaced goes too (the kernel refuses otherwise)
-            keep = r.comment in wanted and not (doomed and set(r.sets) & doomed)
-            lkeys.append(r.comment if keep else f"\0{r.handle}")
+        wanted = {r.comment: r for r in wrules}
+        kept = [_keeps(r, wanted, doomed) for r in lrules]
+        if c.hook is None:  # a rule's own chain: as it is, or rewritten whole (appends only)
+            if [r.comment for r in lrules] == list(wanted) and all(kept):
+                continue
+            if lrules:
+                flushes.append(Step(f"flush chain {TABLE} {c.name}", c.name[len(NFT_RULE_CHAIN_PREFIX) :]))
+            # shown: what changes in meaning (a rule written again as it was is not a change)
+            live_comments = {r.comment for r in lrules}
+            for r in lrules:
+                if r.comment not in wanted:
+                    chain_removed.append(("-", rule_of_comment(r.comment), f"{c.name}: {_shown(r, state)}"))
+            for w in wrules:
+                appends.append(Step(f"add rule {TABLE} {c.name} {w.text}", w.rule))
+                if w.comment not in live_comments:
+                    chain_added.append(("+", w.rule, f"{c.name}: {w.text}"))
+            continue
+        # a base chain: the smallest edit over fingerprints, positions kept
+        lkeys = [r.comment if k else f"\0{r.handle}" for r, k in zip(lrules, kept)]
         dels, ins = edit(lkeys, [r.comment for r in wrules])
         for i in dels:
-            r = lrules[i]
-            deletes.append(Step(f"delete rule {TABLE} {c.name} handle {r.handle}", rule_of_comment(r.comment)))
-            removed.append((r.comment, ("-", rule_of_comment(r.comment), f"{c.name}: {_shown(r, known)}")))
-        # a new rule goes right before the next rule that stays (appended when none follows)
-        stay = iter([lrules[i].handle for i in range(len(lrules)) if i not in set(dels)])
-        inserted = set(ins)
-        handle_at = {j: next(stay) for j in range(len(wrules)) if j not in inserted}
-        anchor: dict[int, int | None] = {}
-        nxt: int | None = None
-        for j in range(len(wrules) - 1, -1, -1):
-            if j in inserted:
-                anchor[j] = nxt
-            else:
-                nxt = handle_at[j]
+            lr = lrules[i]
+            deletes.append(Step(f"delete rule {TABLE} {c.name} handle {lr.handle}", rule_of_comment(lr.comment)))
+            removed.append((lr.comment, ("-", rule_of_comment(lr.comment), f"{c.name}: {_shown(lr, state)}")))
+        anchor = _anchors([r.handle for r in lrules], dels, ins, len(wrules))
         for j in ins:
             w = wrules[j]
             h = anchor[j]
@@ -283,34 +349,30 @@ def plan_table(want: NftTable, state: NftState) -> NftPlan:
             inserts.append(Step(f"{where} {w.text}", w.rule))
             added.append((w.comment, ("+", w.rule, f"{c.name}: {w.text}")))
 
-    for n in live.chains:
-        if n not in want_chains or n in remake:
-            p.changes.append(("-", "", f"chain {n}"))
+    p.changes.extend(("-", "", f"chain {n}") for n in gone_chains)
     p.changes.extend(("-", rule_of_comment(live.sets[n].comment), f"set {n}") for n in sorted(doomed))
-    for c in want.chains:
-        if c.name not in live.chains or c.name in remake:
-            p.changes.append(("+", "", f"chain {c.name} {{ {c.spec} }}"))
+    p.changes.extend(("+", "", _chain_decl(c)) for c in new_chains)
     new_sets = [s for s in want.sets if s.name not in live.sets or s.name in doomed]
     p.changes.extend(("+", s.rule, f"set {s.name} {nft_set_body(s)}") for s in new_sets)
-    moved = {k for k, _ in removed} & {k for k, _ in added}  # deleted and inserted again: a move
-    p.changes.extend(ch for k, ch in removed + added if k not in moved)
+    moved = {k for k, _ in removed} & {k for k, _ in added}  # deleted and added again: a move
+    p.changes.extend(ch for k, ch in removed if k not in moved)
+    p.changes.extend(chain_removed + chain_added)
+    p.changes.extend(ch for k, ch in added if k not in moved)
     if moved:
         p.changes.append(("~", "", f"reorder {len(moved)} rules"))
 
     # the transaction: rules out, chains and sets out, chains and sets in, rules in
-    p.steps.extend(deletes)
-    for n in live.chains:
-        if n not in want_chains or n in remake:
-            step(f"flush chain {TABLE} {n}")
-            step(f"delete chain {TABLE} {n}")
+    p.steps.extend(deletes + flushes)
+    for n in gone_chains:
+        step(f"flush chain {TABLE} {n}")
+        step(f"delete chain {TABLE} {n}")
     for n in sorted(doomed):
         step(f"delete set {TABLE} {n}", rule_of_comment(live.sets[n].comment) if live.sets[n].comment else None)
-    for c in want.chains:
-        if c.name not in live.chains or c.name in remake:
-            step(f"add chain {TABLE} {c.name} {{ {c.spec} }}")
+    for c in new_chains:
+        step(f"add chain {TABLE} {c.name}" + (f" {{ {c.spec} }}" if c.spec else ""))
     for s in new_sets:
         step(f"add set {TABLE} {s.name} {nft_set_body(s)}", s.rule)
-    p.steps.extend(inserts)
+    p.steps.extend(appends + inserts)
     return p
 
 
@@ -359,18 +421,23 @@ class NftablesBackend:
         return None
 
     def read(self) -> NftState:
-        return NftState(nfnetlink.read_table(NFT_TABLE, NFT_FAMILY), _record_path())
+        with no_gc():
+            return NftState(nfnetlink.read_table(NFT_TABLE, NFT_FAMILY), _record_path())
 
     def plan(self, desired: Desired, state: NftState) -> NftPlan:
-        return plan_table(desired.nft, state)
+        with no_gc():
+            return plan_table(desired.nft, state)
 
     def write(self, plan: NftPlan, record: NftTable | None = None) -> None:
         """Run the plan; then record the table written (`record`: the same without
-        counter values, when a rollback wrote them)."""
+        counter values, when a rollback wrote them). The record of what was there before
+        stays beside it (.prev), where the state read before this write finds it."""
         if plan.empty:
             return
-        plan.before.load_known()  # what is there now, before its record is replaced
         write_script(plan.steps)
+        before = plan.before
+        if before._known is None and before.record:
+            before.record = keep_previous(before.record)
         save_record(plan.table if record is None else record)
 
     def restore(self, state: NftState) -> None:
@@ -402,11 +469,14 @@ class NftablesBackend:
         sizes = nfnetlink.set_sizes(NFT_TABLE, sorted(set(first_set.values())), NFT_FAMILY) if first_set else {}
         rows: list[dict[str, Any]] = []
         for chain, rules in t.rules.items():
+            base = chain in t.chains and t.chains[chain].hook is not None
             for r in rules:
+                if base and r.comment.startswith(COMMENT_PREFIX) and not r.comment.startswith(COMMENT_EXEMPT):
+                    continue  # a jump to a rule's chain: its rules have the counters
                 row: dict[str, Any] = {
                     "rule": rule_of_comment(r.comment) if r.comment.startswith("netlimit:") else "(not netlimit's)",
                     "layer": "nftables",
-                    "object": f"{chain}: {_shown(r, state.known)}",
+                    "object": f"{chain}: {_shown(r, state)}",
                     "chain": chain,
                     "packets": r.packets,
                     "bytes": r.bytes,
@@ -427,21 +497,22 @@ def _table_of(state: NftState) -> tuple[NftTable, NftTable, list[str]]:
     known = state.known
     unknown: list[str] = []
     chains = tuple(
-        NftChain(c.name, c.hook or "", c.priority or 0, c.policy or "accept") for c in t.chains.values() if c.hook
+        NftChain(c.name, c.hook, c.priority or 0, c.policy or "accept") if c.hook else NftChain(c.name)
+        for c in t.chains.values()
     )
     sets: list[NftSet] = []
     for s in t.sets.values():
-        k = known.get(("set", s.comment))
-        if isinstance(k, NftSet) and k.name == s.name:
-            sets.append(k)
+        ks = known.set(s.comment)
+        if ks is not None and ks.name == s.name:
+            sets.append(ks)
         else:
             unknown.append(f"set {s.name}")
     rules: list[NftRule] = []
     counted: list[NftRule] = []
     for chain, lst in t.rules.items():
         for r in lst:
-            k = known.get((chain, r.comment))
-            if isinstance(k, NftRule):
+            k = known.rule(chain, r.comment)
+            if k is not None:
                 rules.append(k)
                 body = re.sub(r"\bcounter\b", f"counter packets {r.packets} bytes {r.bytes}", k.body, count=1)
                 counted.append(NftRule(k.chain, body, k.rule, k.comment, k.family, k.sets, k.note))

@@ -36,15 +36,14 @@ netlimit's writer lock.
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import shutil
 import subprocess
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..gcpause import no_gc
 from ..iptables_plan import (
     BUILTINS,
     TABLE,
@@ -59,6 +58,7 @@ from ..iptables_plan import (
     pre_remove_ops,
     want_of,
 )
+from ..netns import proc_net
 from ..objects import COMMENT_PREFIX, IptRule, owned_chain, owned_comment
 from ..savefmt import canon, parse_spec
 from .xtables import XtablesBackend
@@ -71,19 +71,6 @@ TIMEOUT_S = 120
 
 def binaries_missing(families=(4, 6)) -> list[str]:
     return [b for f in families for b in (SAVE[f], RESTORE[f]) if not shutil.which(b)]
-
-
-@contextmanager
-def _no_gc():
-    """Thousands of small objects at once: without this the cyclic collector runs
-    many full passes over the process's heap meanwhile (half the read time at 10,000 rules)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _env() -> dict[str, str]:
@@ -185,6 +172,17 @@ def parse_save(text: str, family: int) -> FamilyState:
                 if owned_comment(lr.rule.comment) or lr.rule.target in owned_set:
                     st.jumps[chain].append(lr)
     return st
+
+
+def _filter_loaded(family: int) -> bool:
+    """Whether this namespace has a legacy filter table of `family` at all. Where none
+    was ever made (a host on nftables), netlimit owns nothing there, and reading it
+    with -save would make one."""
+    try:
+        with open(proc_net("ip_tables_names" if family == 4 else "ip6_tables_names")) as fh:
+            return "filter" in fh.read().split()
+    except OSError:
+        return False
 
 
 def _save_cmd(family: int) -> list[str]:
@@ -359,13 +357,15 @@ class RestoreBackend(XtablesBackend):
         return _save_result(family, proc.returncode, out, err)
 
     def read(self):
-        self._prefetch((4, 6))
+        self._prefetch([f for f in (4, 6) if _filter_loaded(f)])
         return super().read()
 
     def family_unavailable(self, family: int) -> str | None:
         missing = binaries_missing((family,))
         if missing:
             return f"{', '.join(missing)} not found on PATH (apt-get install iptables)"
+        if not _filter_loaded(family):
+            return None  # read_family: nothing there (and -save would create the table)
         try:
             self._saved[family] = self._collect(family)  # read_family() uses this output right after
         except (IptablesError, OSError, subprocess.TimeoutExpired) as exc:
@@ -377,10 +377,12 @@ class RestoreBackend(XtablesBackend):
         return f"{', '.join(missing)} not found on PATH (apt-get install iptables)" if missing else None
 
     def read_family(self, family: int) -> FamilyState:
+        if family not in self._saved and not _filter_loaded(family):
+            return FamilyState(family)
         text = self._saved.pop(family, None)
         if text is None:
             text = save(family)
-        with _no_gc():
+        with no_gc():
             return parse_save(text, family)
 
     def wants(self, family: int, state: FamilyState) -> Callable[[IptRule], Want]:
@@ -398,7 +400,7 @@ class RestoreBackend(XtablesBackend):
         return want
 
     def plan(self, desired, state):
-        with _no_gc():
+        with no_gc():
             return super().plan(desired, state)
 
     def write_family(self, plan: FamilyPlan) -> None:
