@@ -47,21 +47,30 @@ def log(msg: str) -> None:
 class KernelOps:
     """What the daemon needs from the kernel layer (netlimit.kernel.reconcile)."""
 
-    def __init__(self, netns: str | None):
+    def __init__(self, netns: str | None, backend: str | None = None):
         self.netns = netns
+        self.flag = backend  # --backend; else $NETLIMIT_BACKEND, the file's `backend:`, auto
+        self.backend: str | None = None  # the backend of the last apply
+        self.backend_reason = ""
         self.desired: Any = None  # the last compiled config (Desired), to name tc objects in counters
 
     def _compile(self, config):
+        from ..kernel.backends import choose
         from ..kernel.compile import compile_config
 
+        choice = choose(self.flag, config.backend)
+        if choice.key != self.backend:
+            log(f"backend: {choice.key} ({choice.why})")
+        self.backend, self.backend_reason = choice.key, choice.why
         self.desired = compile_config(config)
         return self.desired
 
     def apply(self, config) -> dict[str, Any]:
-        """Make the kernel equal to `config`. Raises (ApplyError ...) on failure, state rolled back."""
+        """Make the kernel equal to `config` (a changed backend moves the rules: the new
+        ones first). Raises (ApplyError ...) on failure, state rolled back."""
         from ..kernel import reconcile
 
-        res = reconcile.apply(self._compile(config), self.netns)
+        res = reconcile.apply(self._compile(config), self.netns, backend=self.backend)
         if not res.changed:
             return {"changed": 0, "summary": "no changes"}
         c = res.changes.counts()
@@ -75,19 +84,19 @@ class KernelOps:
         from ..kernel import reconcile
 
         desired = self._compile(config)
-        return reconcile.diff(desired, reconcile.read_owned(self.netns)).lines()
+        return reconcile.diff(desired, reconcile.read_owned(self.netns, backend=self.backend)).lines()
 
     def flush(self) -> dict[str, Any]:
         from ..kernel import reconcile
 
-        st = reconcile.flush(self.netns)
+        st = reconcile.flush(self.netns, backend=self.backend or self.flag)
         return {"summary": "removed every owned object" if not st.empty else "nothing was installed"}
 
     def counters(self) -> list[dict[str, Any]]:
         """[{rule, layer, object, packets, bytes, dropped, ...}] for every owned object."""
         from ..kernel import reconcile
 
-        return reconcile.list_owned(self.netns, self.desired)
+        return reconcile.list_owned(self.netns, self.desired, backend=self.backend or self.flag)
 
 
 # --- state published to status / metrics ------------------------------------------
@@ -115,6 +124,8 @@ class Status:
     last_drift_time: float = 0.0
     resync_interval: float = 30.0
     netns: str | None = None
+    backend: str = ""  # the packet-filter backend in use, and why
+    backend_reason: str = ""
 
     def summary(self) -> str:
         s = f"{len(self.rules)} rules from {self.config_path} ({self.config_sha256[:12]})"
@@ -295,12 +306,13 @@ class Daemon:
         socket_path: str,
         metrics_addr: str | None,
         notifier=None,
+        backend: str | None = None,
     ):
         from ..sdnotify import Notifier
 
         self.config_path = config_path
         self.resync = resync
-        self.kernel = KernelOps(netns)
+        self.kernel = KernelOps(netns, backend)
         self.socket_path = socket_path
         self.metrics_addr = metrics_addr
         self.notifier = notifier or Notifier()
@@ -349,6 +361,7 @@ class Daemon:
         self.status.last_apply_duration = dt
         self.status.last_apply_result = "ok"
         self.status.last_apply_changes = int(res.get("changed", 0))
+        self.status.backend, self.status.backend_reason = self.kernel.backend or "", self.kernel.backend_reason
         if self.metrics:
             self.metrics.applies.labels("ok").inc()
             self.metrics.apply_seconds.observe(dt)
@@ -524,8 +537,10 @@ class Daemon:
         self.notifier.close()
 
 
-def run_daemon(config: Path, resync: float, netns: str | None, socket_path: str, metrics: str | None) -> int:
-    d = Daemon(config, resync, netns, socket_path, metrics)
+def run_daemon(
+    config: Path, resync: float, netns: str | None, socket_path: str, metrics: str | None, backend: str | None = None
+) -> int:
+    d = Daemon(config, resync, netns, socket_path, metrics, backend=backend)
     rc = d.start()
     if rc:
         d.close()
@@ -554,6 +569,12 @@ def register(app: typer.Typer) -> None:
         ),
         netns: str = typer.Option(None, "--netns", help="Manage this network namespace instead of the host's."),
         socket_path: str = typer.Option(DEFAULT_SOCKET, "--socket", help="Status socket (0600)."),
+        backend: str = typer.Option(
+            None,
+            "--backend",
+            metavar="auto|nftables|restore|python-iptables",
+            help="Packet-filter backend; default: $NETLIMIT_BACKEND, else the file's `backend:`, else auto.",
+        ),
     ) -> None:
         """Run netlimitd: apply the file, reload on change or SIGHUP, repair drift (systemd Type=notify)."""
         if os.geteuid() != 0:
@@ -562,7 +583,7 @@ def register(app: typer.Typer) -> None:
         if metrics and ":" not in metrics:
             err(f"--metrics {metrics!r}: expected HOST:PORT, e.g. 127.0.0.1:9732")
             raise typer.Exit(EXIT_USAGE)
-        raise typer.Exit(run_daemon(config, resync, netns, socket_path, metrics))
+        raise typer.Exit(run_daemon(config, resync, netns, socket_path, metrics, backend))
 
     @app.command()
     def status(
@@ -606,6 +627,8 @@ def register(app: typer.Typer) -> None:
             f"  last apply:  {_fmt_time(s['last_apply_time'])}: {s['last_apply_result']}"
             f" ({s['last_apply_duration'] * 1000:.0f} ms, {s['last_apply_changes']} changes)"
         )
+        if s.get("backend"):
+            typer.echo(f"  backend:     {s['backend']} ({s.get('backend_reason', '')})")
         if s.get("rejected"):
             typer.echo("  running old config, new config rejected:")
             for line in s["rejected"].splitlines():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -54,10 +55,12 @@ EXTRA_RULE = """\
 """
 
 
-@pytest.fixture(autouse=True)
-def _legacy_backend(monkeypatch):
-    """These tests read the legacy tables (iptables-legacy-save)."""
-    monkeypatch.setenv("NETLIMIT_BACKEND", "restore")
+@pytest.fixture(autouse=True, params=("nftables", "restore"))
+def backend(request, monkeypatch):
+    """Every test once with nftables (auto's pick on this host) and once with the legacy
+    restore backend; the daemon follows $NETLIMIT_BACKEND."""
+    monkeypatch.setenv("NETLIMIT_BACKEND", request.param)
+    return request.param
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -65,9 +68,16 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def owned_rules(ns: str) -> list[str]:
+    """netlimit's rules in the legacy tables and in table inet netlimit, counters left out."""
     out = sh("ip", "netns", "exec", ns, "iptables-legacy-save").stdout
     out += sh("ip", "netns", "exec", ns, "ip6tables-legacy-save").stdout
-    return [line for line in out.splitlines() if "netlimit" in line and line.startswith("-A")]
+    rules = [line for line in out.splitlines() if "netlimit" in line and line.startswith("-A")]
+    nft = sh("ip", "netns", "exec", ns, "nft", "list", "table", "inet", "netlimit", check=False).stdout
+    for line in nft.splitlines():
+        line = re.sub(r"counter packets \d+ bytes \d+", "counter", line.strip())
+        if 'comment "netlimit:' in line and not line.startswith(("set ", "comment ")):
+            rules.append(line)
+    return rules
 
 
 def qdiscs(ns: str) -> str:
@@ -93,7 +103,7 @@ def free_port() -> int:
 
 @pytest.fixture
 def netns(request):
-    name = f"nlt-d{os.getpid() % 100000}-{request.node.name[-12:].strip('_[]')}"[:30]
+    name = f"nlt-d{os.getpid() % 100000}-{re.sub('[^A-Za-z0-9]', '', request.node.name)[-14:]}"[:30]
     sh("ip", "netns", "add", name)
     try:
         sh("ip", "-n", name, "link", "set", "lo", "up")
@@ -205,21 +215,22 @@ def test_invalid_file_at_start_exits_1_with_every_problem(tmp_path, netns):
     assert owned_rules(netns) == []
 
 
-def test_start_reload_reject_and_flush_on_stop(daemon_factory, netns):
+def test_start_reload_reject_and_flush_on_stop(daemon_factory, netns, backend):
     d = daemon_factory(config_text())
     d.start()
     rules = owned_rules(netns)
-    assert any('"netlimit:udp-flood"' in r for r in rules)
+    assert any('"netlimit:udp-flood' in r for r in rules)
     assert "htb" in qdiscs(netns)
     st = d.status()
     assert st["config_path"] == str(d.config) and len(st["config_sha256"]) == 64
     assert st["last_apply_result"] == "ok" and st["rules"] == ["udp-flood", "shape"]
+    assert st["backend"] == backend and st["backend_reason"] == f"NETLIMIT_BACKEND {backend}"
     assert oct(os.stat(d.sock).st_mode & 0o777) == "0o600"
 
     # an edit goes live within 2 s
     t0 = time.monotonic()
     d.edit(config_text(extra=EXTRA_RULE))
-    wait_for(lambda: any('"netlimit:ssh-guard"' in r for r in owned_rules(netns)), 2.0, "the new rule")
+    wait_for(lambda: any('"netlimit:ssh-guard' in r for r in owned_rules(netns)), 2.0, "the new rule")
     assert time.monotonic() - t0 < 2.0
     assert d.status()["reloads_ok"] == 1
 
@@ -249,14 +260,17 @@ def test_start_reload_reject_and_flush_on_stop(daemon_factory, netns):
     assert "on_stop flush" in d.log.read_text()
 
 
-def test_drift_repair_restores_owned_objects_and_spares_foreign_ones(daemon_factory, netns):
-    d = daemon_factory(config_text(), resync=1.0)
+def test_drift_repair_restores_owned_objects_and_spares_foreign_ones(daemon_factory, netns, backend):
+    d = daemon_factory(config_text(extra=EXTRA_RULE), resync=1.0)
     d.start()
     before = sorted(owned_rules(netns))
     foreign = ["-A", "INPUT", "-p", "tcp", "--dport", "9999", "-j", "ACCEPT"]
     sh("ip", "netns", "exec", netns, "iptables-legacy", *foreign)
     # someone deletes our rules and our qdisc by hand
-    sh("ip", "netns", "exec", netns, "iptables-legacy", "-F", "NETLIMIT")
+    if backend == "nftables":
+        sh("ip", "netns", "exec", netns, "nft", "flush", "chain", "inet", "netlimit", "rule-udp-flood")
+    else:
+        sh("ip", "netns", "exec", netns, "iptables-legacy", "-F", "NETLIMIT")
     sh("ip", "netns", "exec", netns, "tc", "qdisc", "del", "dev", "nlta", "root")
     assert "htb" not in qdiscs(netns)
     wait_for(lambda: sorted(owned_rules(netns)) == before and "htb" in qdiscs(netns), 4.0, "drift repair")
@@ -265,6 +279,22 @@ def test_drift_repair_restores_owned_objects_and_spares_foreign_ones(daemon_fact
     saved = sh("ip", "netns", "exec", netns, "iptables-legacy-save").stdout
     assert "-A INPUT -p tcp -m tcp --dport 9999 -j ACCEPT" in saved
     assert "drift repair" in d.log.read_text()
+    if backend == "nftables":  # a deleted set (with the rules that use it), then the whole table
+        t = json.loads(
+            sh(
+                "ip", "netns", "exec", netns, "nft", "-j", "-a", "list", "chain", "inet", "netlimit", "rule-ssh-guard"
+            ).stdout
+        )
+        handles = [x["rule"]["handle"] for x in t["nftables"] if "rule" in x and "ban4-ssh-guard" in json.dumps(x)]
+        script = "".join(f"delete rule inet netlimit rule-ssh-guard handle {h}\n" for h in handles)
+        script += "delete set inet netlimit ban4-ssh-guard\n"
+        subprocess.run(
+            ["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script, text=True, check=True, timeout=30
+        )
+        wait_for(lambda: sorted(owned_rules(netns)) == before, 4.0, "the set and its rules repaired")
+        sh("ip", "netns", "exec", netns, "nft", "delete", "table", "inet", "netlimit")
+        wait_for(lambda: sorted(owned_rules(netns)) == before, 4.0, "the table repaired")
+        assert d.status()["drift_repairs"] >= 3
     assert d.stop() == 0
     saved = sh("ip", "netns", "exec", netns, "iptables-legacy-save").stdout
     assert "-A INPUT -p tcp -m tcp --dport 9999 -j ACCEPT" in saved, "flush must spare foreign rules"
@@ -287,7 +317,7 @@ def test_keep_on_stop_and_adopt_after_crash(daemon_factory, netns):
     assert "start: no changes" in d.log.read_text()
 
 
-def test_metrics_over_http(daemon_factory, netns):
+def test_metrics_over_http(daemon_factory, netns, backend):
     from prometheus_client.parser import text_string_to_metric_families
 
     d = daemon_factory(config_text())
@@ -309,7 +339,7 @@ def test_metrics_over_http(daemon_factory, netns):
     rules = {s.labels["rule"] for s in fams["netlimit_rule_packets"].samples}
     assert {"udp-flood", "shape"} <= rules
     layers = {s.labels["layer"] for s in fams["netlimit_rule_packets"].samples}
-    assert {"iptables", "ip6tables", "tc"} <= layers
+    assert layers == ({"nftables", "tc"} if backend == "nftables" else {"iptables", "ip6tables", "tc"})
     applies = {s.labels["result"]: s.value for s in fams["netlimit_applies"].samples if s.name.endswith("_total")}
     assert applies == {"ok": 1.0, "failed": 0.0}
     for s in fams["netlimit_rule_packets"].samples:
@@ -353,7 +383,7 @@ def test_sd_notify_protocol(tmp_path, daemon_factory):
         rx.close()
 
 
-def test_status_without_daemon_reads_the_kernel(tmp_path, netns):
+def test_status_without_daemon_reads_the_kernel(tmp_path, netns, backend):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(config_text())
     res = subprocess.run([EXE, "apply", str(cfg), "--netns", netns], capture_output=True, text=True, timeout=120)
@@ -367,6 +397,6 @@ def test_status_without_daemon_reads_the_kernel(tmp_path, netns):
         )
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith(f"no daemon answers on {tmp_path}/none.sock; reading the kernel instead")
-        assert "udp-flood" in out.stdout and "iptables" in out.stdout
+        assert "udp-flood" in out.stdout and ("nftables" if backend == "nftables" else "iptables") in out.stdout
     finally:
         subprocess.run([EXE, "flush", "--netns", netns], capture_output=True, timeout=120)
