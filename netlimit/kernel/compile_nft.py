@@ -1,7 +1,9 @@
 """Network rules -> the nftables table netlimit owns. Pure: no kernel access, no root.
 
 The same rules compile.py turns into iptables rules, as native nft constructs in
-one table `inet netlimit` (no `xt` compat matches):
+one table `inet netlimit` (no `xt` compat matches). Layout: the base chains
+`input` and `forward` hold the exempt rules, then one `jump rule-<name>` per
+network rule in file order; `rule-<name>` holds the rule's IPv4, then IPv6 rules.
 
 * exempt: a named interval set per family (`exempt4`, `exempt6`), matched first
   (`return`);
@@ -67,7 +69,6 @@ ICMP = {4: "icmp", 6: "ipv6-icmp"}
 PORT_PROTOS = "{ tcp, udp, udplite, sctp, dccp }"  # the protocols hashlimit reads a port of
 SET_DEFAULT_SIZE = HASHLIMIT_DEFAULT_MAX
 LOG_RATE = "10/minute"  # compile.LOG_LIMIT in nft's words
-_NFT_UNIT = {"second": "second", "minute": "minute", "hour": "hour", "day": "day"}
 
 
 def _tag(*parts: str) -> str:
@@ -79,7 +80,7 @@ def nft_rate(rate: Rate) -> str:
     allows 7/13s) is rounded down per day (at most 1/86400 off)."""
     exact = rate.exact()
     if exact is not None:
-        return f"{exact[0]}/{_NFT_UNIT[exact[1]]}"
+        return f"{exact[0]}/{exact[1]}"  # nft's units are the file's: second, minute, hour, day
     return f"{max(1, rate.count * 86400 // rate.period)}/day"
 
 
@@ -125,14 +126,14 @@ def _verdict(rule: NetworkRule) -> str:
     )
 
 
-def _dynamic_spec(family: int, key_type: str, timeout_ms: int | None, size: int) -> str:
+def _dynamic_spec(key_type: str, timeout_ms: int | None, size: int) -> str:
     flags = "dynamic,timeout" if timeout_ms is not None else "dynamic"
     timeout = f" timeout {timeout_ms}ms;" if timeout_ms is not None else ""
     return f"type {key_type}; flags {flags};{timeout} size {size};"
 
 
 class _Rules:
-    """The sets and rules of one chain, in order."""
+    """Sets and rules as they are made, in order."""
 
     def __init__(self) -> None:
         self.sets: list[NftSet] = []
@@ -189,7 +190,7 @@ def _network(out: _Rules, rule: NetworkRule, family: int, chain: str) -> None:
             return
         key = _masked(family, field, prefix if field == "saddr" else None)
         holds = f"{key} ct count over {n}"
-        s = out.set(f"conns{v}-{name}", _dynamic_spec(family, ADDR_TYPE[family], None, SET_DEFAULT_SIZE), name, holds)
+        s = out.set(f"conns{v}-{name}", _dynamic_spec(ADDR_TYPE[family], None, SET_DEFAULT_SIZE), name, holds)
         out.rule(chain, family, name, f"{match} add @{s.name} {{ {holds} }} {verdict}", [s], note)
         return
 
@@ -198,7 +199,7 @@ def _network(out: _Rules, rule: NetworkRule, family: int, chain: str) -> None:
     if rule.method == "recent":
         period_ms = rule.limit.period * 1000
         key = f"{ADDR[family]} {field}"
-        spec = _dynamic_spec(family, ADDR_TYPE[family], period_ms, SET_DEFAULT_SIZE)
+        spec = _dynamic_spec(ADDR_TYPE[family], period_ms, SET_DEFAULT_SIZE)
         bucket = f"{key} limit rate over {rate} burst {rule.limit.count} packets"
         tokens = out.set(f"recent{v}-{name}", spec, name, bucket)
         ban = out.set(f"ban{v}-{name}", spec, name, key)
@@ -238,7 +239,7 @@ def _network(out: _Rules, rule: NetworkRule, family: int, chain: str) -> None:
         keyed.append((f"limit{v}-{name}", key, ADDR_TYPE[family], ""))
     for set_name, k, key_type, extra in keyed:
         holds = f"{k} {limit}"
-        s = out.set(set_name, _dynamic_spec(family, key_type, expire, size), name, holds)
+        s = out.set(set_name, _dynamic_spec(key_type, expire, size), name, holds)
         out.rule(chain, family, name, f"{match} {extra}update @{s.name} {{ {holds} }} {verdict}", [s], note)
 
 

@@ -122,7 +122,7 @@ def choose(name: str | None = None, configured: str | None = None) -> Choice:
 def _auto() -> Choice:
     variant, version = host_iptables_variant()
     legacy_why = legacy_unusable()
-    nft_ok = shutil.which("nft") is not None
+    nft_ok = backend("nftables").available() is None
     if nft_ok and variant == "nf_tables":
         return Choice("nftables", f"auto: this host's iptables is the nf_tables variant ({version})")
     if nft_ok and legacy_why is not None:
@@ -163,9 +163,7 @@ def legacy_unusable() -> str | None:
         )
     if not kernel:
         return "the kernel has no ip_tables (legacy x_tables)"
-    from .restore import binaries_missing
-
-    if binaries_missing() and importlib.util.find_spec("iptc") is None:
+    if backend("restore").available() is not None and importlib.util.find_spec("iptc") is None:
         return "neither iptables-legacy-restore (apt-get install iptables) nor python-iptables is installed"
     return None
 
@@ -219,4 +217,5 @@ def others(key: str) -> list[FilterBackend]:
     legacy backend, the host's legacy backend for nftables; only where usable."""
     if key == "nftables":
         return [backend(_legacy_key())] if legacy_unusable() is None else []
-    return [backend("nftables")] if shutil.which("nft") else []
+    nft = backend("nftables")
+    return [nft] if nft.available() is None else []

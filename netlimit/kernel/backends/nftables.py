@@ -17,12 +17,16 @@ Ownership: netlimit owns the whole table and nothing outside it. Every rule and 
 carries `netlimit:<rule> #<fingerprint>`; the plan compares fingerprints (it never
 predicts how nft prints a rule back):
 
-* a rule whose fingerprint is wanted stays where it is, with its counter; the others
-  are deleted by handle, and new ones inserted before the next rule that stays
-  (edit.py), so changing one rule touches only that rule;
+* a base chain (exempt rules, then one jump per rule in file order) is edited in
+  place (edit.py): rules that stay keep their place and counter, the others are
+  deleted by handle, new ones inserted before the next rule that stays;
+* a rule's own chain (rule-<name>) stays as it is, or, when any of its rules
+  changed, is flushed and filled again with appends: nft needs its whole rule
+  cache for a positioned insert (0.07 s at 2,000 rules), not for an append, and
+  the other rules' chains are not touched;
 * a set whose fingerprint is wanted stays with its elements (the per-address state:
   a client being limited stays limited); a set whose meaning changed (rate, burst,
-  key, timeout, size, exempt prefixes) is replaced, with the rules that use it;
+  key, timeout, size, exempt prefixes) is replaced, after the rules that use it;
 * a no-op apply runs nothing.
 
 Rollback: a failed `nft -f` changed nothing. To put an earlier state back (a later
@@ -457,6 +461,8 @@ class NftablesBackend:
         self.write(plan_table(target, current), record=recorded)
 
     def rows(self, state: NftState) -> list[dict[str, Any]]:
+        """One row per rule (not the jumps), with the size of the first dynamic set it
+        uses (one netlink dump per set: `list` and `status` only)."""
         t = state.table
         if t is None:
             return []
@@ -474,7 +480,7 @@ class NftablesBackend:
                 if base and r.comment.startswith(COMMENT_PREFIX) and not r.comment.startswith(COMMENT_EXEMPT):
                     continue  # a jump to a rule's chain: its rules have the counters
                 row: dict[str, Any] = {
-                    "rule": rule_of_comment(r.comment) if r.comment.startswith("netlimit:") else "(not netlimit's)",
+                    "rule": rule_of_comment(r.comment) if r.comment.startswith(COMMENT_PREFIX) else "(not netlimit's)",
                     "layer": "nftables",
                     "object": f"{chain}: {_shown(r, state)}",
                     "chain": chain,
