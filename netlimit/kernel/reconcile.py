@@ -237,6 +237,8 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> State:
 
         with kernel_lock(), writer_lock(netns):
             st = _read(chosen, netns)
+            for fam, why in getattr(st.filter, "unavailable", {}).items():
+                log.warning("flush: IPv%d could not be read (%s); netlimit's rules there, if any, remain", fam, why)
             if not st.filter.empty:
                 chosen.write(chosen.plan(Desired(), st.filter))  # the diff against nothing
             for key, ost in st.others.items():
