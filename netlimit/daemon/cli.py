@@ -1,0 +1,135 @@
+"""The daemon's commands: `netlimit daemon` (= netlimitd), `status`, `install-service`."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .kernel_ops import KernelOps
+from .service import run_daemon
+from .status import DEFAULT_SOCKET, query_status
+
+
+def _fmt_time(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "never"
+
+
+def register(app: typer.Typer) -> None:
+    from ..cli import EXIT_USAGE, err
+
+    @app.command()
+    def daemon(
+        config: Path = typer.Option(
+            Path("/etc/netlimit/netlimit.yaml"), "--config", "-c", help="The file that is the truth."
+        ),
+        resync: float = typer.Option(30.0, "--resync", min=0.2, help="Seconds between drift checks (kernel vs file)."),
+        metrics: str = typer.Option(
+            None, "--metrics", metavar="HOST:PORT", help="Serve Prometheus metrics here (e.g. 127.0.0.1:9732)."
+        ),
+        netns: str = typer.Option(None, "--netns", help="Manage this network namespace instead of the host's."),
+        socket_path: str = typer.Option(DEFAULT_SOCKET, "--socket", help="Status socket (0600)."),
+        backend: str = typer.Option(
+            None,
+            "--backend",
+            metavar="auto|nftables|restore|python-iptables",
+            help="Packet-filter backend; default: $NETLIMIT_BACKEND, else the file's `backend:`, else auto.",
+        ),
+    ) -> None:
+        """Run netlimitd: apply the file, reload on change or SIGHUP, repair drift (systemd Type=notify)."""
+        if os.geteuid() != 0:
+            err("netlimit daemon: must run as root (it changes iptables and tc)")
+            raise typer.Exit(EXIT_USAGE)
+        from ..logs import setup
+
+        setup("info", "netlimitd: ")
+        if metrics and ":" not in metrics:
+            err(f"--metrics {metrics!r}: expected HOST:PORT, e.g. 127.0.0.1:9732")
+            raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(run_daemon(config, resync, netns, socket_path, metrics, backend))
+
+    @app.command()
+    def status(
+        socket_path: str = typer.Option(DEFAULT_SOCKET, "--socket", help="The daemon's status socket."),
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+        netns: str = typer.Option(None, "--netns", help="Without a daemon: read this namespace's kernel."),
+    ) -> None:
+        """Ask the running daemon how it is; without one, read the kernel."""
+        try:
+            payload = query_status(socket_path)
+        except PermissionError:
+            err(f"netlimit status: {socket_path} is root-only (0600): run as root")
+            raise typer.Exit(EXIT_USAGE) from None
+        if payload is None:
+            if as_json:
+                out: dict[str, Any] = {"daemon": None}
+                try:
+                    out["counters"] = KernelOps(netns).counters()
+                except Exception as exc:
+                    out["error"] = str(exc)
+                typer.echo(json.dumps(out, indent=2))
+                return
+            typer.echo(f"no daemon answers on {socket_path}; reading the kernel instead")
+            try:
+                rows = KernelOps(netns).counters()
+            except Exception as exc:
+                err(f"cannot read the kernel: {exc}")
+                raise typer.Exit(2) from None
+            _print_counters(rows)
+            return
+        if as_json:
+            typer.echo(json.dumps(payload, indent=2))
+            return
+        s = payload
+        typer.echo(f"netlimitd pid {s['pid']}, up since {_fmt_time(s['started'])}")
+        typer.echo(
+            f"  config:      {s['config_path']} sha256 {s['config_sha256'][:16]}…"
+            f" loaded {_fmt_time(s['config_loaded_at'])}"
+        )
+        typer.echo(
+            f"  last apply:  {_fmt_time(s['last_apply_time'])}: {s['last_apply_result']}"
+            f" ({s['last_apply_duration'] * 1000:.0f} ms, {s['last_apply_changes']} changes)"
+        )
+        if s.get("backend"):
+            typer.echo(f"  backend:     {s['backend']} ({s.get('backend_reason', '')})")
+        if s.get("rejected"):
+            typer.echo("  running old config, new config rejected:")
+            for line in s["rejected"].splitlines():
+                typer.echo(f"    {line}")
+        typer.echo(f"  reloads:     {s['reloads_ok']} ok, {s['reloads_rejected']} rejected")
+        typer.echo(f"  drift:       {s['drift_repairs']} repairs (resync every {s['resync_interval']:g} s)")
+        for d in s.get("last_drift", [])[:10]:
+            typer.echo(f"    last: {d}")
+        _print_counters(s.get("counters", []))
+
+    @app.command("install-service")
+    def install_service(
+        enable: bool = typer.Option(False, "--enable", help="Also `systemctl enable --now netlimitd`."),
+        root: Path = typer.Option(Path("/"), "--root", help="Install into this root file system (staging)."),
+    ) -> None:
+        """Install the systemd units and a starter /etc/netlimit/netlimit.yaml, then daemon-reload."""
+        from ..install import install
+
+        if os.geteuid() != 0 and root == Path("/"):
+            err("netlimit install-service: run as root (it writes /etc/systemd/system)")
+            raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(install(root=root, enable=enable, echo=typer.echo))
+
+
+def _print_counters(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        typer.echo("  no objects owned by netlimit")
+        return
+    typer.echo(f"  {'rule':<24} {'layer':<9} {'packets':>12} {'bytes':>14} {'dropped':>10}")
+    agg: dict[tuple[str, str], list[int]] = {}
+    for r in rows:
+        a = agg.setdefault((r["rule"], r["layer"]), [0, 0, 0])
+        a[0] += int(r.get("packets") or 0)
+        a[1] += int(r.get("bytes") or 0)
+        a[2] += int(r.get("dropped") or 0)
+    for (rule, layer), (p, b, d) in agg.items():
+        typer.echo(f"  {rule:<24} {layer:<9} {p:>12} {b:>14} {d:>10}")

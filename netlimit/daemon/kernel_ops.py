@@ -1,0 +1,64 @@
+"""What the daemon needs from the kernel layer, behind one small facade
+(netlimit.kernel.reconcile and the backend choice)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger("netlimit.daemon")
+
+
+class KernelOps:
+    """What the daemon needs from the kernel layer (netlimit.kernel.reconcile)."""
+
+    def __init__(self, netns: str | None, backend: str | None = None):
+        self.netns = netns
+        self.flag = backend  # --backend; else $NETLIMIT_BACKEND, the file's `backend:`, auto
+        self.backend: str | None = None  # the backend of the last apply
+        self.backend_reason = ""
+        self.desired: Any = None  # the last compiled config (Desired), to name tc objects in counters
+
+    def _compile(self, config):
+        from ..kernel.backends import choose
+        from ..kernel.compile import compile_config
+
+        choice = choose(self.flag, config.backend)
+        if choice.key != self.backend:
+            log.info("backend: %s (%s)", choice.key, choice.why)
+        self.backend, self.backend_reason = choice.key, choice.why
+        self.desired = compile_config(config)
+        return self.desired
+
+    def apply(self, config) -> dict[str, Any]:
+        """Make the kernel equal to `config` (a changed backend moves the rules: the new
+        ones first). Raises (ApplyError ...) on failure, state rolled back."""
+        from ..kernel import reconcile
+
+        res = reconcile.apply(self._compile(config), self.netns, backend=self.backend)
+        if not res.changed:
+            return {"changed": 0, "summary": "no changes"}
+        c = res.changes.counts()
+        return {
+            "changed": c["add"] + c["remove"] + c["reorder"],
+            "summary": f"applied {c['add']} additions, {c['remove']} removals, {c['reorder']} moves",
+        }
+
+    def drift(self, config) -> list[str]:
+        """How the kernel differs from `config`, as plan lines (empty: equal)."""
+        from ..kernel import reconcile
+
+        desired = self._compile(config)
+        return reconcile.diff(desired, reconcile.read_owned(self.netns, backend=self.backend)).lines()
+
+    def flush(self) -> dict[str, Any]:
+        from ..kernel import reconcile
+
+        st = reconcile.flush(self.netns, backend=self.backend or self.flag)
+        return {"summary": "removed every owned object" if not st.empty else "nothing was installed"}
+
+    def counters(self) -> list[dict[str, Any]]:
+        """[{rule, layer, object, packets, bytes, dropped, ...}] for every owned object."""
+        from ..kernel import reconcile
+
+        return reconcile.list_owned(self.netns, self.desired, backend=self.backend or self.flag)

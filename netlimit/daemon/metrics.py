@@ -1,0 +1,105 @@
+"""The daemon's Prometheus metrics; per-rule counters are read from the kernel
+at scrape time."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .kernel_ops import KernelOps
+from .status import Status
+
+log = logging.getLogger("netlimit.daemon")
+
+
+class Metrics:
+    """Prometheus metrics; rule counters are read from the kernel at scrape time."""
+
+    def __init__(self, kernel: KernelOps, status: Status):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.kernel = kernel
+        self.status = status
+        self.apply_seconds = Histogram(
+            "netlimit_apply_duration_seconds",
+            "Duration of kernel applies",
+            registry=self.registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.applies = Counter("netlimit_applies_total", "Kernel applies by result", ["result"], registry=self.registry)
+        self.reloads = Counter(
+            "netlimit_config_reloads_total", "Config reloads by result", ["result"], registry=self.registry
+        )
+        self.repairs = Counter(
+            "netlimit_drift_repairs_total", "Drift repairs (kernel changed behind our back)", registry=self.registry
+        )
+        self.last_apply = Gauge(
+            "netlimit_last_apply_timestamp_seconds", "Time of the last successful apply", registry=self.registry
+        )
+        self.rejected = Gauge(
+            "netlimit_config_rejected",
+            "1 when the file on disk was rejected and an older config is running",
+            registry=self.registry,
+        )
+        for r in ("ok", "failed"):
+            self.applies.labels(r)
+        for r in ("ok", "rejected"):
+            self.reloads.labels(r)
+        self.registry.register(_RuleCollector(kernel))
+        self._server: Any = None
+
+    def serve(self, hostport: str) -> None:
+        from prometheus_client import start_http_server
+
+        host, _, port = hostport.rpartition(":")
+        host = host.strip("[]") or "127.0.0.1"
+        self._server, _thread = start_http_server(int(port), addr=host, registry=self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+
+
+class _RuleCollector:
+    def __init__(self, kernel: KernelOps):
+        self.kernel = kernel
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        packets = CounterMetricFamily(
+            "netlimit_rule_packets", "Packets matched per rule and layer", labels=["rule", "layer"]
+        )
+        bytes_ = CounterMetricFamily(
+            "netlimit_rule_bytes", "Bytes matched per rule and layer", labels=["rule", "layer"]
+        )
+        dropped = CounterMetricFamily(
+            "netlimit_rule_dropped_packets", "Packets dropped per rule and layer", labels=["rule", "layer"]
+        )
+        up = GaugeMetricFamily("netlimit_kernel_read_ok", "1 if the kernel counters could be read")
+        try:
+            rows = self.kernel.counters()
+            ok = 1
+        except Exception as exc:  # a scrape never crashes the daemon
+            log.warning("metrics: cannot read kernel counters: %s", exc)
+            rows, ok = [], 0
+        agg: dict[tuple[str, str], list[int]] = {}
+        for row in rows:
+            k = (row["rule"], row["layer"])
+            a = agg.setdefault(k, [0, 0, 0])
+            a[0] += int(row.get("packets") or 0)
+            a[1] += int(row.get("bytes") or 0)
+            a[2] += int(row.get("dropped") or 0)
+        for (rule, layer), (p, b, d) in sorted(agg.items()):
+            packets.add_metric([rule, layer], p)
+            bytes_.add_metric([rule, layer], b)
+            dropped.add_metric([rule, layer], d)
+        up.add_metric([], ok)
+        yield packets
+        yield bytes_
+        yield dropped
+        yield up

@@ -1,0 +1,305 @@
+"""netlimitd's service loop: keep the kernel equal to the file.
+
+One thread does all kernel work (python-iptables and pyroute2 are neither
+thread-safe nor asyncio-friendly): the main loop. It waits in select() on
+  - a watch of the config's directory (editors that rename work; see watch.py),
+  - a self-pipe the signal handlers write to (SIGHUP reload, SIGTERM/SIGINT stop),
+and wakes on timers for drift repair (--resync) and the systemd watchdog.
+The status socket and the metrics endpoint run in their own threads and only
+read a snapshot the main loop publishes (and, for counters, take the kernel
+lock briefly).
+
+A bad edit never removes protection: the new file is validated first and, if
+invalid, rejected with every FILE:LINE:COL problem logged while the old rules
+stay (see reload.py for what counts as a reload to distrust). On SIGTERM the
+file's `on_stop` decides: flush (default) or keep. After a crash (kill -9) the
+rules stay; the next start adopts them (apply is a diff).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..reload import DropGuard
+from .kernel_ops import KernelOps
+from .metrics import Metrics
+from .status import Status, open_status_socket
+
+log = logging.getLogger("netlimit.daemon")
+
+
+class Daemon:
+    def __init__(
+        self,
+        config_path: Path,
+        resync: float,
+        netns: str | None,
+        socket_path: str,
+        metrics_addr: str | None,
+        notifier=None,
+        backend: str | None = None,
+    ):
+        from ..sdnotify import Notifier
+
+        self.config_path = config_path
+        self.resync = resync
+        self.kernel = KernelOps(netns, backend)
+        self.socket_path = socket_path
+        self.metrics_addr = metrics_addr
+        self.notifier = notifier or Notifier()
+        self.status = Status(config_path=str(config_path), resync_interval=resync, netns=netns)
+        self.loaded = None
+        self.metrics: Metrics | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._pending: set[int] = set()
+        self._status_srv: Any = None
+        self.guard = DropGuard()  # holds back a file that would remove every rule (reload.py)
+        self.recheck_at = 0.0  # when to look at a held file again (monotonic; 0: none held)
+
+    # signals only record what happened and wake the loop
+    def _on_signal(self, signum, _frame) -> None:
+        self._pending.add(signum)
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            pass
+
+    def status_payload(self) -> dict[str, Any]:
+        d = asdict(self.status)
+        d["summary"] = self.status.summary()
+        try:
+            d["counters"] = self.kernel.counters()
+        except Exception as exc:
+            d["counters"] = []
+            d["counters_error"] = str(exc)
+        return d
+
+    def _apply(self, loaded, why: str) -> bool:
+        t0 = time.monotonic()
+        try:
+            res = self.kernel.apply(loaded.config)
+        except Exception as exc:
+            dt = time.monotonic() - t0
+            self.status.applies_failed += 1
+            self.status.last_apply_result = f"failed: {exc}"
+            self.status.last_apply_time = time.time()
+            self.status.last_apply_duration = dt
+            if self.metrics:
+                self.metrics.applies.labels("failed").inc()
+                self.metrics.apply_seconds.observe(dt)
+            log.error(f"{why}: apply failed, previous kernel state kept: {exc}")
+            return False
+        dt = time.monotonic() - t0
+        self.status.last_apply_time = time.time()
+        self.status.last_apply_duration = dt
+        self.status.last_apply_result = "ok"
+        self.status.last_apply_changes = int(res.get("changed", 0))
+        self.status.backend, self.status.backend_reason = self.kernel.backend or "", self.kernel.backend_reason
+        if self.metrics:
+            self.metrics.applies.labels("ok").inc()
+            self.metrics.apply_seconds.observe(dt)
+            self.metrics.last_apply.set(self.status.last_apply_time)
+        log.info(f"{why}: {res.get('summary', 'applied')} in {dt * 1000:.0f} ms")
+        return True
+
+    def _adopt(self, loaded) -> None:
+        self.loaded = loaded
+        c = loaded.config
+        self.status.config_sha256 = loaded.sha256
+        self.status.config_loaded_at = time.time()
+        self.status.rules = [r.name for r in c.network] + [r.name for r in c.bandwidth]
+        self.status.rejected = None
+        if self.metrics:
+            self.metrics.rejected.set(0)
+
+    def start(self) -> int:
+        from ..config.validate import ConfigError, load_file
+
+        try:
+            loaded = load_file(self.config_path)
+        except ConfigError as exc:
+            for p in exc.problems:
+                log.error(str(p))
+            log.error(f"{self.config_path}: invalid, not starting ({len(exc.problems)} problems)")
+            return 1
+        if self.metrics_addr:
+            self.metrics = Metrics(self.kernel, self.status)
+        if not self._apply(loaded, "start"):
+            return 2
+        self._adopt(loaded)
+        self._status_srv = open_status_socket(self.socket_path, self)
+        if self.metrics and self.metrics_addr:
+            self.metrics.serve(self.metrics_addr)
+            log.info(f"metrics on http://{self.metrics_addr}/metrics")
+        log.info(f"running: {self.status.summary()}; status socket {self.socket_path}")
+        self.notifier.ready(self.status.summary())
+        return 0
+
+    def reload(self, why: str) -> None:
+        from ..config.validate import ConfigError, load_file
+
+        self.notifier.reloading()
+        try:
+            try:
+                loaded = load_file(self.config_path)
+            except ConfigError as exc:
+                lines = [str(p) for p in exc.problems]
+                for line in lines:
+                    log.error(f"{why}: rejected: {line}")
+                log.error(f"{why}: new config rejected, the old rules stay in place")
+                self.status.rejected = "\n".join(lines)
+                self.status.rejected_at = time.time()
+                self.status.reloads_rejected += 1
+                if self.metrics:
+                    self.metrics.reloads.labels("rejected").inc()
+                    self.metrics.rejected.set(1)
+                return
+            c = loaded.config
+            wait = self.guard.check(loaded.sha256, len(c.network) + len(c.bandwidth), len(self.status.rules))
+            if wait:
+                log.warning(
+                    f"{why}: {self.config_path} would remove every one of the {len(self.status.rules)} running "
+                    f"rules; holding it back until it has stayed the same for {self.guard.settle:g} s "
+                    "(a file caught half-written or truncated by mistake must not switch limits off)"
+                )
+                self.status.held = f"a file that would remove every rule, held since {time.strftime('%H:%M:%S')}"
+                self.recheck_at = time.monotonic() + wait
+                return
+            if self.status.held:
+                log.warning(f"{why}: the file still removes every rule after {self.guard.settle:g} s: applying it")
+            self.status.held = None
+            self.recheck_at = 0.0
+            if self.loaded is not None and loaded.sha256 == self.loaded.sha256 and self.status.rejected is None:
+                log.info(f"{why}: file unchanged; checking the kernel")
+            if self._apply(loaded, why):
+                self._adopt(loaded)
+                self.status.reloads_ok += 1
+                if self.metrics:
+                    self.metrics.reloads.labels("ok").inc()
+            else:
+                self.status.reloads_rejected += 1
+                self.status.rejected = f"the kernel refused it: {self.status.last_apply_result}"
+                self.status.rejected_at = time.time()
+                if self.metrics:
+                    self.metrics.reloads.labels("rejected").inc()
+                    self.metrics.rejected.set(1)
+        finally:
+            self.notifier.ready(self.status.summary())
+
+    def resync_once(self) -> None:
+        if self.loaded is None:
+            return
+        try:
+            drift = self.kernel.drift(self.loaded.config)
+        except Exception as exc:
+            log.warning(f"resync: cannot read the kernel: {exc}")
+            return
+        self.status.last_drift_time = time.time()
+        if not drift:
+            return
+        for d in drift:
+            log.warning(f"drift: {d}")
+        self.status.last_drift = drift[:50]
+        if self._apply(self.loaded, "drift repair"):
+            self.status.drift_repairs += 1
+            if self.metrics:
+                self.metrics.repairs.inc()
+            self.notifier.status(self.status.summary())
+
+    def loop(self) -> int:
+        from ..watch import FileWatch
+
+        watch = FileWatch(self.config_path)
+        if not watch.uses_inotify:
+            log.warning("inotify unavailable: polling the file every second")
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        wd_interval = self.notifier.watchdog_usec / 2e6 if self.notifier.watchdog_usec else 0.0
+        now = time.monotonic()
+        next_resync = now + self.resync
+        next_wd = now + wd_interval if wd_interval else float("inf")
+        try:
+            while True:
+                now = time.monotonic()
+                timeout = max(0.0, min(next_resync, next_wd, self.recheck_at or float("inf")) - now)
+                if not watch.uses_inotify and timeout > 1.0:
+                    timeout = 1.0
+                fds = [self._wake_r] + ([watch] if watch.uses_inotify else [])
+                try:
+                    ready, _, _ = select.select(fds, [], [], timeout)
+                except InterruptedError:
+                    ready = []
+                if self._wake_r in ready:
+                    try:
+                        while os.read(self._wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                pending, self._pending = self._pending, set()
+                if pending & {signal.SIGTERM, signal.SIGINT}:
+                    return self.stop("SIGTERM" if signal.SIGTERM in pending else "SIGINT")
+                if signal.SIGHUP in pending:
+                    watch.changed()  # the reload reads the file anyway
+                    self.reload("SIGHUP")
+                elif (watch in ready or not watch.uses_inotify) and watch.changed():
+                    self.reload("file changed")
+                now = time.monotonic()
+                if self.recheck_at and now >= self.recheck_at:
+                    self.recheck_at = 0.0
+                    watch.changed()
+                    self.reload("held file")
+                if now >= next_resync:
+                    self.resync_once()
+                    next_resync = time.monotonic() + self.resync
+                if now >= next_wd:
+                    self.notifier.watchdog()
+                    next_wd = now + wd_interval
+        finally:
+            watch.close()
+
+    def stop(self, why: str) -> int:
+        self.notifier.stopping()
+        on_stop = self.loaded.config.on_stop if self.loaded is not None else "flush"
+        rc = 0
+        if on_stop == "flush":
+            try:
+                res = self.kernel.flush()
+                log.info(f"{why}: on_stop flush: {res.get('summary', 'removed every owned object')}")
+            except Exception as exc:
+                log.error(f"{why}: flush failed: {exc}")
+                rc = 2
+        else:
+            log.info(f"{why}: on_stop keep: rules stay in place")
+        self.close()
+        return rc
+
+    def close(self) -> None:
+        if self._status_srv is not None:
+            self._status_srv.shutdown()
+            self._status_srv.server_close()
+            try:
+                os.unlink(self.socket_path)
+            except OSError:
+                pass
+            self._status_srv = None
+        if self.metrics:
+            self.metrics.close()
+        self.notifier.close()
+
+
+def run_daemon(
+    config: Path, resync: float, netns: str | None, socket_path: str, metrics: str | None, backend: str | None = None
+) -> int:
+    d = Daemon(config, resync, netns, socket_path, metrics, backend=backend)
+    rc = d.start()
+    if rc:
+        d.close()
+        return rc
+    return d.loop()
