@@ -1,9 +1,16 @@
 """Watch one file for changes with inotify, surviving editors that replace it.
 
 We watch the file's DIRECTORY (a watch on the file itself dies when an editor
-writes a new file and renames it over the old one) and report events whose
-name is the file's: written and closed, moved in, created, deleted. Falls back
-to polling (mtime, size, inode) where inotify is unavailable.
+writes a new file and renames it over the old one) and wake on what ends a
+change: a write closed (IN_CLOSE_WRITE), a rename into place (IN_MOVED_TO),
+an attribute change (IN_ATTRIB: a chmod that makes an unreadable file readable),
+a removal.  Never on IN_MODIFY: a file caught half-written must not be read.
+An event that names our file is a change; events about other files in the
+directory are not.
+
+Where inotify is unavailable the watch polls the signature, and then only
+reports a change once the signature has stayed the same for ``settle`` seconds.
+``fileno()`` suits select() (netlimitd) and ``loop.add_reader`` (the sidecar).
 """
 
 from __future__ import annotations
@@ -12,26 +19,34 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import struct
+import time
 from pathlib import Path
 
-IN_MODIFY = 0x002
+IN_ATTRIB = 0x004
 IN_CLOSE_WRITE = 0x008
 IN_MOVED_FROM = 0x040
 IN_MOVED_TO = 0x080
-IN_CREATE = 0x100
 IN_DELETE = 0x200
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
-_MASK = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_MODIFY
+_MASK = IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE | IN_ATTRIB
+
+Signature = tuple[int, int, int, int] | None
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len
 
 
 class FileWatch:
-    """`fileno()` becomes readable when something happened; `changed()` says if it was our file."""
+    """``fileno()`` becomes readable when something happened; ``changed()`` says if
+    it was our file."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, settle: float = 1.0):
         self.path = Path(path).absolute()
+        self.settle = settle
         self.fd = -1
         self._sig = self._signature()
+        self._seen: Signature = self._sig  # polling: the newest signature and since when
+        self._seen_at = time.monotonic()
         libc_name = ctypes.util.find_library("c") or "libc.so.6"
         try:
             libc = ctypes.CDLL(libc_name, use_errno=True)
@@ -53,32 +68,58 @@ class FileWatch:
     def fileno(self) -> int:
         return self.fd
 
-    def _signature(self) -> tuple[int, int, int] | None:
+    def _signature(self) -> Signature:
         try:
             st = os.stat(self.path)
         except OSError:
             return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _drain(self) -> bool:
+        """Read every pending event; True if one names our file."""
+        ours = False
+        name = os.fsencode(self.path.name)
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    return ours
+                raise
+            if not buf:
+                return ours
+            i = 0
+            while i + _EVENT.size <= len(buf):  # struct inotify_event, then its NUL-padded name
+                _wd, _mask, _cookie, n = _EVENT.unpack_from(buf, i)
+                i += _EVENT.size
+                if buf[i : i + n].rstrip(b"\0") == name:
+                    ours = True
+                i += n
 
     def changed(self) -> bool:
-        """Drain pending events; True if the file's content may have changed."""
+        """Drain pending events; True if the file may have changed since the last True."""
         if self.fd >= 0:
-            while True:
-                try:
-                    buf = os.read(self.fd, 65536)
-                except OSError as exc:
-                    if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                        break
-                    raise
-                if not buf:
-                    break
-                # The events only wake us; what changed is judged below by the
-                # file's signature, which also covers renames over the file.
-        sig = self._signature()
+            sig = self._signature()
+            if self._drain():
+                self._sig = sig
+                return True
+        else:
+            sig = self._signature()
+            now = time.monotonic()
+            if sig != self._seen:  # still moving: wait until it stays put for `settle` seconds
+                self._seen, self._seen_at = sig, now
+                return False
+            if now - self._seen_at < self.settle:
+                return False
         if sig != self._sig:
             self._sig = sig
             return True
         return False
+
+    def forget(self) -> None:
+        """Take the file as it is now as seen (after a reload that read it)."""
+        self._sig = self._seen = self._signature()
+        self._seen_at = time.monotonic()
 
     def close(self) -> None:
         if self.fd >= 0:

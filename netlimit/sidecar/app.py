@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from typing import Any
 
@@ -56,6 +55,8 @@ from ..limit.metrics import FrontStats, Metrics
 from ..limit.request import CheckRequest
 from ..limit.rules import from_loaded
 from ..limit.stores import MemoryStore, RedisStore
+from ..reload import DropGuard
+from ..watch import FileWatch
 from .httphead import MAX_HEAD, ok_response, parse_check
 from .json_api import parse_json_request, result_json
 from .protocol import (
@@ -128,19 +129,13 @@ class Sidecar:
         self.last_reload_error: str | None = None
         self.session: ClientSession | None = None
         self._watch_task: asyncio.Task | None = None
-        self._file_sig = self._stat()
-        self._stat_error_logged = False
+        self._watch: FileWatch | None = None
+        self.guard = DropGuard()  # holds back a file that would remove every rule (netlimit/reload.py)
+        self._recheck: asyncio.TimerHandle | None = None
         self._xff_warned = False
         self.state = ServerState()  # connections and batched answers of the running server
 
     # -- reload --------------------------------------------------------------------
-
-    def _stat(self) -> tuple[int, int, int, int] | None:
-        try:
-            st = os.stat(self.config_path)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
     def reload(self, why: str) -> bool:
         """Load the file again; on any problem keep the running rules and log why."""
@@ -171,6 +166,21 @@ class Sidecar:
             log.exception("%s: reload (%s) failed: %r; keeping the previous rules", path, why, exc)
             self.front.reload(False)
             return False
+        wait = self.guard.check(loaded.sha256, len(rules.rules), len(self.limiter.rules.rules))
+        if wait:
+            log.warning(
+                "%s: (%s) the new file would remove every one of the %d running rules; holding it back until it "
+                "has stayed the same for %g s (a file caught half-written or truncated by mistake must not switch "
+                "limits off)",
+                path,
+                why,
+                len(self.limiter.rules.rules),
+                self.guard.settle,
+            )
+            self._schedule_recheck(wait)
+            return False
+        if why == "held file":
+            log.warning("%s: the file still removes every rule after %g s: applying it", path, self.guard.settle)
         settings = (http.storage, http.store_timeout_ms, http.max_keys, http.max_key_length)
         if self.redis_override:  # --redis wins over http.storage anyway
             settings = (self._store_settings[0],) + settings[1:]
@@ -196,30 +206,53 @@ class Sidecar:
         )
         return True
 
-    async def watch(self) -> None:
-        """Poll the file's (device, inode, mtime, size) every reload_interval seconds;
-        an editor that replaces the file by rename changes the inode."""
-        while True:
-            await asyncio.sleep(self.reload_interval)
-            if self.state.conns:
-                now = time.monotonic()
-                for conn in list(self.state.conns):
-                    conn.close_if_idle(now)
-            sig = self._stat()
-            if sig == self._file_sig:
-                continue
-            if sig is None:
-                if not self._stat_error_logged:
-                    log.error("%s: cannot read the file any more; keeping the current rules", self.config_path)
-                    self._stat_error_logged = True
-                self._file_sig = None
-                continue
-            self._stat_error_logged = False
-            self._file_sig = sig
+    def _schedule_recheck(self, wait: float) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # driven without a loop (tests): the next event or SIGHUP decides
+            return
+        if self._recheck is not None:
+            self._recheck.cancel()
+        self._recheck = loop.call_later(wait, self._on_recheck)
+
+    def _on_recheck(self) -> None:
+        self._recheck = None
+        if self._watch is not None:
+            self._watch.changed()
+        self.reload("held file")
+
+    def _on_file_event(self) -> None:
+        if self._watch is not None and self._watch.changed():
             self.reload("file changed")
 
+    async def watch(self) -> None:
+        """Reload when the file changes (netlimit/watch.py: on a closed write or a
+        rename into place, never mid-write), and close idle fast-path connections;
+        both once a reload_interval where inotify is unavailable."""
+        self._watch = w = FileWatch(self.config_path)
+        loop = asyncio.get_running_loop()
+        if w.uses_inotify:
+            loop.add_reader(w.fileno(), self._on_file_event)
+        else:
+            log.warning("%s: inotify unavailable: polling the file every %g s", self.config_path, self.reload_interval)
+        try:
+            while True:
+                await asyncio.sleep(self.reload_interval)
+                if self.state.conns:
+                    now = time.monotonic()
+                    for conn in list(self.state.conns):
+                        conn.close_if_idle(now)
+                if not w.uses_inotify:
+                    self._on_file_event()
+        finally:
+            if w.uses_inotify:
+                loop.remove_reader(w.fileno())
+            w.close()
+            self._watch = None
+
     def on_sighup(self) -> None:
-        self._file_sig = self._stat()
+        if self._watch is not None:
+            self._watch.changed()  # this reload reads the file anyway
         self.reload("SIGHUP")
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -238,6 +271,8 @@ class Sidecar:
         self._watch_task = asyncio.create_task(self.watch())
 
     async def stop(self) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
         if self._watch_task is not None:
             self._watch_task.cancel()
             try:

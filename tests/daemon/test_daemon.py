@@ -400,3 +400,65 @@ def test_status_without_daemon_reads_the_kernel(tmp_path, netns, backend):
         assert "udp-flood" in out.stdout and ("nftables" if backend == "nftables" else "iptables") in out.stdout
     finally:
         subprocess.run([EXE, "flush", "--netns", netns], capture_output=True, timeout=120)
+
+
+def test_a_half_written_file_is_never_loaded_and_an_empty_one_is_held(daemon_factory, netns):
+    """The watch wakes on a closed write, never mid-write; a valid file that would
+    remove every running rule (a truncated one) waits until it has stayed the same."""
+    d = daemon_factory(config_text(extra=EXTRA_RULE))
+    d.start()
+    both = owned_rules(netns)
+    assert any("ssh-guard" in r for r in both) and any("udp-flood" in r for r in both)
+    head = config_text().split("network:")[0] + "network:\n"  # a prefix that parses: no rules at all
+    with open(d.config, "w") as fh:  # rewritten in place, slowly
+        fh.write(head)
+        fh.flush()
+        time.sleep(1.5)  # the writer pauses mid-file; nothing may happen meanwhile
+        assert owned_rules(netns) == both, d.log.read_text()
+        fh.write(config_text(extra=EXTRA_RULE)[len(head) :])
+    assert owned_rules(netns) == both  # the complete file is the same rules
+
+    # a complete file with no rules at all: held for a second, then applied, loudly
+    t0 = time.monotonic()
+    d.edit(config_text().split("network:")[0] + "network: []\nbandwidth: []\n")
+    st = wait_for(lambda: (s := d.status())["held"] and s, 3.0, "the held file")
+    assert "new config held" in st["summary"]
+    assert owned_rules(netns) == both
+    wait_for(lambda: owned_rules(netns) == [], 5.0, "the empty file applied after it settled")
+    assert time.monotonic() - t0 >= 0.9
+    log = d.log.read_text()
+    assert "would remove every one of the 3 running rules; holding it back" in log
+    assert "the file still removes every rule after 1 s: applying it" in log
+    assert d.status()["held"] is None
+
+
+def test_a_chmod_after_permission_denied_reloads(tmp_path, netns):
+    """Under the unit's capabilities (no CAP_DAC_OVERRIDE) an unreadable file is
+    rejected; making it readable again is a change the daemon acts on."""
+    cfg = tmp_path / "n.yaml"
+    cfg.write_text(config_text())
+    sock = str(tmp_path / "s")
+    log = tmp_path / "d.log"
+    proc = subprocess.Popen(
+        ["setpriv", "--bounding-set=-dac_override,-dac_read_search", EXE, "daemon", "--config", str(cfg),
+         "--netns", netns, "--socket", sock, "--resync", "60"],
+        stdout=subprocess.DEVNULL, stderr=open(log, "w"),
+    )  # fmt: skip
+    try:
+        from netlimit.daemon import query_status
+
+        wait_for(lambda: proc.poll() is not None or query_status(sock, timeout=1), 30, "the daemon")
+        assert proc.poll() is None, log.read_text()
+        new = tmp_path / "n.yaml.new"
+        new.write_text(config_text(extra=EXTRA_RULE))
+        os.chmod(new, 0o000)
+        os.replace(new, cfg)
+        st = wait_for(lambda: (s := query_status(sock)) and s["rejected"] and s, 5, "the rejection")
+        assert "Permission denied" in st["rejected"]
+        assert not any("ssh-guard" in r for r in owned_rules(netns))
+        os.chmod(cfg, 0o644)  # the operator's fix, and nothing else
+        wait_for(lambda: any("ssh-guard" in r for r in owned_rules(netns)), 5, "the reload after chmod")
+        assert query_status(sock)["rejected"] is None
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

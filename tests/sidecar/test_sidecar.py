@@ -662,6 +662,44 @@ def test_hot_reload_rename_inplace_bad_file_and_sighup(tmp_path):
         assert sc.stop() == 0
 
 
+def test_reload_never_reads_a_half_written_file_and_holds_one_without_rules(tmp_path):
+    """A rewrite caught mid-write (its first lines parse: a domain and no
+    descriptors) is never loaded; a complete file with no rules is held until it has
+    stayed the same for a second, then applied with a warning."""
+    cfg = write_config(tmp_path / "r.yaml", RELOAD.format(n=2))
+    sc = Sidecar(cfg)
+    try:
+        limit = lambda: sc.post_json(
+            "/v1/check",
+            {"domain": "api", "descriptors": [{"entries": [{"key": "remote_address", "value": "192.0.2.9"}]}]},
+        ).header("X-RateLimit-Limit")
+        assert limit() == "2"
+        full = RELOAD.format(n=4)
+        head = full.split("  descriptors:")[0]  # version, domain, actions: a valid file without rules
+        mark = sc.mark()
+        with open(cfg, "w") as fh:
+            fh.write(head)
+            fh.flush()
+            time.sleep(1.5)  # the writer pauses; nothing may be loaded meanwhile
+            assert limit() == "2"
+            assert "reload" not in "\n".join(sc.log().splitlines()[mark:])
+            fh.write(full[len(head) :])
+        sc.wait_line(r"reloaded \(file changed\): domain 'api', 1 rules", timeout=5, start=mark)
+        assert limit() == "4"
+        # a complete file without rules: held, then applied
+        mark = sc.mark()
+        t0 = time.monotonic()
+        write_config(cfg, head + "  descriptors: []\n")
+        sc.wait_line(r"would remove every one of the 1 running rules; holding it back", timeout=5, start=mark)
+        assert limit() == "4"
+        sc.wait_line(r"the file still removes every rule after 1 s: applying it", timeout=5, start=mark)
+        sc.wait_line(r"reloaded \(held file\): domain 'api', 0 rules", timeout=5, start=mark)
+        assert time.monotonic() - t0 >= 0.9
+        assert limit() is None
+    finally:
+        assert sc.stop() == 0
+
+
 STORE_DOWN = """\
 version: 1
 http:
