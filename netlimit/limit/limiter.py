@@ -57,6 +57,7 @@ from typing import Any
 
 from ..config.model import UNIT_SECONDS
 from ..errors import StoreError
+from ..logevery import LogEvery
 from .algorithms import Decision, Limit
 from .request import CheckRequest, Override
 from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
@@ -134,30 +135,6 @@ class CoreStats:
         self.latency = Histogram()
 
 
-class _LogEvery:
-    """At most one log line per key per interval; counts the ones held back."""
-
-    __slots__ = ("interval", "clock", "_next", "_held")
-
-    def __init__(self, interval: float, clock: Callable[[], float]):
-        self.interval = interval
-        self.clock = clock
-        self._next: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def due(self, key: str) -> int:
-        """-1 when this event should not be logged; else how many were held back."""
-        now = self.clock()
-        if now < self._next.get(key, 0.0):
-            self._held[key] = self._held.get(key, 0) + 1
-            return -1
-        if len(self._next) > 10_000:  # keys are rule paths; bounded anyway
-            self._next.clear()
-            self._held.clear()
-        self._next[key] = now + self.interval
-        return self._held.pop(key, 0)
-
-
 def _reason(exc: BaseException) -> str:
     """A bounded label for a store failure: timeout | connection | error."""
     seen = 0
@@ -218,8 +195,8 @@ class Limiter:
         self._down_since = 0.0
         self._probing = False
         self._fallbacks = 0  # decisions made without the primary since it went down
-        self._fail_log = _LogEvery(log_interval, clock)
-        self._rule_log = _LogEvery(log_interval, clock)
+        self._fail_log = LogEvery(log_interval, clock)
+        self._rule_log = LogEvery(log_interval, clock)
         self.rules = rules
         self._ov_rules: RuleSet | None = None  # the rules the override cache was built for
         self._ov_cache: dict[tuple, Rule] = {}

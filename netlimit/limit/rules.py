@@ -43,6 +43,10 @@ Entry = tuple[str, str]
 _SEP = "\x1f"
 
 
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(_SEP, "\\s")
+
+
 def sf_string(text: str) -> str:
     """``text`` as an HTTP structured-field sf-string (RFC 8941 §3.3.3):
     printable ASCII only, ``\\`` and ``"`` escaped; anything else becomes ``?``."""
@@ -182,21 +186,26 @@ class RuleSet:
     def store_key(self, rule: Rule, entries: Sequence[Entry]) -> str:
         """The counter key of one request descriptor under ``rule``: the rule's
         prefix + the request's values (a wildcard or key-only node counts each
-        concrete value apart, as Lyft does).  Long keys are hashed, so a client
-        cannot make keys of unbounded size."""
+        concrete value apart, as Lyft does).
+
+        Injective, because clients choose the values (a header action, a gRPC
+        descriptor): a value holding ``\\`` or the separator is escaped
+        (``\\`` -> ``\\\\``, separator -> ``\\s``) before values are joined, so no
+        two descriptors share a key.  A key longer than ``max_key_length`` becomes
+        the prefix + ``\\h`` + a BLAKE2b digest of the values: an escaped value
+        never starts with ``\\h``, so a client cannot forge another key's digest."""
         if len(entries) == 1:
             v = entries[0][1]
+            if "\\" in v or _SEP in v:
+                v = _escape(v)
         else:
-            vals = [e[1] for e in entries]
-            for x in vals:
-                if _SEP in x:  # keep ("a\x1fb","c") apart from ("a","b\x1fc")
-                    vals = [y.replace("\\", "\\\\").replace(_SEP, "\\s") for y in vals]
-                    break
-            v = _SEP.join(vals)
+            v = _SEP.join([_escape(e[1]) if "\\" in e[1] or _SEP in e[1] else e[1] for e in entries])
         key = rule.key_prefix + v
         if len(key) > self.max_key_length:
             key = (
-                rule.key_prefix + "#" + hashlib.blake2b(v.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+                rule.key_prefix
+                + "\\h"
+                + hashlib.blake2b(v.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
             )
         return key
 

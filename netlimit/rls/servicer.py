@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from typing import Any
 
 import grpc
@@ -59,6 +58,7 @@ from ..errors import BadRequest
 from ..limit.headers import PROBLEM_TYPE, problem_body, rate_headers
 from ..limit.limiter import OK, OVER_LIMIT, CheckResult, Limiter
 from ..limit.request import CheckRequest, DescriptorIn, Override, build_request
+from ..logevery import LogEvery
 from .proto import envoy_core_pb2, rls_pb2, rls_pb2_grpc
 
 log = logging.getLogger("netlimit.rls")
@@ -173,7 +173,7 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
             for r in RESULTS:  # the front door's series exist from the start (0)
                 front.requests.setdefault((ENDPOINT, r), 0)
         self._log_interval = log_interval
-        self._next_log = {"bad": 0.0, "error": 0.0, "negative": 0.0}
+        self._log = LogEvery(log_interval)
 
     def _count(self, result: str) -> None:
         self.counts[result] += 1
@@ -182,11 +182,7 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
             self.front.requests[k] = self.front.requests.get(k, 0) + 1
 
     def _log_due(self, what: str) -> bool:
-        now = time.monotonic()
-        if now < self._next_log[what]:
-            return False
-        self._next_log[what] = now + self._log_interval
-        return True
+        return self._log.due(what) >= 0
 
     async def ShouldRateLimit(self, request, context):  # noqa: N802 - the gRPC method name
         try:
