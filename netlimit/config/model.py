@@ -379,9 +379,36 @@ class HttpConfig(Strict):
     @field_validator("storage")
     @classmethod
     def _storage(cls, v: str) -> str:
-        if v == "memory" or re.match(r"^(redis|rediss|unix)://", v):
+        if v == "memory":
             return v
-        raise ValueError(f"storage {v!r}: expected 'memory' or a URL like redis://127.0.0.1:6379/0")
+        problem = redis_url_problem(v)
+        if problem:
+            raise ValueError(f"storage {v!r}: {problem}")
+        return v
+
+
+def redis_url_problem(url: str) -> str | None:
+    """What is wrong with a Redis URL, as a message; None when it can be used."""
+    from urllib.parse import urlsplit
+
+    example = "expected 'memory' or a URL like redis://127.0.0.1:6379/0"
+    if not re.match(r"^(redis|rediss|unix)://", url):
+        return example
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError as exc:  # a port out of range or not a number, an unclosed [IPv6
+        return f"{exc}; {example}"
+    if u.scheme == "unix":
+        return None if u.path else "a unix:// URL needs the socket's path, e.g. unix:///run/redis/redis.sock"
+    if not u.hostname:
+        return f"no host; {example}"
+    if port == 0:
+        return "port 0 is not a Redis port"
+    db = u.path.lstrip("/")
+    if db and not (db.isascii() and db.isdigit()):
+        return f"the database {db!r} must be a number, e.g. redis://host:6379/0"
+    return None
 
 
 # --- the file ------------------------------------------------------------------
