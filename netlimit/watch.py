@@ -99,10 +99,10 @@ class FileWatch:
     def changed(self) -> bool:
         """Drain pending events; True if the file may have changed since the last True."""
         if self.fd >= 0:
-            sig = self._signature()
             if self._drain():
-                self._sig = sig
+                self._sig = self._signature()
                 return True
+            return False
         else:
             sig = self._signature()
             now = time.monotonic()
