@@ -11,6 +11,10 @@ from .status import Status
 
 log = logging.getLogger("netlimit.daemon")
 
+#: scrapers served at once, and the seconds each has to send its request
+MAX_CLIENTS = 16
+CLIENT_TIMEOUT = 5.0
+
 
 class Metrics:
     """Prometheus metrics; rule counters are read from the kernel at scrape time."""
@@ -50,11 +54,40 @@ class Metrics:
         self._server: Any = None
 
     def serve(self, hostport: str) -> None:
-        from prometheus_client import start_http_server
+        """Serve /metrics on HOST:PORT in a thread: at most ``MAX_CLIENTS`` at once,
+        each with ``CLIENT_TIMEOUT`` seconds to send its request (a slow or idle
+        client cannot hold a thread for ever, nor many of them pile up)."""
+        import socket
+        import threading
+        from http.server import ThreadingHTTPServer
 
-        host, _, port = hostport.rpartition(":")
-        host = host.strip("[]") or "127.0.0.1"
-        self._server, _thread = start_http_server(int(port), addr=host, registry=self.registry)
+        from prometheus_client.exposition import MetricsHandler
+
+        from ..listen import parse_listen
+
+        host, port = parse_listen(hostport, "--metrics")
+        handler = type("Handler", (MetricsHandler.factory(self.registry),), {"timeout": CLIENT_TIMEOUT})
+        slots = threading.BoundedSemaphore(MAX_CLIENTS)
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+            def process_request(self, request, client_address):
+                if not slots.acquire(blocking=False):
+                    self.shutdown_request(request)  # too many at once: this one is dropped
+                    return
+                super().process_request(request, client_address)
+
+            def process_request_thread(self, request, client_address):
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    slots.release()
+
+        srv = Server((host, port), handler)
+        threading.Thread(target=srv.serve_forever, name="metrics", daemon=True).start()
+        self._server = srv
 
     def close(self) -> None:
         if self._server is not None:

@@ -2,9 +2,14 @@
 health service (``grpc.health.v1.Health``), on grpc.aio in the sidecar's own
 event loop (the limiter core is single-threaded: one loop, no locks).
 
-``netlimit sidecar --grpc HOST:PORT`` runs it beside the HTTP front doors
-(:func:`serve_with_grpc`); tests and the benchmark start it on its own
-(:class:`GrpcServer`).
+``netlimit sidecar --grpc HOST:PORT`` runs it beside the HTTP doors
+(netlimit/sidecar/server.py); tests and the benchmark start it on its own.
+
+Bounds: a request message is at most ``MAX_MESSAGE`` bytes (Envoy's are a few
+hundred), a connection carries at most ``MAX_STREAMS`` calls at once, an
+answer is held at most ``max_delay`` seconds (leaky bucket queue mode), and
+idle or silent connections are closed (keepalive pings, an idle timeout), so
+slow or hostile clients cannot pile up.
 
 Health: ``""`` and ``envoy.service.ratelimit.v3.RateLimitService`` are SERVING
 while the server runs, NOT_SERVING once it stops (so a load balancer drains it
@@ -32,6 +37,8 @@ log = logging.getLogger("netlimit.sidecar")
 SERVICE_NAME = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
 #: Envoy's rate limit requests are a few hundred bytes; anything this large is not one
 MAX_MESSAGE = 64 * 1024
+#: concurrent calls per connection (Envoy multiplexes; one client cannot hold them all)
+MAX_STREAMS = 100
 
 
 class GrpcServer:
@@ -57,6 +64,13 @@ class GrpcServer:
             options=[
                 ("grpc.so_reuseport", 0),  # a second sidecar on the same port must fail, not share it
                 ("grpc.max_receive_message_length", MAX_MESSAGE),
+                ("grpc.max_send_message_length", 4 * MAX_MESSAGE),
+                ("grpc.max_concurrent_streams", MAX_STREAMS),
+                ("grpc.max_connection_idle_ms", 300_000),
+                ("grpc.keepalive_time_ms", 60_000),
+                ("grpc.keepalive_timeout_ms", 20_000),
+                ("grpc.http2.max_ping_strikes", 2),
+                ("grpc.max_metadata_size", 16 * 1024),
             ]
         )
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(self.servicer, server)

@@ -346,6 +346,39 @@ def test_metrics_over_http(daemon_factory, netns, backend):
         assert set(s.labels) == {"rule", "layer"}, "bounded label set"
 
 
+@pytest.mark.parametrize("backend", ["restore"], indirect=True)  # the listener is the same on every backend
+def test_slow_clients_cannot_pile_up_on_the_metrics_listener(daemon_factory, backend):
+    """Clients that connect and never send their request hold at most 16 threads, each
+    for at most 5 s; scrapes are served again once they time out."""
+    d = daemon_factory(config_text())
+    d.start()
+
+    def threads() -> int:
+        with open(f"/proc/{d.proc.pid}/status") as f:
+            return int(next(x.split()[1] for x in f if x.startswith("Threads:")))
+
+    base = threads()
+    idle = [socket.create_connection(("127.0.0.1", d.metrics_port), timeout=5) for _ in range(40)]
+    try:
+        wait_for(lambda: threads() >= base + 10, 5, "threads for the idle clients")
+        time.sleep(0.5)
+        assert threads() <= base + 16
+        body = wait_for(
+            lambda: _scrape(d.metrics_port), 12, "a scrape served after the idle clients timed out", step=0.5
+        )
+        assert "netlimit_applies_total" in body
+    finally:
+        for s in idle:
+            s.close()
+
+
+def _scrape(port: int) -> str | None:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return None
+
+
 def test_sd_notify_protocol(tmp_path, daemon_factory):
     """READY=1 after the first apply, RELOADING=1/READY=1 around reloads, STATUS=, WATCHDOG=1, STOPPING=1."""
     path = str(tmp_path / "notify.sock")
