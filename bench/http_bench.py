@@ -10,8 +10,8 @@
   returns a static 200; wrk with one connection against the upstream directly
   and through the sidecar; the added latency is the difference of the p99s.
   (One connection, so the figure is the time the sidecar adds to a request,
-  not queueing behind other requests.)  The sidecar uses its default front
-  doors (the asyncio fast paths; aiohttp only for what they hand over).
+  not queueing behind other requests.)  Every request is parsed by llhttp
+  (httptools), on both listeners.
 
 wrk runs with one thread (``-t1``): the machine has two cores and wrk's own
 thread competes with the server under test; more wrk threads only steal the
@@ -233,7 +233,17 @@ def run(mode: Mode) -> Section:
         wait_port(p_limit, ng)
         wait_port(p_static, ng)
         procs.append(_sidecar(cfg, p_dec, d / "sidecar.log"))
-        procs.append(_sidecar(cfg, p_proxy, d / "proxy.log", "--upstream", f"http://127.0.0.1:{p_static}"))
+        procs.append(
+            _sidecar(
+                cfg,
+                p_proxy,
+                d / "proxy.log",
+                "--upstream",
+                f"http://127.0.0.1:{p_static}",
+                "--admin-listen",
+                "127.0.0.1:0",
+            )
+        )
         hdr = {"X-Original-URI": "/"}
         dec_url, ng_url = f"http://127.0.0.1:{p_dec}/v1/check", f"http://127.0.0.1:{p_limit}/v1/check"
         # warm both (connections, first-request paths)

@@ -3,7 +3,7 @@
 This module holds the frame and the config commands (validate, schema).
 Each layer adds its own commands through a `register(app)` function in its
 package (netlimit.kernel.cli, netlimit.sidecar.cli, netlimit.daemon), so heavy
-imports (python-iptables, pyroute2, aiohttp) happen only when a command runs.
+imports (python-iptables, pyroute2, httptools, grpc) happen only when a command runs.
 """
 
 from __future__ import annotations

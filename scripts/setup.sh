@@ -12,7 +12,7 @@ APT_PACKAGES=(
   iperf3 hping3 netcat-openbsd       # traffic for tests, demo, benchmarks
   redis-server nginx wrk             # the HTTP layer's real peers
   systemd systemd-container debootstrap util-linux   # units tested under a real systemd (nspawn)
-  python3-venv gcc libc6-dev python3-dev   # the C part of the HTTP fast path (netlimit/sidecar/_httphead.c)
+  python3-venv                       # the package's virtual environment
   # three real VMs (tests/vagrant, vagrant/run.sh): Vagrant with libvirt, QEMU
   # (software emulation where KVM is unusable), libvirt's own dnsmasq for DHCP
   vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients

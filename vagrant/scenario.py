@@ -413,7 +413,7 @@ class Scenario:
                 "--n",
                 "1",
                 "--url",
-                f"http://{ADDR['limiter']}:{HTTP_PORT}/_netlimit/healthz",
+                f"http://{ADDR['limiter']}:{HTTP_PORT}/",
             )
             if r["statuses"] == [200]:
                 break

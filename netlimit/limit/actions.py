@@ -135,7 +135,16 @@ def client_address(peer: str, xff: str | None, trusted: TrustedProxies) -> str:
 class ActionPlan:
     """Compiled ``http.actions`` + ``trusted_proxies``."""
 
-    __slots__ = ("groups", "trusted", "needs_path", "needs_method", "needs_remote", "_trusting", "build")
+    __slots__ = (
+        "groups",
+        "trusted",
+        "needs_path",
+        "needs_method",
+        "needs_remote",
+        "header_names",
+        "_trusting",
+        "build",
+    )
 
     def __init__(self, actions: Sequence[Sequence[str]], trusted_proxies=()):
         groups = []
@@ -162,6 +171,8 @@ class ActionPlan:
         self.needs_path = any(a[0] == _PATH for g in self.groups for a in g)
         self.needs_method = any(a[0] == _METHOD for g in self.groups for a in g)
         self.needs_remote = any(a[0] == _REMOTE for g in self.groups for a in g)
+        #: the (lower-case) header names the header actions read
+        self.header_names = frozenset(a[2] for g in self.groups for a in g if a[0] == _HEADER)
         #: :meth:`descriptors` with positional arguments (the fast paths' call); for
         #: the most common plan, ``[[remote_address]]`` without trusted proxies, a
         #: version that skips the loop
@@ -181,7 +192,7 @@ class ActionPlan:
         xff: str | None = None,
     ) -> list[list[Entry]]:
         """Descriptor lists for one request.  ``headers.get`` is called with
-        lower-case names (aiohttp's case-insensitive CIMultiDictProxy, or a dict
+        lower-case names (a dict with lower-case keys, or any case-insensitive mapping
         with lower-case keys); ``xff`` defaults to its X-Forwarded-For; ``path``
         may be a callable, called only when an action needs it."""
         return self.build(peer, method, path, headers, xff)

@@ -23,7 +23,7 @@ from .limiter import Limiter
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
-ENDPOINTS = ("proxy", "check", "authz", "json")
+ENDPOINTS = ("proxy", "check", "authz", "json", "http")  # http: refused before an endpoint was known
 RESULTS = ("ok", "over_limit", "bad_request", "upstream_error")
 
 

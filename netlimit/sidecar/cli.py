@@ -1,32 +1,14 @@
 """`netlimit sidecar`: the L7 rate limiter as an HTTP service.
 
-Only typer is imported at module level; aiohttp, redis and the rest load
+Only typer is imported at module level; httptools, redis and the rest load
 when the command runs.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 from pathlib import Path
 
 import typer
-
-
-def _setup_logging(level: str) -> None:
-    # journald adds its own timestamps (and sets JOURNAL_STREAM); elsewhere add them.
-    fmt = "%(levelname)s %(message)s" if os.environ.get("JOURNAL_STREAM") else "%(asctime)s %(levelname)s %(message)s"
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(fmt))
-    root = logging.getLogger("netlimit")
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper()))
-    root.propagate = False
-    aio = logging.getLogger("aiohttp")
-    aio.handlers[:] = [handler]
-    aio.setLevel(logging.WARNING)
-    aio.propagate = False
 
 
 def register(app: typer.Typer) -> None:
@@ -43,27 +25,49 @@ def register(app: typer.Typer) -> None:
             "--upstream",
             "-u",
             show_default=False,
-            help="Reverse-proxy mode: forward allowed requests to this base URL "
-            "(own endpoints then live under /_netlimit/).",
+            help="Reverse-proxy mode: forward allowed requests to this base URL; the decision and operator "
+            "endpoints then live only on --admin-listen.",
+        ),
+        admin_listen: str | None = typer.Option(
+            None,
+            "--admin-listen",
+            show_default=False,
+            help="HOST:PORT for the decision and operator endpoints (/v1/check, /v1/authz, /healthz, /metrics, "
+            "/v1/rules) apart from the client-facing listener; proxy mode default 127.0.0.1:8182.",
         ),
         upstream_timeout: float = typer.Option(
             300.0,
             "--upstream-timeout",
             min=0.001,
-            help="Proxy mode: seconds the upstream may stay silent (before its response head: 504; "
-            "in the middle of a body: the client connection is aborted).",
+            help="Proxy mode: seconds the upstream may stay silent once the request is sent (before its "
+            "response head: 504; in the middle of a body: the client connection is aborted).",
+        ),
+        header_timeout: float = typer.Option(
+            30.0, "--header-timeout", min=0.1, help="Seconds a whole request head may take to arrive (then 408)."
+        ),
+        body_timeout: float = typer.Option(
+            60.0, "--body-timeout", min=0.1, help="Seconds a request body may stall between two reads (then 408)."
+        ),
+        keepalive_timeout: float = typer.Option(
+            75.0, "--keepalive-timeout", min=0.1, help="Seconds an idle keep-alive connection is kept."
+        ),
+        max_connections: int = typer.Option(
+            10_000,
+            "--max-connections",
+            min=1,
+            help="Client connections at most; at the cap the oldest idle one is closed for a new one.",
+        ),
+        request_buffer: int = typer.Option(
+            1024 * 1024,
+            "--request-buffer",
+            min=0,
+            help="Proxy mode: bytes of a request body read before the upstream request starts (a slow upload "
+            "does not hold an upstream connection); longer bodies are streamed.",
         ),
         redis: str | None = typer.Option(
             None, "--redis", show_default=False, help="Redis URL; overrides http.storage."
         ),
         log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
-        fast_path: bool = typer.Option(
-            True,
-            "--fast-path/--no-fast-path",
-            help="Answer bodiless /v1/check and /v1/authz requests, and in proxy mode forward plain "
-            "HTTP/1.1 requests over pooled upstream connections, with lean asyncio protocols "
-            "(aiohttp serves everything else); --no-fast-path leaves all to aiohttp.",
-        ),
         grpc: str | None = typer.Option(
             None,
             "--grpc",
@@ -82,37 +86,42 @@ def register(app: typer.Typer) -> None:
         if log_level.lower() not in ("debug", "info", "warning", "error"):
             err(f"--log-level {log_level!r}: expected debug, info, warning or error")
             raise typer.Exit(EXIT_USAGE)
-        _setup_logging(log_level)
+        from ..logs import setup
+
+        setup(log_level)
 
         import asyncio
 
+        from ..config.model import redis_url_problem
         from ..config.validate import ConfigError
         from ..listen import parse_listen
         from .app import Sidecar
+        from .http11 import Limits
+        from .proxy import Origin
         from .server import serve
 
         try:
             host, port = parse_listen(listen)
-            if grpc is not None:
-                grpc_host, grpc_port = parse_listen(grpc, "--grpc")
+            grpc_at = parse_listen(grpc, "--grpc") if grpc is not None else None
+            if admin_listen is None and upstream is not None:
+                admin_listen = "127.0.0.1:8182"
+            admin_at = parse_listen(admin_listen, "--admin-listen") if admin_listen is not None else None
+            if upstream is not None:
+                Origin(upstream)
+            if redis is not None and (problem := redis_url_problem(redis)):
+                raise ValueError(f"--redis {redis!r}: {problem}")
         except ValueError as exc:
             err(str(exc))
             raise typer.Exit(EXIT_USAGE) from None
-        if upstream is not None and not upstream.startswith(("http://", "https://")):
-            err(f"--upstream {upstream!r}: expected a URL like http://127.0.0.1:8080")
-            raise typer.Exit(EXIT_USAGE)
-        if redis is not None and not redis.startswith(("redis://", "rediss://", "unix://")):
-            err(f"--redis {redis!r}: expected a URL like redis://127.0.0.1:6379/0")
-            raise typer.Exit(EXIT_USAGE)
         try:
-            sc = Sidecar(str(config), upstream=upstream, redis_url=redis, upstream_timeout=upstream_timeout)
+            sc = Sidecar(str(config), upstream=upstream, redis_url=redis, max_connections=max_connections)
         except ConfigError as exc:
             for p in exc.problems:
                 err(str(p))
             n = len(exc.problems)
             err(f"{config}: {n} problem{'s' if n != 1 else ''}; the sidecar did not start")
             raise typer.Exit(EXIT_INVALID) from None
-
+        limits = Limits(header_timeout=header_timeout, body_timeout=body_timeout, keepalive_timeout=keepalive_timeout)
         try:
             import uvloop
 
@@ -121,12 +130,18 @@ def register(app: typer.Typer) -> None:
             factory = None
         try:
             with asyncio.Runner(loop_factory=factory) as runner:
-                if grpc is not None:
-                    from .server import serve_with_grpc
-
-                    runner.run(serve_with_grpc(sc, host, port, grpc_host, grpc_port, fast_path=fast_path))
-                else:
-                    runner.run(serve(sc, host, port, fast_path=fast_path))
+                runner.run(
+                    serve(
+                        sc,
+                        host,
+                        port,
+                        admin=admin_at,
+                        grpc=grpc_at,
+                        limits=limits,
+                        request_buffer=request_buffer,
+                        upstream_timeout=upstream_timeout,
+                    )
+                )
         except SystemExit as exc:
             if isinstance(exc.code, str):
                 err(exc.code)

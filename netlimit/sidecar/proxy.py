@@ -1,35 +1,33 @@
-"""Reverse-proxy fast path: plain asyncio protocols on both sides, a keep-alive
-pool of upstream connections.
+"""The reverse proxy: every request is decided, then forwarded to the one
+upstream (or answered 429), its response relayed to the client.
 
-The aiohttp proxy (``Sidecar.proxy``: an aiohttp server request, a ClientSession
-request, a StreamResponse, two tasks per request) cost about 0.5 ms of CPU per
-request, so with one client connection the sidecar added ~0.5 ms at the median
-and tens of milliseconds at p99 on a loaded machine.  Here a request that is
-plain HTTP/1.1 -- origin-form target, no Transfer-Encoding, no Expect, no
-Upgrade, an optional Content-Length body -- is checked and forwarded from
-``data_received`` without a task (when the store is in-process and an idle
-upstream connection is pooled), and the upstream's response is relayed as it
-arrives:
+What is forwarded is what was parsed, re-framed, never the client's raw bytes:
 
-* request and response bodies stream both ways with flow control (a slow
-  reader pauses the other side's reads), never buffered whole;
-* upstream connections are reused (TCP_NODELAY, LIFO, at most ``MAX_IDLE``
-  idle, none idle longer than ``IDLE_UPSTREAM``); a request without a body
-  that meets a pooled connection the upstream has just closed is retried once
-  on a fresh connection (idempotent methods only, RFC 9110 §9.2.2);
-* hop-by-hop fields (RFC 9110 §7.6.1, and whatever ``Connection`` names) are
-  dropped both ways; ``X-Forwarded-For`` gets the peer appended, ``Via`` gets
+* the upstream request line is the configured origin's base path + the
+  request's validated origin-form path and query (absolute-form requests give
+  their path; nothing a client sends can change where the sidecar connects);
+* framing is the sidecar's own: a body that arrived whole within
+  ``request_buffer`` bytes goes with its ``Content-Length`` (nginx's
+  ``proxy_request_buffering``: a slow upload does not hold an upstream
+  connection), a longer one is streamed with its length, or chunked when the
+  client chunked it; ``Content-Length`` and ``Transfer-Encoding`` are never
+  hop-by-hop, whatever ``Connection`` names;
+* hop-by-hop fields (RFC 9110 §7.6.1, and what ``Connection`` names) are
+  dropped both ways; ``X-Forwarded-For`` gets the peer appended, ``Via``
   ``1.1 netlimit``; everything else passes unchanged and in order;
-* chunked responses pass through as they are (the parser only finds their
-  end), a response delimited by the upstream closing is re-chunked so the
-  client connection stays usable;
-* upstream unreachable → 502, no response head within the read timeout → 504,
-  a broken response before its head → 502, a broken response after its head
-  → the client connection is aborted (its response cannot be completed).
+* the upstream's response is parsed by llhttp too (httptools), and re-framed
+  for the client: its length when known, else chunked (close-delimited for an
+  HTTP/1.0 client); trailers and interim (1xx) responses are not relayed;
+* upstream connections are reused (LIFO, at most ``MAX_IDLE`` idle, none idle
+  longer than ``IDLE_UPSTREAM``); a request without a body that meets a pooled
+  connection the upstream has just closed is retried once on a fresh one
+  (idempotent methods only, RFC 9110 §9.2.2);
+* unreachable upstream -> 502, no response head within ``upstream_timeout`` of
+  the request's last byte (the clock does not run while the client uploads)
+  -> 504, a broken response before its head -> 502, after its head -> the
+  client connection is aborted (its response cannot be completed).
 
-Anything else is handed, with every byte read so far, to aiohttp for the rest
-of the connection (``Sidecar.proxy`` and the admin endpoints under
-``/_netlimit/``), exactly as the decision fast path does.
+Both directions have flow control: a slow reader pauses the other side.
 """
 
 from __future__ import annotations
@@ -38,31 +36,46 @@ import asyncio
 import logging
 import ssl as _ssl
 import time
+from collections import deque
+from typing import Any
+from urllib.parse import urlsplit
 
-from yarl import URL
+import httptools
 
 from ..limit.actions import path_of_uri
-from ..limit.headers import PROBLEM_TYPE, problem_body, rate_headers
-from ..limit.limiter import OVER_LIMIT
+from ..limit.headers import problem_body, rate_headers
+from ..limit.limiter import OVER_LIMIT, CheckResult
 from ..limit.request import CheckRequest
-from .httphead import MAX_HEAD, parse_request
-from .protocol import ADMIN_PREFIX, HOP_BY_HOP, MAX_DELAY, FastHTTPProtocol, Reply, http_date_bytes, set_nodelay
+from . import responses
+from .app import MAX_DELAY, Sidecar
+from .http11 import HttpConnection, Request
 
 log = logging.getLogger("netlimit.sidecar")
 
 MAX_IDLE = 256  # idle upstream connections kept
-IDLE_UPSTREAM = 30.0  # seconds an idle upstream connection is trusted (as the old TCPConnector)
-MAX_RESPONSE_HEAD = 65536  # upstream response head
-MAX_CHUNK_LINE = 4096  # chunk-size line (with extensions) or one trailer line
-LINGER = 2.0  # seconds an unwanted request body is read and dropped before closing
-HIGH_WATER = 256 * 1024  # request body bytes buffered while the upstream connection is being made
+IDLE_UPSTREAM = 30.0  # seconds an idle upstream connection is trusted
+MAX_RESPONSE_HEAD = 64 * 1024
+HIGH_WATER = 256 * 1024  # response bytes buffered from the upstream before its reading pauses
 IDEMPOTENT = frozenset(("GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"))
 
-_NONE, _LENGTH, _CHUNKED, _CLOSE = range(4)
-# chunked parser states
-_C_SIZE, _C_DATA, _C_DATA_END, _C_TRAILER = range(4)
-
-_EXTRA_HOP = HOP_BY_HOP | {"expect"}
+# RFC 9110 §7.6.1: Connection and the fields it names, plus the classic hop-by-hop
+# fields, are not forwarded; the framing fields are this hop's (re-framed); Expect
+# is answered by this hop.
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    )
+)
+_NOT_FORWARDED = HOP_BY_HOP | {"content-length", "expect"}
+_FRAMING = frozenset(("content-length", "transfer-encoding"))
 
 
 class UpstreamError(Exception):
@@ -72,27 +85,219 @@ class UpstreamError(Exception):
         self.detail = detail
 
 
-def _tokens(value: str) -> set[str]:
-    return {t.strip().lower() for t in value.split(",") if t.strip()}
+def _dropped(fields: list[tuple[str, str]], base: frozenset[str]) -> frozenset[str]:
+    """``base`` plus the fields ``Connection`` names, except framing fields."""
+    named = {
+        t.strip().lower() for k, v in fields if k.lower() == "connection" for t in v.split(",") if t.strip()
+    } - _FRAMING
+    return base | named if named else base
 
 
-# --- upstream side ----------------------------------------------------------------------------
+# --- the upstream ----------------------------------------------------------------------
+
+
+class Origin:
+    """Where the one upstream is: scheme, host, port, base path (from --upstream only)."""
+
+    def __init__(self, url: str):
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname or u.username or u.password or u.query:
+            raise ValueError(f"--upstream {url!r}: expected http[s]://HOST[:PORT][/BASE], e.g. http://127.0.0.1:8080")
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.ssl = _ssl.create_default_context() if u.scheme == "https" else None
+        self.base = u.path.rstrip("/")
+        self.url = url
+
+
+class UpstreamConn(asyncio.Protocol):
+    """One connection to the upstream; one response at a time, parsed by llhttp."""
+
+    def __init__(self, pool: UpstreamPool):
+        self.pool = pool
+        self.transport: Any = None
+        self.parser: Any = None
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.head_done = False
+        self.head_only = False
+        self.length: int | None = None  # Content-Length of the response, when it has one
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
+        self.complete = False
+        self.reusable = True
+        self.error: UpstreamError | None = None
+        self.waiter: asyncio.Future | None = None
+        self.write_paused = False
+        self._drained: asyncio.Future | None = None
+        self.idle_since = 0.0
+        self.got_bytes = False
+        self._head_bytes = 0
+        self._interim = False
+
+    # -- protocol --------------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            import socket
+
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        if self.parser is None:  # bytes nobody asked for: the connection is not trustworthy
+            self.reusable = False
+            self.transport.close()
+            return
+        if not self.head_done:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_RESPONSE_HEAD + len(data):
+                return self._fail(UpstreamError(502, "the upstream application sent an oversized response head"))
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            log.debug("invalid upstream response: %s", exc)
+            self._fail(UpstreamError(502, "the upstream application sent an invalid response"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        if self.parser is not None and not self.complete:
+            if self.head_done and self.length is None and not self._chunked():
+                self.complete = True  # a close-delimited body ends here
+            elif self.head_done:
+                self._fail(UpstreamError(502, "the upstream application closed the connection mid-response"))
+            else:
+                self._fail(UpstreamError(502, "the upstream application closed the connection before answering"))
+        self._wake()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_exception(ConnectionResetError("upstream closed"))
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drain(self) -> None:
+        if self.write_paused:
+            self._drained = asyncio.get_running_loop().create_future()
+            try:
+                await self._drained
+            finally:
+                self._drained = None
+
+    # -- llhttp callbacks --------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.headers = []
+        self._interim = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:  # interim (100 Continue, 103 Early Hints): not relayed
+            self._interim = True
+            return
+        self.status = status
+        self.head_done = True
+        if not self.parser.should_keep_alive():
+            self.reusable = False
+        for k, v in self.headers:
+            if k.lower() == "content-length":
+                self.length = int(v)
+        if self.head_only or status in (204, 304):
+            self.length = 0
+        if self.head_only:
+            # llhttp would wait for the body a HEAD response announces: this
+            # connection cannot carry another response
+            self.reusable = False
+            self.complete = True
+            self.parser = None
+        self._wake()
+
+    def on_body(self, data: bytes) -> None:
+        if self._interim:
+            return
+        self.chunks.append(data)
+        self.size += len(data)
+        if self.size > HIGH_WATER:
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            return
+        self.complete = True
+        self._wake()
+
+    # -- the exchange ------------------------------------------------------------------------
+
+    def _chunked(self) -> bool:
+        return any(k.lower() == "transfer-encoding" for k, _ in self.headers)
+
+    def _fail(self, err: UpstreamError) -> None:
+        if self.error is None and not self.complete:
+            self.error = err
+        self.reusable = False
+        if self.transport is not None:
+            self.transport.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def start(self, head_only: bool) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers = []
+        self.head_done = self.complete = False
+        self.head_only = head_only
+        self.length = None
+        self.chunks.clear()
+        self.size = 0
+        self.error = None
+        self.got_bytes = False
+        self._head_bytes = 0
+
+    async def wait(self, timeout: float) -> None:
+        """Until something happens (a head, body bytes, the end), at most ``timeout``."""
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self.waiter, timeout)
+        except TimeoutError:
+            raise UpstreamError(504, "the upstream application did not answer in time") from None
+        finally:
+            self.waiter = None
+
+    def take(self) -> bytes:
+        data = b"".join(self.chunks)
+        self.chunks.clear()
+        if self.size > HIGH_WATER and self.transport is not None:
+            self.transport.resume_reading()
+        self.size = 0
+        return data
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 class UpstreamPool:
     """Connections to the one upstream of this sidecar."""
 
-    def __init__(self, url: URL, *, connect_timeout: float = 5.0, read_timeout: float = 300.0):
-        if url.scheme not in ("http", "https"):
-            raise ValueError(f"upstream {url}: only http:// and https:// are supported")
-        self.host = url.raw_host or "127.0.0.1"
-        self.port = url.port or (443 if url.scheme == "https" else 80)
-        self.ssl = _ssl.create_default_context() if url.scheme == "https" else None
-        self.base = (url.raw_path or "").rstrip("/")
-        h = url.raw_host or ""
-        if ":" in h:
-            h = f"[{h}]"
-        self.hostport = h if url.port is None or url.is_default_port() else f"{h}:{url.port}"
+    def __init__(self, origin: Origin, *, connect_timeout: float = 5.0, read_timeout: float = 300.0):
+        self.origin = origin
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.idle: list[UpstreamConn] = []
@@ -100,8 +305,6 @@ class UpstreamPool:
 
     def take(self) -> UpstreamConn | None:
         idle = self.idle
-        if not idle:
-            return None
         now = time.monotonic()
         while idle:
             c = idle.pop()
@@ -112,30 +315,30 @@ class UpstreamPool:
 
     async def connect(self) -> UpstreamConn:
         loop = asyncio.get_running_loop()
+        o = self.origin
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamConn(self), self.host, self.port, ssl=self.ssl),
-                self.connect_timeout,
+                loop.create_connection(lambda: UpstreamConn(self), o.host, o.port, ssl=o.ssl), self.connect_timeout
             )
         except TimeoutError:
             raise UpstreamError(504, "the upstream application did not answer in time") from None
         except (OSError, _ssl.SSLError) as exc:
-            log.warning("upstream %s:%s: %r", self.host, self.port, exc)
-            raise UpstreamError(502, "the upstream application is unreachable") from None
+            raise UpstreamError(502, "the upstream application is unreachable") from exc
         return conn
 
-    def release(self, c: UpstreamConn) -> None:
-        if self.closed or len(self.idle) >= MAX_IDLE or c.transport is None or c.transport.is_closing():
+    def give_back(self, c: UpstreamConn) -> None:
+        if (
+            self.closed
+            or not c.reusable
+            or len(self.idle) >= MAX_IDLE
+            or c.transport is None
+            or c.transport.is_closing()
+        ):
             c.close()
             return
+        c.parser = None
         c.idle_since = time.monotonic()
         self.idle.append(c)
-
-    def discard(self, c: UpstreamConn) -> None:
-        try:
-            self.idle.remove(c)
-        except ValueError:
-            pass
 
     def close(self) -> None:
         self.closed = True
@@ -144,721 +347,231 @@ class UpstreamPool:
         self.idle.clear()
 
 
-class UpstreamConn(asyncio.Protocol):
-    """One upstream connection; while a request is in flight it parses the
-    response and feeds it to its client (a FastProxyProtocol)."""
-
-    def __init__(self, pool: UpstreamPool):
-        self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.client: FastProxyProtocol | None = None
-        self.idle_since = 0.0
-        self.used = 0  # requests sent on this connection
-        self.got = False  # any response byte for the current request
-        self.head_done = False
-        self.hbuf = b""
-        self.mode = _NONE
-        self.left = 0  # _LENGTH: body bytes to come; _CHUNKED: data bytes of this chunk
-        self.cstate = _C_SIZE
-        self.line = b""  # partial chunk-size / trailer line
-        self.keep = True  # the upstream allows reuse
-        self.head_only = False
-        self.reading_paused = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.last_rx = 0.0
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    # -- asyncio.Protocol ----------------------------------------------------------------
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.loop = asyncio.get_running_loop()  # once (a getpid() per call on Python 3.11)
-        set_nodelay(transport)
-
-    def connection_lost(self, exc) -> None:
-        self.transport = None
-        self._cancel_timer()
-        c = self.client
-        if c is None:
-            self.pool.discard(self)
-            return
-        if self.head_done and self.mode == _CLOSE:
-            self.client = None
-            c.up_body_close_end()
-            return
-        self.client = None
-        c.up_lost(self, self.head_done, self.got)
-
-    def pause_writing(self) -> None:  # request body backpressure
-        if self.client is not None:
-            self.client.pause_reading(2)
-
-    def resume_writing(self) -> None:
-        if self.client is not None:
-            self.client.resume_reading(2)
-
-    def data_received(self, data: bytes) -> None:
-        c = self.client
-        if c is None:  # an idle connection must not talk
-            self.close()
-            return
-        self.got = True
-        self.last_rx = time.monotonic()
-        try:
-            self._feed(data, c)
-            if c.hpend and self.client is c:
-                c.flush_head()  # the head alone (its body comes later)
-        except UpstreamError as exc:
-            self.keep = False
-            self.client = None
-            self.close()
-            c.up_failed(exc, self.head_done)
-
-    # -- one exchange --------------------------------------------------------------------
-
-    def start(self, client: FastProxyProtocol, data: bytes, head_only: bool) -> None:
-        self.client = client
-        self.used += 1
-        self.got = False
-        self.head_done = False
-        self.hbuf = b""
-        self.mode = _NONE
-        self.keep = True
-        self.head_only = head_only
-        self.last_rx = time.monotonic()
-        self.timer = self.loop.call_later(self.pool.read_timeout, self._on_timer)  # type: ignore[union-attr]
-        self.transport.write(data)  # type: ignore[union-attr]
-
-    def _on_timer(self) -> None:
-        self.timer = None
-        c = self.client
-        if c is None:
-            return
-        quiet = time.monotonic() - self.last_rx
-        if quiet < self.pool.read_timeout:
-            self.timer = self.loop.call_later(
-                self.pool.read_timeout - quiet,  # type: ignore[union-attr]
-                self._on_timer,
-            )
-            return
-        self.client = None
-        self.keep = False
-        self.close()
-        c.up_failed(UpstreamError(504, "the upstream application did not answer in time"), self.head_done)
-
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _finish(self, c: FastProxyProtocol, extra: bool) -> None:
-        self._cancel_timer()
-        self.client = None
-        if self.reading_paused:
-            self.reading_paused = False
-            if self.transport is not None:
-                self.transport.resume_reading()
-        if self.keep and not extra and c.body_left == 0:
-            self.pool.release(self)
-        else:
-            self.close()
-        c.up_done()
-
-    def close(self) -> None:
-        self._cancel_timer()
-        if self.transport is not None:
-            self.transport.close()
-
-    def _feed(self, data: bytes, c: FastProxyProtocol) -> None:
-        if not self.head_done:
-            data = self._head(data, c)
-            if data is None:
-                return
-        mode = self.mode
-        if mode == _LENGTH:
-            n = self.left
-            if len(data) < n:
-                self.left = n - len(data)
-                c.up_body(data)
-                return
-            self.left = 0
-            if n:
-                c.up_body(data if len(data) == n else data[:n])
-            self._finish(c, len(data) > n)
-        elif mode == _CHUNKED:
-            end = self._chunks(data)
-            if end < 0:
-                c.up_body(data)
-                return
-            c.up_body(data if end == len(data) else data[:end])
-            self._finish(c, end < len(data))
-        elif mode == _CLOSE:
-            if data:
-                c.up_body_rechunk(data)
-        else:
-            self._finish(c, bool(data))
-
-    def _head(self, data: bytes, c: FastProxyProtocol) -> bytes | None:
-        """Parse the response head (skipping 1xx interim responses); return the
-        bytes after it, or None when the head is not complete yet."""
-        buf = self.hbuf + data if self.hbuf else data
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_RESPONSE_HEAD:
-                    raise UpstreamError(502, "the upstream application sent an invalid response")
-                self.hbuf = buf
-                return None
-            head = buf[:end].decode("latin-1")
-            buf = buf[end + 4 :]
-            lines = head.split("\r\n")
-            st = lines[0].split(" ", 2)
-            if len(st) < 2 or not st[0].startswith("HTTP/1.") or len(st[1]) != 3 or not st[1].isdigit():
-                raise UpstreamError(502, "the upstream application sent an invalid response")
-            code = int(st[1])
-            if code < 100:
-                raise UpstreamError(502, "the upstream application sent an invalid response")
-            if code < 200:
-                if code == 101:  # never asked for: requests with Upgrade go to aiohttp
-                    raise UpstreamError(502, "the upstream application switched protocols unasked")
-                continue  # 100 / 102 / 103: interim, dropped
-            break
-        self.hbuf = b""
-        reason = st[2] if len(st) > 2 else ""
-        hs: list[tuple[str, str, str]] = []
-        conn_tokens: set[str] | None = None
-        cl: str | None = None
-        te: str | None = None
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name[-1] in " \t" or line[0] in " \t":
-                raise UpstreamError(502, "the upstream application sent an invalid response")
-            k = name.lower()
-            value = value.strip(" \t")
-            if k == "content-length":
-                if not value.isdigit() or (cl is not None and cl != value):
-                    raise UpstreamError(502, "the upstream application sent an invalid response")
-                cl = value
-            elif k == "transfer-encoding":
-                te = value if te is None else f"{te}, {value}"
-            elif k == "connection":
-                conn_tokens = _tokens(value) if conn_tokens is None else conn_tokens | _tokens(value)
-            hs.append((name, value, k))
-        if st[0] != "HTTP/1.1" or (conn_tokens is not None and "close" in conn_tokens):
-            self.keep = False
-        if self.head_only or code == 204 or code == 304:
-            self.mode = _NONE
-        elif te is not None:
-            if te.lower().rsplit(",", 1)[-1].strip() == "chunked":
-                self.mode = _CHUNKED
-                self.cstate = _C_SIZE
-                self.left = 0
-                self.line = b""
-            else:
-                self.mode = _CLOSE
-                self.keep = False
-        elif cl is not None:
-            self.mode = _LENGTH
-            self.left = int(cl)
-        else:
-            self.mode = _CLOSE
-            self.keep = False
-        self.head_done = True
-        c.up_head(code, reason, hs, conn_tokens, self.mode)
-        return buf
-
-    def _chunks(self, data: bytes) -> int:
-        """Advance the chunked parser over data; the index just past the end of
-        the message, or -1 when the message continues."""
-        i = 0
-        n = len(data)
-        while i < n:
-            s = self.cstate
-            if s == _C_DATA:
-                take = min(self.left, n - i)
-                i += take
-                self.left -= take
-                if self.left == 0:
-                    self.cstate = _C_DATA_END
-                    self.line = b""
-                continue
-            j = data.find(b"\n", i)
-            if j < 0:
-                self.line += data[i:]
-                if len(self.line) > MAX_CHUNK_LINE:
-                    raise UpstreamError(502, "the upstream application sent an invalid response")
-                return -1
-            line = self.line + data[i : j + 1]
-            self.line = b""
-            i = j + 1
-            if len(line) > MAX_CHUNK_LINE:
-                raise UpstreamError(502, "the upstream application sent an invalid response")
-            if s == _C_SIZE:
-                size = line.split(b";", 1)[0].strip()
-                try:
-                    self.left = int(size, 16)
-                except ValueError:
-                    raise UpstreamError(502, "the upstream application sent an invalid response") from None
-                if not size or size[:1] in (b"-", b"+") or self.left < 0:
-                    raise UpstreamError(502, "the upstream application sent an invalid response")
-                self.cstate = _C_DATA if self.left else _C_TRAILER
-            elif s == _C_DATA_END:
-                if line.strip():
-                    raise UpstreamError(502, "the upstream application sent an invalid response")
-                self.cstate = _C_SIZE
-            elif not line.strip():  # trailer section: ends with an empty line
-                return i
-        return -1
+# --- the handler ------------------------------------------------------------------------
 
 
-# --- client side ------------------------------------------------------------------------------
+class Proxy:
+    """The client-facing handler of proxy mode: decide, then forward or 429."""
 
-_RL_LOWER = {}
+    wanted: frozenset[str] | None = None  # every field: they are forwarded
 
-
-def _lower_keys(rh: dict[str, str]) -> frozenset[str]:
-    key = tuple(rh)
-    s = _RL_LOWER.get(key)
-    if s is None:
-        s = _RL_LOWER[key] = frozenset(k.lower() for k in rh)
-    return s
-
-
-class FastProxyProtocol(FastHTTPProtocol):
-    """The client side of the proxy fast path (one request in flight per
-    connection; pipelined requests wait in the buffer)."""
-
-    def __init__(self, sc, aio_factory, pool: UpstreamPool) -> None:
+    def __init__(self, sc: Sidecar, pool: UpstreamPool, *, request_buffer: int = 1024 * 1024):
         self.sc = sc
-        self.aio = aio_factory
         self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.buf = b""
-        self.busy = False
-        self.peer = ""
-        self.last = time.monotonic()
-        self.loop: asyncio.AbstractEventLoop | None = None  # FastHTTPProtocol._loop
-        self.paused = 0  # reasons reading is paused: 1 buffer full, 2 upstream busy, 4 waiting
-        self.write_paused = False
-        # the request in flight
-        self.up: UpstreamConn | None = None
-        self.keep = True
-        self.head_only = False
-        self.method = "GET"
-        self.body_left = 0  # request body bytes still to come from the client
-        self.pending: list[bytes] = []  # request bytes waiting for an upstream connection
-        self.pending_size = 0
-        self.discarding = False  # a 429 was sent: swallow the rest of the body
-        self.rh: dict[str, str] = {}
-        self.sent_head = False
-        self.hpend = b""
-        self.rechunk = False
-        self.replayable = False  # the whole request is in `sent` (can be retried)
-        self.sent = b""
-        self.retried = False
-        self.closed = False
-        self.lingering = False
+        self.request_buffer = request_buffer
 
-    # -- asyncio.Protocol ----------------------------------------------------------------
+    def bad_request(self) -> None:
+        self.sc.front.request("proxy", "bad_request")
 
-    def connection_lost(self, exc) -> None:
-        self.closed = True
-        self.sc.state.conns.discard(self)
-        self.buf = b""
-        self.pending = []
-        up = self.up
-        if up is not None:  # mid-exchange: the upstream connection cannot be reused
-            self.up = None
-            up.client = None
-            up.close()
-
-    def pause_writing(self) -> None:  # response backpressure
-        self.write_paused = True
-        up = self.up
-        if up is not None and not up.reading_paused and up.transport is not None:
-            up.reading_paused = True
-            up.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        up = self.up
-        if up is not None and up.reading_paused and up.transport is not None:
-            up.reading_paused = False
-            up.transport.resume_reading()
-
-    def pause_reading(self, why: int) -> None:
-        if not self.paused and self.transport is not None:
-            self.transport.pause_reading()
-        self.paused |= why
-
-    def resume_reading(self, why: int) -> None:
-        if self.paused & why:
-            self.paused &= ~why
-            if not self.paused and self.transport is not None and not self.closed:
-                self.transport.resume_reading()
-
-    def data_received(self, data: bytes) -> None:
-        self.last = time.monotonic()
-        if self.lingering:
-            return
-        n = self.body_left
-        if n:
-            if len(data) <= n:
-                self.body_left = n - len(data)
-                self._body(data)
-                return
-            self.body_left = 0
-            self._body(data[:n])
-            data = data[n:]
-        self.buf = self.buf + data if self.buf else data
-        if not self.busy:
-            self._process()
-        elif len(self.buf) > 4 * MAX_HEAD:
-            self.pause_reading(1)
-
-    def _body(self, data: bytes) -> None:
-        if self.discarding:
-            return
-        up = self.up
-        if up is not None and up.transport is not None:
-            up.transport.write(data)
-        else:
-            self.pending.append(data)
-            self.pending_size += len(data)
-            if self.pending_size > HIGH_WATER:
-                self.pause_reading(4)
-
-    # -- requests ------------------------------------------------------------------------
-
-    def _process(self) -> None:
-        buf = self.buf
-        while buf and not self.busy:
-            hs: list[tuple[str, str, str]] = []
-            r = parse_request(buf, hs)
-            if not r:
-                if r is None:
-                    break
-                return self._handoff(buf)
-            end, method, target, http10, h = r
-            if http10:
-                return self._handoff(buf)  # HTTP/1.0: aiohttp
-            if not target.startswith("/") or not method:
-                return self._handoff(buf)  # absolute-form, asterisk-form
-            if target.startswith(ADMIN_PREFIX) and (len(target) == 10 or target[10] in "/?"):
-                return self._handoff(buf)
-            if "transfer-encoding" in h or "expect" in h or "upgrade" in h:
-                return self._handoff(buf)
-            cl = h.get("content-length")
-            if cl is not None and not cl.isdigit():
-                return self._handoff(buf)
-            blen = int(cl) if cl else 0
-            conn = h.get("connection")
-            conn_tokens = _tokens(conn) if conn is not None else None
-            if conn_tokens is not None:  # "Connection" may come more than once
-                for _, value, k in hs:
-                    if k == "connection":
-                        conn_tokens |= _tokens(value)
-            self.keep = conn_tokens is None or "close" not in conn_tokens
-            buf = buf[end + 4 :]
-            body = b""
-            if blen:
-                body = buf[:blen]
-                buf = buf[blen:]
-                self.body_left = blen - len(body)
-            self.buf = buf
-            self._serve(method, target, h, hs, conn_tokens, body)
-            buf = self.buf
-        self.buf = buf
-        if self.paused & 1 and not self.busy:
-            self.resume_reading(1)
-
-    def _serve(self, method, target, h, hs, conn_tokens, body: bytes) -> None:
+    def handle(self, conn: HttpConnection, req: Request) -> Any:
         sc = self.sc
-        self.busy = True
-        self.method = method
-        self.head_only = method == "HEAD"
-        self.sent_head = False
-        self.hpend = b""
-        self.rechunk = False
-        self.discarding = False
-        self.retried = False
-        self.pending = []
-        self.pending_size = 0
-        descs = sc._descriptors(self.peer, h, method, lambda: path_of_uri(target))
-        fwd = self._forward_head(method, target, hs, conn_tokens)
+        descs = sc.descriptors(conn.peer, req.fields, req.method, lambda: path_of_uri(req.path))
         lim = sc.limiter
         if lim.is_sync:
-            self._decided(lim.check_nowait(CheckRequest.simple(lim.rules.domain, descs)), fwd, body)
-        else:
-            self._loop().create_task(self._decide_async(descs, fwd, body))
+            result = lim.check_nowait(CheckRequest.simple(lim.rules.domain, descs))
+            if result.code == OVER_LIMIT:
+                return self._denied(req, result)
+            return self._forward(conn, req, result)
+        return self._decide_then_forward(conn, req, descs)
 
-    async def _decide_async(self, descs, fwd, body) -> None:
+    def _denied(self, req: Request, result: CheckResult) -> bytes:
+        self.sc.front.request("proxy", "over_limit")
+        if req.body is not None and not req.body.done:
+            req.keep = False  # its upload is not read: the connection ends after the answer
+        body = problem_body(result, 429).encode()
+        return responses.response(
+            429, rate_headers(result), body, responses.PROBLEM_CT, keep=req.keep, http10=req.http10
+        )
+
+    async def _decide_then_forward(self, conn: HttpConnection, req: Request, descs: list) -> bytes | None:
         lim = self.sc.limiter
-        try:
-            result = await lim.check(CheckRequest.simple(lim.rules.domain, descs))
-        except Exception:  # never leave the connection hanging
-            log.exception("decision failed")
-            self.keep = False
-            self._reply(Reply.problem(500, "Internal Server Error", "the sidecar failed to decide; see its log"))
-            return self._done()
-        self._decided(result, fwd, body)
-
-    def _decided(self, result, fwd: bytes, body: bytes) -> None:
-        if self.closed:
-            return
-        rh = rate_headers(result)
-        self.rh = rh
+        result = await lim.check(CheckRequest.simple(lim.rules.domain, descs))
         if result.code == OVER_LIMIT:
-            self.sc.front.request("proxy", "over_limit")
-            self.pending = []
-            self.pending_size = 0
-            if self.body_left:
-                self.discarding = True
-                self.keep = False  # do not wait for the rest of a body nobody wants
-            self._reply(Reply(429, rh, problem_body(result, 429)))
-            return self._done()
-        # body bytes that came while an asynchronous decision was pending follow `body`
-        self.pending[:0] = [fwd, body] if body else [fwd]
-        self.pending_size += len(fwd) + len(body)
-        self.replayable = self.body_left == 0 and self.method in IDEMPOTENT
+            return self._denied(req, result)
+        return await self._forward(conn, req, result)
+
+    async def _forward(self, conn: HttpConnection, req: Request, result: CheckResult) -> bytes | None:
+        sc = self.sc
+        rh = rate_headers(result)
         if result.delay > 0:
-            self._loop().call_later(min(result.delay, MAX_DELAY), self._go)
-        else:
-            self._go()
-
-    def _go(self) -> None:
-        if self.closed:
-            return
-        up = self.pool.take()
-        if up is not None:
-            return self._attach(up)
-        self._loop().create_task(self._connect())
-
-    async def _connect(self) -> None:
+            await asyncio.sleep(min(result.delay, MAX_DELAY))
+        # the body, buffered up to request_buffer before any upstream connection is used
+        body = req.body
+        buffered: list[bytes] = []
+        n = 0
+        whole = body is None
+        if body is not None:
+            while n <= self.request_buffer:
+                part = await body.read()
+                if not part:
+                    whole = True
+                    break
+                buffered.append(part)
+                n += len(part)
+        length = n if whole and body is not None else (body.length if body is not None else None)
+        head = self._request_head(conn, req, length)
+        retry = whole and body is None and req.method in IDEMPOTENT
         try:
-            up = await self.pool.connect()
+            for attempt in (0, 1):
+                up, pooled = await self._send(req, head, buffered, whole, fresh=attempt > 0)
+                if not whole:
+                    assert body is not None
+                    await self._stream_body(up, body, chunked=body.length is None)
+                try:
+                    return await self._relay(conn, req, up, rh)
+                except UpstreamError:
+                    # a pooled connection the upstream closed while it was idle: once more, fresh
+                    if attempt == 0 and pooled and retry and not up.got_bytes:
+                        continue
+                    raise
+            raise AssertionError("unreachable")
         except UpstreamError as exc:
-            return self.up_failed(exc, False)
-        if self.closed:
-            self.pool.release(up)
-            return
-        self._attach(up)
+            sc.front.request("proxy", "upstream_error")
+            if exc.status == 502:
+                log.warning("upstream %s: %s", self.pool.origin.url, exc.detail)
+            return responses.problem(
+                exc.status, responses.REASONS[exc.status], exc.detail, rh, keep=req.keep, http10=req.http10
+            )
 
-    def _attach(self, up: UpstreamConn) -> None:
-        self.up = up
-        data = b"".join(self.pending) if len(self.pending) > 1 else self.pending[0]
-        self.pending = []
-        self.pending_size = 0
-        self.sent = data if self.replayable else b""
-        if self.write_paused and up.transport is not None:
-            up.reading_paused = True
-            up.transport.pause_reading()
-        up.start(self, data, self.head_only)
-        self.resume_reading(4)
-
-    def _forward_head(self, method: str, target: str, hs, conn_tokens) -> bytes:
-        pool = self.pool
-        out = [f"{method} {pool.base}{target} HTTP/1.1\r\n"]
-        xff: list[str] | None = None
-        via: list[str] | None = None
-        host = False
-        for name, value, k in hs:
-            if k in _EXTRA_HOP or (conn_tokens is not None and k in conn_tokens):
+    def _request_head(self, conn: HttpConnection, req: Request, length: int | None) -> bytes:
+        drop = _dropped(req.headers, _NOT_FORWARDED)
+        lines = [f"{req.method} {self.pool.origin.base}{req.path}{'?' + req.query if req.query else ''} HTTP/1.1\r\n"]
+        # X-Forwarded-For and Via are extended where they first appear (several field
+        # lines are one list: RFC 9110 §5.3), else added at the end
+        xff: list[str] = []
+        via: list[str] = []
+        at: dict[str, int] = {}
+        for k, v in req.headers:
+            kl = k.lower()
+            if kl in drop:
                 continue
-            if k == "x-forwarded-for":
-                if xff is None:
-                    xff = [value]
-                    out.append(None)  # type: ignore[arg-type]  # placeholder, first occurrence
-                    xff_at = len(out) - 1
-                else:
-                    xff.append(value)
+            if kl == "x-forwarded-for" or kl == "via":
+                (xff if kl == "x-forwarded-for" else via).append(v)
+                if kl in at:
+                    continue
+                at[kl] = len(lines)
+                lines.append(k)
                 continue
-            if k == "via":
-                if via is None:
-                    via = [value]
-                    out.append(None)  # type: ignore[arg-type]
-                    via_at = len(out) - 1
-                else:
-                    via.append(value)
-                continue
-            if k == "host":
-                host = True
-            out.append(f"{name}: {value}\r\n")
-        if not host:
-            out.insert(1, f"Host: {pool.hostport}\r\n")
-            if xff is not None:
-                xff_at += 1
-            if via is not None:
-                via_at += 1
-        peer = self.peer
-        if xff is None:
-            out.append(f"X-Forwarded-For: {peer}\r\n")
-        else:
-            out[xff_at] = f"X-Forwarded-For: {', '.join(xff)}, {peer}\r\n"
-        if via is None:
-            out.append("Via: 1.1 netlimit\r\n")
-        else:
-            out[via_at] = f"Via: {', '.join(via)}, 1.1 netlimit\r\n"
-        out.append("\r\n")
-        return "".join(out).encode("latin-1")
-
-    # -- replies from the upstream ---------------------------------------------------------
-
-    def up_head(self, code: int, reason: str, hs, conn_tokens, mode: int) -> None:
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        rh = self.rh
-        rl = _lower_keys(rh) if rh else ()
-        out = [f"HTTP/1.1 {code} {reason}\r\n"]
-        for name, value, k in hs:
-            if k in HOP_BY_HOP or k in rl or (conn_tokens is not None and k in conn_tokens):
-                continue
-            out.append(f"{name}: {value}\r\n")
-        for k, v in rh.items():
-            out.append(f"{k}: {v}\r\n")
-        if mode == _CHUNKED or mode == _CLOSE:
-            out.append("Transfer-Encoding: chunked\r\n")
-            self.rechunk = mode == _CLOSE
-        if self.body_left:
-            self.keep = False  # the upstream answered before the whole body came
-        if not self.keep:
-            out.append("Connection: close\r\n")
-        out.append("\r\n")
-        self.sent_head = True
-        self.hpend = "".join(out).encode("latin-1")  # written with the first body bytes
-
-    def up_body(self, data: bytes) -> None:
-        t = self.transport
-        if t is not None and not self.head_only:
-            h = self.hpend
-            if h:
-                self.hpend = b""
-                t.write(h + data)  # one segment, one wake-up of the client, for small responses
+            lines.append(f"{k}: {v}\r\n")
+        xff.append(conn.peer)
+        via.append("1.0 netlimit" if req.http10 else "1.1 netlimit")
+        for kl, name, values in (("x-forwarded-for", "X-Forwarded-For", xff), ("via", "Via", via)):
+            if kl in at:
+                lines[at[kl]] = f"{lines[at[kl]]}: {', '.join(values)}\r\n"
             else:
-                t.write(data)
+                lines.append(f"{name}: {', '.join(values)}\r\n")
+        if req.body is not None:
+            lines.append(f"Content-Length: {length}\r\n" if length is not None else "Transfer-Encoding: chunked\r\n")
+        lines.append("\r\n")
+        return "".join(lines).encode("latin-1")
 
-    def up_body_rechunk(self, data: bytes) -> None:
-        self.up_body(b"%x\r\n%b\r\n" % (len(data), data))
+    async def _send(
+        self, req: Request, head: bytes, buffered: list[bytes], whole: bool, fresh: bool
+    ) -> tuple[UpstreamConn, bool]:
+        """The request head and what is buffered of its body, on a pooled (unless
+        ``fresh``) or new connection; (connection, whether it was pooled)."""
+        pool = self.pool
+        chunked = not whole and req.body is not None and req.body.length is None
+        body = b"".join(buffered)
+        if chunked and body:
+            body = _chunk(body)
+        up = None if fresh else pool.take()
+        pooled = up is not None
+        if up is None:
+            up = await pool.connect()
+        up.start(head_only=req.method == "HEAD")
+        up.transport.write(head + body)
+        return up, pooled
 
-    def flush_head(self) -> None:
-        h = self.hpend
-        if h:
-            self.hpend = b""
-            t = self.transport
-            if t is not None:
-                t.write(h)
+    async def _stream_body(self, up: UpstreamConn, body: Any, chunked: bool) -> None:
+        """The rest of the body, as it comes; stops when the upstream answers first
+        (e.g. 413 before reading an upload: its answer is relayed, and the client
+        connection ends after it)."""
+        while True:
+            if up.head_done or up.error is not None:
+                return
+            read = asyncio.ensure_future(body.read())
+            answered = asyncio.ensure_future(up.wait(self.pool.read_timeout))
+            try:
+                await asyncio.wait((read, answered), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for f in (read, answered):
+                    if not f.done():
+                        f.cancel()
+            if not read.done() or read.cancelled():
+                await asyncio.gather(read, answered, return_exceptions=True)
+                return
+            answered.cancel()
+            await asyncio.gather(answered, return_exceptions=True)
+            part = read.result()
+            if up.transport is None or up.transport.is_closing():
+                return  # the upstream went away: _relay says how
+            if not part:
+                if chunked:
+                    up.transport.write(b"0\r\n\r\n")
+                return
+            up.transport.write(_chunk(part) if chunked else part)
+            await up.drain()
 
-    def up_body_close_end(self) -> None:
-        """The upstream closed the connection: the end of a close-delimited body."""
-        self.up = None
-        if self.head_only:
-            self.flush_head()
+    async def _relay(self, conn: HttpConnection, req: Request, up: UpstreamConn, rh: dict[str, str]) -> bytes | None:
+        sc = self.sc
+        timeout = self.pool.read_timeout
+        while not up.head_done:
+            if up.error is not None:
+                raise up.error
+            await up.wait(timeout)
+        if up.error is not None:
+            raise up.error
+        keep = req.keep and (req.body is None or req.body.done)  # an unread upload ends the connection
+        # the client's framing: the upstream's length, else chunked (HTTP/1.1) or close
+        drop = _dropped(up.headers, HOP_BY_HOP | {"content-length"})
+        headers = [(k, v) for k, v in up.headers if k.lower() not in drop and k not in rh]
+        headers.extend(rh.items())
+        chunk_out = False
+        no_body = req.method == "HEAD" or up.status in (204, 304)
+        if up.status in (204, 304):
+            framing = ""
+        elif req.method == "HEAD":
+            cl = next((v for k, v in up.headers if k.lower() == "content-length"), None)
+            framing = f"Content-Length: {cl}\r\n" if cl is not None else ""
+        elif up.length is not None:
+            framing = f"Content-Length: {up.length}\r\n"
+        elif req.http10:
+            framing, keep = "", False  # close-delimited
         else:
-            self.up_body(b"0\r\n\r\n")
-        self.sc.front.request("proxy", "ok")
-        self._done()
-
-    def up_done(self) -> None:
-        self.up = None
-        self.flush_head()
-        self.sc.front.request("proxy", "ok")
-        self._done()
-
-    def up_lost(self, up: UpstreamConn, head_done: bool, got: bool) -> None:
-        """The upstream connection closed before the response was complete."""
-        self.up = None
-        if not got and up.used > 1 and self.sent and not self.retried and not self.closed:
-            # a pooled connection the upstream had closed meanwhile: once more, on a new one
-            self.retried = True
-            self.pending = [self.sent]
-            self.pending_size = len(self.sent)
-            self._loop().create_task(self._connect())
-            return
-        self.up_failed(
-            UpstreamError(
-                502,
-                "the upstream application closed the connection before answering"
-                if not head_done
-                else "the upstream application broke off its response",
-            ),
-            head_done,
+            framing, chunk_out = "Transfer-Encoding: chunked\r\n", True
+        if not keep:
+            req.keep = False
+            framing += "Connection: close\r\n"
+        elif req.http10:
+            framing += "Connection: keep-alive\r\n"
+        conn.write_now(
+            responses.status_line(up.status) + responses.encode_headers(headers) + framing.encode("latin-1") + b"\r\n"
         )
-
-    def up_failed(self, exc: UpstreamError, head_done: bool) -> None:
-        self.up = None
-        self.sc.front.request("proxy", "upstream_error")
-        if head_done or self.sent_head:
-            # the response cannot be completed: the client must see it broken
-            # (closed, not reset: the client sees the framing cut short)
-            log.warning("upstream %s:%s: %s", self.pool.host, self.pool.port, exc.detail)
-            self.keep = False
-            self.busy = False
-            if self.transport is not None:
-                self.transport.close()
-            return
-        if self.body_left:
-            self.discarding = True
-            self.keep = False
-        self._reply(
-            Reply.problem(exc.status, "Bad Gateway" if exc.status == 502 else "Gateway Timeout", exc.detail),
-            extra=self.rh,
-        )
-        self._done()
-
-    # -- own answers -------------------------------------------------------------------------
-
-    def _reply(self, reply: Reply, extra: dict[str, str] | None = None) -> None:
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        parts = [f"HTTP/1.1 {reply.status} {_REASON.get(reply.status, 'Unknown')}\r\n"]
-        for k, v in (extra or reply.headers).items():
-            parts.append(f"{k}: {v}\r\n")
-        body = reply.body.encode()
-        parts.append(f"Content-Type: {PROBLEM_TYPE}; charset=utf-8\r\nContent-Length: {len(body)}\r\n")
-        if not self.keep:
-            parts.append("Connection: close\r\n")
-        parts.append("Server: netlimit\r\nDate: ")
-        tail = b"\r\n\r\n" if self.head_only else b"\r\n\r\n" + body
-        t.write("".join(parts).encode("latin-1") + http_date_bytes() + tail)
-
-    def _done(self) -> None:
-        """The response is complete: the next request, or close."""
-        self.busy = False
-        self.sent = b""
-        self.rh = {}
-        t = self.transport
-        if t is None or self.closed:
-            return
-        if not self.keep:
-            self.buf = b""
-            if self.body_left or self.discarding:
-                return self._linger(t)
-            t.close()
-            return
-        self.resume_reading(6)
-        if self.buf:
-            self._process()
-        elif self.paused & 1:
-            self.resume_reading(1)
-
-    def _linger(self, t: asyncio.Transport) -> None:
-        """Close without destroying the response: the client may still be sending
-        a body nobody reads, and closing with unread input resets the connection
-        (the client could lose the response).  Half-close, drop what comes for a
-        while, then close (nginx's lingering_close)."""
-        self.lingering = True
-        self.busy = True
-        self.body_left = 0
-        self.paused = 0
         try:
-            t.resume_reading()
-            t.write_eof()
-        except (OSError, RuntimeError, NotImplementedError):
-            t.close()
-            return
-        self._loop().call_later(LINGER, t.close)
+            while True:
+                data = up.take()
+                if data and not no_body:
+                    conn.write_now(_chunk(data) if chunk_out else data)
+                    await conn.drain()
+                if up.complete:
+                    break
+                if up.error is not None:
+                    raise up.error
+                await up.wait(timeout)
+        except (UpstreamError, ConnectionError):
+            # the response cannot be completed: the client must not take a cut one for whole
+            sc.front.request("proxy", "upstream_error")
+            up.close()
+            if conn.transport is not None:
+                conn.transport.abort()
+            return None
+        if chunk_out:
+            conn.write_now(b"0\r\n\r\n")
+        self.pool.give_back(up)
+        sc.front.request("proxy", "ok")
+        return None
 
 
-_REASON = {502: "Bad Gateway", 504: "Gateway Timeout", 429: "Too Many Requests", 500: "Internal Server Error"}
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)

@@ -1,123 +1,140 @@
-"""Running the sidecar: the listener (fast path, aiohttp behind it), signals,
-the gRPC door beside it, and a graceful stop."""
+"""Running the sidecar: its listeners, the gRPC door beside them, signals, and
+a graceful stop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import time
 from typing import Any
 
-from aiohttp import web
-
+from ..listen import format_hostport
 from ..rls.server import GrpcServer
-from . import httphead
-from .app import FastCheckProtocol, Sidecar
-from .proxy import FastProxyProtocol
+from .app import Sidecar
+from .endpoints import Endpoints
+from .http11 import HttpConnection, Limits
+from .proxy import Origin, Proxy, UpstreamPool
 
 log = logging.getLogger("netlimit.sidecar")
 
+#: how long a stop waits for answers in flight (proxied streams can be long)
+STOP_GRACE = 5.0
 
-async def serve(sidecar: Sidecar, host: str, port: int, *, fast_path: bool = True) -> None:
+
+async def _listen(loop: asyncio.AbstractEventLoop, factory: Any, host: str, port: int, what: str) -> Any:
+    try:
+        return await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)
+    except OSError as exc:
+        raise SystemExit(f"cannot listen on {format_hostport(host, port)} ({what}): {exc.strerror or exc}") from None
+
+
+def _shown(server: Any, host: str, port: int) -> str:
+    a = server.sockets[0].getsockname() if server.sockets else (host, port)
+    return format_hostport(a[0], a[1])
+
+
+async def serve(
+    sc: Sidecar,
+    host: str,
+    port: int,
+    *,
+    admin: tuple[str, int] | None = None,
+    grpc: tuple[str, int] | None = None,
+    limits: Limits | None = None,
+    request_buffer: int = 1024 * 1024,
+    upstream_timeout: float = 300.0,
+    ready: asyncio.Future | None = None,
+) -> None:
     """Run until SIGTERM / SIGINT; SIGHUP reloads the rules.
 
-    Connections start on a fast path -- :class:`FastCheckProtocol` for the
-    decision endpoints, :class:`.proxy.FastProxyProtocol` in proxy mode -- and
-    aiohttp takes over a connection at its first request the fast path does not
-    serve; with ``fast_path=False`` aiohttp serves everything."""
-    await sidecar.start()  # the upstream session exists before the first request
-    aio = web.Server(sidecar.make_handler(), access_log=None)
+    Decision mode: the listener serves the decision and operator endpoints
+    (``admin``, if given, serves them too).  Proxy mode: the listener proxies every
+    path; the decision and operator endpoints are only on ``admin``."""
+    limits = limits or Limits()
     loop = asyncio.get_running_loop()
-    fast = fast_path
-    if fast and sidecar.upstream is not None:
-        pool = sidecar.pool
-
-        def factory() -> asyncio.Protocol:
-            return FastProxyProtocol(sidecar, aio, pool)
-    elif fast:
-
-        def factory() -> asyncio.Protocol:
-            return FastCheckProtocol(sidecar, aio)
+    pool: UpstreamPool | None = None
+    if sc.upstream is not None:
+        pool = UpstreamPool(Origin(sc.upstream), connect_timeout=5.0, read_timeout=upstream_timeout)
+        main: Any = Proxy(sc, pool, request_buffer=request_buffer)
     else:
-        factory = aio
+        main = Endpoints(sc)
+    await sc.start()
+    servers: list[Any] = []
+    gs: GrpcServer | None = None
     try:
-        listener = await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)
-    except OSError as exc:
-        await sidecar.stop()
-        raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, sidecar.on_sighup)
-    a = listener.sockets[0].getsockname() if listener.sockets else (host, port)
-    shown = f"[{a[0]}]:{a[1]}" if ":" in a[0] else f"{a[0]}:{a[1]}"
-    rs = sidecar.limiter.rules
-    mode = f"proxy to {sidecar.upstream}" if sidecar.upstream is not None else "decision endpoint"
-    store = "memory" if sidecar.storage == "memory" else "redis"
-    log.info(
-        "listening on http://%s (%s%s; domain %r, %d rules, store %s, on_store_failure %s)",
-        shown,
-        mode,
-        ", fast path" if fast else "",
-        rs.domain,
-        len(rs.rules),
-        store,
-        sidecar.limiter.on_store_failure,
-    )
-    if fast:
-        if httphead.IMPLEMENTATION == "c":
-            log.info("HTTP head parser: netlimit's C module (netlimit/sidecar/_httphead.c)")
-        else:
-            log.warning(
-                "HTTP head parser: the Python fallback (the C module was not built, or NETLIMIT_NO_EXTENSIONS "
-                "is set): about 40%% more CPU per decision; reinstall with a C compiler to build it"
+        s = await _listen(loop, lambda: HttpConnection(sc.state, main, limits), host, port, "the sidecar")
+        servers.append(s)
+        mode = f"proxy to {sc.upstream}" if pool is not None else "decision and operator endpoints"
+        rs = sc.limiter.rules
+        log.info(
+            "listening on http://%s (%s; domain %r, %d rules, store %s, on_store_failure %s; HTTP parser llhttp %s)",
+            _shown(s, host, port),
+            mode,
+            rs.domain,
+            len(rs.rules),
+            "memory" if sc.storage == "memory" else "redis",
+            sc.limiter.on_store_failure,
+            _llhttp_version(),
+        )
+        if admin is not None:
+            endpoints = Endpoints(sc)
+            a = await _listen(loop, lambda: HttpConnection(sc.state, endpoints, limits), admin[0], admin[1], "admin")
+            servers.append(a)
+            log.info("admin listener on http://%s (decision endpoints, /healthz, /metrics, /v1/rules)",
+                     _shown(a, *admin))  # fmt: skip
+        if grpc is not None:
+            gs = GrpcServer(sc.limiter, grpc[0], grpc[1], front=sc.front)
+            try:
+                await gs.start()
+            except OSError as exc:
+                raise SystemExit(str(exc)) from None
+            log.info(
+                "gRPC listening on %s (envoy.service.ratelimit.v3.RateLimitService, grpc.health.v1.Health; domain %r)",
+                gs.address,
+                rs.domain,
             )
-    try:
-        await stop.wait()
+        sweeper = asyncio.create_task(_sweep(sc))
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, sc.on_sighup)
+        if ready is not None and not ready.done():
+            ready.set_result([srv.sockets[0].getsockname()[1] for srv in servers])
+        try:
+            await stop.wait()
+        finally:
+            log.info("stopping")
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+            sweeper.cancel()
     finally:
-        log.info("stopping")
-        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(s)
-        listener.close()
-        # finish what is in flight, 5 s in all (not per connection: proxied streams can be long)
-        for _ in range(50):
-            if not any(conn.busy for conn in sidecar.state.conns):
-                break
-            await asyncio.sleep(0.1)
-        for conn in list(sidecar.state.conns):
-            if conn.transport is not None:
-                conn.transport.close()
-        await aio.shutdown(5.0)
-        await sidecar.stop()
+        for srv in servers:
+            srv.close()
+        if gs is not None:
+            await gs.stop()
+        # finish what is in flight, STOP_GRACE seconds in all
+        deadline = loop.time() + STOP_GRACE
+        while any(c.task is not None or c.queue for c in sc.state.conns) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(sc.state.conns):
+            conn.close()
+        if pool is not None:
+            pool.close()
+        await sc.stop()
 
 
-async def serve_with_grpc(
-    sidecar: Any, host: str, port: int, grpc_host: str, grpc_port: int, *, fast_path: bool = True
-) -> None:
-    """``app.serve`` plus the gRPC server on the same loop, sharing the sidecar's
-    limiter (rules, reloads, store) and metrics.  The gRPC server stops before
-    the sidecar closes its store."""
-    gs = GrpcServer(sidecar.limiter, grpc_host, grpc_port, front=sidecar.front)
-    try:
-        await gs.start()
-    except OSError as exc:
-        await sidecar.limiter.close()
-        raise SystemExit(str(exc)) from None
-    rs = sidecar.limiter.rules
-    log.info(
-        "gRPC listening on %s (envoy.service.ratelimit.v3.RateLimitService, grpc.health.v1.Health; domain %r)",
-        gs.address,
-        rs.domain,
-    )
-    sidecar_stop = sidecar.stop
+async def _sweep(sc: Sidecar) -> None:
+    """Header and keep-alive timeouts, checked twice a second for every connection."""
+    while True:
+        await asyncio.sleep(0.5)
+        try:
+            sc.state.sweep(time.monotonic())
+        except Exception:  # the sweep must go on
+            log.exception("connection sweep failed")
 
-    async def stop() -> None:  # serve() calls sidecar.stop() on its way out
-        await gs.stop()
-        await sidecar_stop()
 
-    sidecar.stop = stop
-    try:
-        await serve(sidecar, host, port, fast_path=fast_path)
-    finally:
-        sidecar.stop = sidecar_stop
-        await gs.stop()
+def _llhttp_version() -> str:
+    import httptools
+
+    return getattr(httptools, "__version__", "?")

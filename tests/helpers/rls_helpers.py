@@ -235,11 +235,15 @@ def grpc_sidecar(config: Path, *extra: str):
             "--grpc",
             "127.0.0.1:0",
             *extra,
+            *(["--admin-listen", "127.0.0.1:0"] if "--upstream" in extra else []),
         ]
     )
     try:
         p.grpc_port = int(p.wait_line(r"gRPC listening on 127\.0\.0\.1:(\d+)", timeout=20).group(1))
         p.port = int(p.wait_line(r"listening on http://127\.0\.0\.1:(\d+)", timeout=20).group(1))
+        p.admin_port = p.port
+        if "--upstream" in extra:
+            p.admin_port = int(p.wait_line(r"admin listener on http://[^:]+:(\d+)", timeout=20).group(1))
     except BaseException:
         p.stop()
         raise

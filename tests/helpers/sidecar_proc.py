@@ -189,26 +189,37 @@ class LogProc:
 
 
 class Sidecar(LogProc):
-    """`netlimit sidecar --config FILE --listen 127.0.0.1:0 ...`; the port is read
-    from its "listening on" log line (no free-port race)."""
+    """`netlimit sidecar --config FILE --listen 127.0.0.1:0 ...`; the ports are read
+    from its "listening on" / "admin listener on" log lines (no free-port race).
+    In proxy mode the admin listener (decision and operator endpoints) gets a port
+    of its own (``admin_port``); in decision mode it is the listener itself."""
 
     def __init__(self, config: Path, *extra: str):
-        super().__init__([*netlimit_cmd(), "sidecar", "--config", str(config), "--listen", "127.0.0.1:0", *extra])
+        args = list(extra)
+        if "--upstream" in args and "--admin-listen" not in args:
+            args += ["--admin-listen", "127.0.0.1:0"]
+        super().__init__([*netlimit_cmd(), "sidecar", "--config", str(config), "--listen", "127.0.0.1:0", *args])
         try:
             m = self.wait_line(r"listening on http://127\.0\.0\.1:(\d+)", timeout=15)
+            self.port = int(m.group(1))
+            self.admin_port = self.port
+            if "--admin-listen" in args:
+                self.admin_port = int(self.wait_line(r"admin listener on http://[^:]+:(\d+)", timeout=15).group(1))
         except BaseException:
             self.stop()
             raise
-        self.port = int(m.group(1))
         self.config = config
 
     def get(self, path: str, headers=None) -> Resp:
         return request(self.port, "GET", path, headers)
 
-    def post_json(self, path: str, obj, headers=None) -> Resp:
+    def admin(self, path: str, headers=None) -> Resp:
+        return request(self.admin_port, "GET", path, headers)
+
+    def post_json(self, path: str, obj, headers=None, *, admin: bool = False) -> Resp:
         body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
         h = {"Content-Type": "application/json", **(headers or {})}
-        return request(self.port, "POST", path, h, body)
+        return request(self.admin_port if admin else self.port, "POST", path, h, body)
 
 
 class Upstream(LogProc):

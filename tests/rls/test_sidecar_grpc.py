@@ -66,11 +66,11 @@ def test_one_core_three_front_doors_share_one_counter(tmp_path, upstream):
         assert health(sc.grpc_port) == health_pb2.HealthCheckResponse.SERVING
         me = [("remote_address", "127.0.0.1")]  # what the HTTP doors derive for this client
         assert request(sc.port, "GET", "/app/1").status == 200  # proxy
-        assert request(sc.port, "GET", "/_netlimit/v1/check").status == 200  # HTTP check
+        assert request(sc.admin_port, "GET", "/v1/check").status == 200  # HTTP check
         body = json.dumps(
             {"domain": "doors", "descriptors": [{"entries": [{"key": "remote_address", "value": "127.0.0.1"}]}]}
         ).encode()
-        r = request(sc.port, "POST", "/_netlimit/v1/check", {"Content-Type": "application/json"}, body)
+        r = request(sc.admin_port, "POST", "/v1/check", {"Content-Type": "application/json"}, body)
         assert r.status == 200 and r.json()["statuses"][0]["limitRemaining"] == 3  # JSON API
         r = grpc_call(sc.grpc_port, me)  # gRPC
         assert r.overall_code == OK and r.statuses[0].limit_remaining == 2
@@ -80,9 +80,9 @@ def test_one_core_three_front_doors_share_one_counter(tmp_path, upstream):
         # the 7th decision, whichever door it comes through, is over the limit
         assert grpc_call(sc.grpc_port, me).overall_code == OVER_LIMIT
         assert request(sc.port, "GET", "/app/3").status == 429
-        assert request(sc.port, "GET", "/_netlimit/v1/check").status == 429
+        assert request(sc.admin_port, "GET", "/v1/check").status == 429
         assert upstream.count() == 2
-        m = get_metrics(sc.port, "/_netlimit/metrics")
+        m = get_metrics(sc.admin_port, "/metrics")
         assert metric(m, "netlimit_http_requests_total", endpoint="grpc", result="ok") == 2
         assert metric(m, "netlimit_http_requests_total", endpoint="grpc", result="over_limit") == 1
         assert metric(m, "netlimit_http_requests_total", endpoint="proxy", result="ok") == 2

@@ -1,0 +1,157 @@
+"""The sidecar's own endpoints, as a handler of http11.HttpConnection: the
+decision endpoints (nginx auth_request, Envoy ext_authz, the JSON API) and the
+operator endpoints (/healthz, /metrics, /v1/rules).
+
+The common decision -- a bodiless GET /v1/check admitted by an in-process store
+-- is answered in the same loop iteration, from the decision, without building
+result objects; everything else goes through the general path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from ..errors import BadRequest
+from ..limit.headers import rate_headers
+from ..limit.limiter import OVER_LIMIT
+from ..limit.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..limit.request import CheckRequest
+from . import responses
+from .app import Reply, Sidecar
+from .http11 import ClientError, HttpConnection, Request
+from .json_api import parse_json_request, result_json
+
+#: the JSON API's body
+MAX_JSON_BODY = 64 * 1024
+#: the fields the decision endpoints read (header actions add theirs)
+_FIELDS = frozenset(
+    (
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "expect",
+        "x-original-uri",
+        "x-original-method",
+        "x-forwarded-uri",
+        "x-forwarded-method",
+        "x-forwarded-for",
+    )
+)
+_OK = (("check", "ok"), ("authz", "ok"))  # FrontStats.requests keys by endpoint kind
+
+
+class Endpoints:
+    """Routes a request head to an endpoint.  ``decisions``: serve /v1/check and
+    /v1/authz; ``admin``: serve /healthz, /metrics and /v1/rules."""
+
+    def __init__(self, sc: Sidecar, *, decisions: bool = True, admin: bool = True):
+        self.sc = sc
+        self.decisions = decisions
+        self.admin = admin
+        self._plan: Any = None
+        self._wanted: frozenset[str] = _FIELDS
+
+    @property
+    def wanted(self) -> frozenset[str]:
+        plan = self.sc.plan
+        if plan is not self._plan:  # the rules were reloaded: their header actions may differ
+            self._plan = plan
+            self._wanted = _FIELDS | plan.header_names
+        return self._wanted
+
+    def bad_request(self) -> None:
+        self.sc.front.request("http", "bad_request")
+
+    def handle(self, conn: HttpConnection, req: Request) -> Any:
+        path = req.path
+        method = req.method
+        if self.decisions:
+            if path == "/v1/check":
+                if method in ("GET", "HEAD"):
+                    return self._check(conn, req)
+                if method == "POST":
+                    return self._json(conn, req)
+                raise ClientError(405, "/v1/check takes GET (nginx auth_request) or POST (the JSON API)")
+            if path == "/v1/authz" or path.startswith("/v1/authz/"):
+                return self._decide(conn, req, 1, 429)
+        if self.admin and path in ("/healthz", "/metrics", "/v1/rules"):
+            if method not in ("GET", "HEAD"):
+                raise ClientError(405, f"{path} takes GET")
+            sc = self.sc
+            head = method == "HEAD"
+            if path == "/metrics":
+                return responses.response(
+                    200, None, sc.metrics.render(), METRICS_CONTENT_TYPE, keep=req.keep, http10=req.http10,
+                    head_only=head,
+                )  # fmt: skip
+            doc = sc.health() if path == "/healthz" else sc.rules_doc()
+            return responses.json_response(200, doc, keep=req.keep, http10=req.http10, head_only=head)
+        return responses.problem(404, "Not Found", f"no endpoint {path[:200]!r} here", keep=req.keep, http10=req.http10)
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def _check(self, conn: HttpConnection, req: Request) -> Any:
+        prep = self.sc.check_request(conn.peer, req.fields, req.query)
+        if isinstance(prep, Reply):
+            return prep.encode(req.keep, req.http10, req.method == "HEAD")
+        descs, deny = prep
+        return self._decided(req, 0, descs, deny)
+
+    def _decide(self, conn: HttpConnection, req: Request, kind: int, deny: int) -> Any:
+        descs = self.sc.authz_request(conn.peer, req.fields, req.method, req.path, req.query)
+        return self._decided(req, kind, descs, deny)
+
+    def _decided(self, req: Request, kind: int, descs: list, deny: int) -> Any:
+        sc = self.sc
+        lim = sc.limiter
+        if not lim.is_sync:
+            return self._later(req, kind, descs, deny)
+        result = lim.check_fast(descs)
+        if isinstance(result, tuple):  # one descriptor, admitted, no delay: (rule, decision)
+            rule, dec = result
+            sc.front.requests[_OK[kind]] += 1
+            return responses.ok_decision(
+                dec.limit, dec.remaining, dec.reset, rule.policy, rule.sf_name, req.keep, req.http10
+            )
+        reply = sc.decision_reply(("check", "authz")[kind], result, deny)
+        if reply.delay > 0:
+            return self._delayed(req, reply)
+        return reply.encode(req.keep, req.http10, req.method == "HEAD")
+
+    async def _later(self, req: Request, kind: int, descs: list, deny: int) -> bytes:
+        sc = self.sc
+        result = await sc.limiter.check(CheckRequest.simple(sc.limiter.rules.domain, descs))
+        reply = sc.decision_reply(("check", "authz")[kind], result, deny)
+        if reply.delay > 0:
+            await asyncio.sleep(reply.delay)
+        return reply.encode(req.keep, req.http10, req.method == "HEAD")
+
+    async def _delayed(self, req: Request, reply: Reply) -> bytes:
+        await asyncio.sleep(reply.delay)  # leaky bucket queue mode: the request's slot
+        return reply.encode(req.keep, req.http10, req.method == "HEAD")
+
+    async def _json(self, conn: HttpConnection, req: Request) -> bytes:
+        sc = self.sc
+        try:
+            raw = b"" if req.body is None else await req.body.read_all(MAX_JSON_BODY, "the JSON body")
+        except ClientError:
+            sc.front.request("json", "bad_request")
+            raise
+        try:
+            creq = parse_json_request(raw)
+        except BadRequest as exc:
+            sc.front.request("json", "bad_request")
+            return responses.problem(400, "Bad Request", str(exc), keep=req.keep, http10=req.http10)
+        result = await sc.limiter.check(creq)
+        over = result.code == OVER_LIMIT
+        sc.front.request("json", "over_limit" if over else "ok")
+        return responses.response(
+            429 if over else 200,
+            rate_headers(result),
+            json.dumps(result_json(result), separators=(",", ":")).encode(),
+            responses.JSON_CT,
+            keep=req.keep,
+            http10=req.http10,
+        )

@@ -1,0 +1,685 @@
+"""HTTP/1.1 server connections, parsed by llhttp (httptools) and bounded in
+every way a hostile client could push.
+
+llhttp, the parser of Node.js, runs in its strict mode (httptools' default: no
+leniency enabled): it refuses control bytes, NUL and bare CR in the request
+line and fields, obsolete line folding, malformed or duplicate
+``Content-Length``, ``Content-Length`` next to ``Transfer-Encoding``, and
+invalid chunk framing.  On top of it this module refuses, as nginx does, an
+HTTP/1.1 request without exactly one ``Host``, ``Transfer-Encoding`` on
+HTTP/1.0, ``CONNECT`` (405) and targets other than origin-form and
+absolute-form (400; absolute-form is taken by its path).
+
+Bounds, each with its own answer:
+
+* a request head must arrive whole within ``header_timeout`` of its first byte
+  (nginx's ``client_header_timeout``; 408 and close) and within ``max_head``
+  bytes (431);
+* a body must keep moving: ``body_timeout`` between two reads (408);
+* an idle keep-alive connection is closed after ``keepalive_timeout``;
+* at most ``max_pipeline`` requests wait behind the one being answered, and at
+  most ``max_body_buffer`` bytes of a body are buffered: beyond either, the
+  connection stops being read until they drain;
+* reading stops while the connection's write buffer is above its high-water
+  mark (a client that pipelines and never reads cannot grow our memory);
+* requests are answered one after the other by a loop, never by recursion.
+
+The connection hands each complete request head to a handler (the decision
+endpoints, the proxy, the admin endpoints: see :class:`Handler`), which answers
+at once with bytes, or with a coroutine for what must wait (a Redis store, an
+upstream).  Bad requests are counted and logged at most once per interval,
+never with a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httptools
+
+from ..logevery import LogEvery
+from . import responses
+
+log = logging.getLogger("netlimit.sidecar")
+_monotonic = time.monotonic
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: seconds an unwanted request body is still read (and dropped) after the answer,
+#: so that closing does not reset the connection under the answer (lingering close)
+LINGER = 2.0
+_bad_log = LogEvery(10.0)
+_NAMES: dict[bytes, str] = {}  # field names as sent -> lower-case text (names repeat: decode once)
+
+
+def _name(raw: bytes) -> str:
+    if len(_NAMES) >= 4096:  # clients choose names: bounded
+        _NAMES.clear()
+    s = _NAMES[raw] = raw.decode("latin-1").lower()
+    return s
+
+
+@dataclass
+class Limits:
+    """What one client connection may cost; the defaults follow nginx's."""
+
+    header_timeout: float = 30.0
+    body_timeout: float = 60.0
+    keepalive_timeout: float = 75.0
+    max_head: int = 64 * 1024
+    max_headers: int = 100
+    max_pipeline: int = 32
+    max_body_buffer: int = 256 * 1024
+    write_high: int = 256 * 1024
+    write_low: int = 64 * 1024
+
+
+class ClientError(Exception):
+    """A request answered with a 4xx and the connection closed (status, detail)."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+class Body:
+    """A request body as it arrives: a bounded buffer read by the handler."""
+
+    __slots__ = ("conn", "req", "length", "chunks", "size", "done", "error", "waiter", "received", "discard")
+
+    def __init__(self, conn: HttpConnection, req: Request, length: int | None):
+        self.conn = conn
+        self.req = req
+        self.length = length  # Content-Length, or None when chunked
+        self.chunks: deque[bytes] = deque()
+        self.size = 0
+        self.done = False
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future | None = None
+        self.received = 0
+        self.discard = False  # nobody will read it: drop what arrives
+
+    def feed(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.discard:
+            return
+        self.chunks.append(data)
+        self.size += len(data)
+        if self.size > self.conn.limits.max_body_buffer:
+            self.conn.pause("body")
+        self._wake()
+
+    def end(self) -> None:
+        self.done = True
+        self._wake()
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done:
+            self.error = exc
+            self.done = True
+            self._wake()
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def read(self) -> bytes:
+        """The next part of the body; b"" at its end.  ClientError on a client
+        that stops sending for ``body_timeout`` seconds or sends a broken body."""
+        conn = self.conn
+        req = self.req
+        if req.expect_continue and not req.continued:
+            req.continued = True
+            conn.write_now(CONTINUE)
+        while not self.chunks:
+            if self.error is not None:
+                raise self.error
+            if self.done:
+                return b""
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(self.waiter, conn.limits.body_timeout)
+            except TimeoutError:
+                raise ClientError(408, "the request body stopped arriving") from None
+            finally:
+                self.waiter = None
+        data = self.chunks.popleft()
+        self.size -= len(data)
+        if self.size <= conn.limits.max_body_buffer // 2:
+            conn.resume("body")
+        return data
+
+    async def read_all(self, limit: int, what: str = "the request body") -> bytes:
+        """The whole body, or ClientError 413 beyond ``limit`` bytes."""
+        if self.length is not None and self.length > limit:
+            raise ClientError(413, f"{what} is limited to {limit} bytes")
+        parts: list[bytes] = []
+        n = 0
+        while True:
+            data = await self.read()
+            if not data:
+                return b"".join(parts)
+            n += len(data)
+            if n > limit:
+                raise ClientError(413, f"{what} is limited to {limit} bytes")
+            parts.append(data)
+
+
+class Request:
+    """One parsed request head (and its body, if any)."""
+
+    __slots__ = (
+        "method",
+        "target",
+        "path",
+        "query",
+        "http10",
+        "headers",
+        "fields",
+        "keep",
+        "expect_continue",
+        "continued",
+        "body",
+        "error",
+        "_url",
+        "_size",
+        "_hosts",
+    )
+
+    def __init__(self) -> None:
+        self.method = ""
+        self.target = ""
+        self.path = ""  # origin-form path (absolute-form: its path), without the query
+        self.query = ""
+        self.http10 = False
+        self.headers: list[tuple[str, str]] = []  # every field as sent (when the handler wants them all)
+        self.fields: dict[str, str] = {}  # lower-case name -> value; repeated fields joined with ", "
+        self.keep = True
+        self.expect_continue = False
+        self.continued = False
+        self.body: Body | None = None
+        self.error: ClientError | None = None
+        self._url = b""
+        self._size = 0
+        self._hosts = 0
+
+
+class Handler(Protocol):
+    @property
+    def wanted(self) -> frozenset[str] | None:
+        """The header names the handler reads (lower case), or None for every field
+        (a proxy forwards them all); the others are not even decoded."""
+        ...
+
+    def handle(self, conn: HttpConnection, req: Request) -> bytes | Awaitable[bytes | None]:
+        """The whole answer now, or a coroutine that writes or returns it."""
+        ...
+
+    def bad_request(self) -> None:
+        """Count a request refused before it reached the handler."""
+        ...
+
+
+class ServerState:
+    """The running server, apart from the config-holding Sidecar: its client
+    connections (swept when idle, the oldest idle one shed at the cap, closed at
+    shutdown) and the answers held back until the end of the current loop
+    iteration (see :meth:`HttpConnection.write`)."""
+
+    __slots__ = ("conns", "out_batch", "max_connections", "shed")
+
+    def __init__(self, max_connections: int = 10_000) -> None:
+        self.conns: dict[HttpConnection, None] = {}  # insertion order: the oldest first
+        self.out_batch: list[tuple[Any, bytes, bool]] | None = None
+        self.max_connections = max_connections
+        self.shed = 0  # connections closed to make room
+
+    def add(self, conn: HttpConnection) -> bool:
+        """Register a new connection; at the cap, close the oldest idle one to make
+        room, and refuse the new one (False) when every connection is busy."""
+        if len(self.conns) >= self.max_connections:
+            victim = next((c for c in self.conns if c.idle), None)
+            if victim is None:
+                return False
+            self.shed += 1
+            victim.close()
+            self.conns.pop(victim, None)
+        self.conns[conn] = None
+        return True
+
+    def sweep(self, now: float) -> None:
+        """Close what overstayed: a request head slower than ``header_timeout`` (408),
+        an idle keep-alive connection older than ``keepalive_timeout``.  Run about
+        twice a second by the server: per-connection clocks, no timer per request."""
+        for c in list(self.conns):
+            lim = c.limits
+            if c.in_head:
+                if not c.paused and now - c.head_since > lim.header_timeout:
+                    c._refuse(ClientError(408, "the request head did not arrive in time"))
+            elif c.idle and c.task is None and not c.closing and now - c.last > lim.keepalive_timeout:
+                c.close()
+
+    def flush_out(self) -> None:
+        """Write the answers held back in this loop iteration."""
+        batch = self.out_batch
+        if batch is None:
+            return
+        self.out_batch = None
+        for t, out, close in batch:
+            if not t.is_closing():
+                try:
+                    t.write(out)
+                    if close:
+                        t.close()
+                except Exception:  # a transport gone under us: the others still go out
+                    log.debug("answer not written", exc_info=True)
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parse, queue, answer in order, within the limits."""
+
+    def __init__(self, state: ServerState, handler: Handler, limits: Limits):
+        self.state = state
+        self.handler = handler
+        self.limits = limits
+        self.wanted = handler.wanted
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: Any = None
+        self.peer = ""
+        self.queue: deque[Request] = deque()
+        self.cur: Request | None = None  # the request being parsed
+        self.task: asyncio.Task | None = None  # the answer being produced, if it had to wait
+        self.paused: set[str] = set()
+        self.write_paused = False
+        self._drained: asyncio.Future | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.head_since = 0.0  # when the request head being parsed began (sweep: header_timeout)
+        self.head_bytes = 0
+        self.in_head = False
+        self.lingering = False  # the answer is out; what still arrives is dropped
+        self.stopped = False  # no more requests are parsed (a parse error, an upgrade, a last answer)
+        self.closing = False
+        self.last = _monotonic()
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return self.cur is None and not self.queue
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
+        return loop
+
+    def pause(self, why: str) -> None:
+        if not self.paused and self.transport is not None:
+            self.transport.pause_reading()
+        self.paused.add(why)
+
+    def resume(self, why: str) -> None:
+        if why in self.paused:
+            self.paused.discard(why)
+            if not self.paused and self.transport is not None and not self.closing:
+                self.transport.resume_reading()
+                if self.in_head:  # the time we were not reading is not the client's
+                    self.head_since = _monotonic()
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if peer else ""
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        transport.set_write_buffer_limits(self.limits.write_high, self.limits.write_low)
+        if not self.state.add(self):
+            log.warning("connection from %s refused: %d connections, none idle", self.peer, len(self.state.conns))
+            self.closing = True
+            transport.abort()
+            return
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.state.conns.pop(self, None)
+        if self.task is not None:
+            self.task.cancel()
+        gone = ConnectionResetError("the client closed the connection")
+        for req in self.queue:
+            if req.body is not None:
+                req.body.fail(gone)
+        if self.cur is not None and self.cur.body is not None:
+            self.cur.body.fail(gone)
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_exception(gone)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self.pause("write")
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self.resume("write")
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def eof_received(self) -> bool:
+        # the client finished sending: answer what it asked, then close (a half-close
+        # with requests in flight is how some clients end)
+        if self.cur is not None and self.cur.body is not None:
+            self.cur.body.fail(ClientError(400, "the request body ended early"))
+        if self.idle and self.task is None:
+            return False
+        self.stopped = True
+        return True
+
+    def data_received(self, data: bytes) -> None:
+        if self.stopped or self.lingering:
+            return
+        self.last = _monotonic()
+        head = self.cur if self.in_head else None  # a head in progress before these bytes
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # CONNECT or an Upgrade request: its head is queued (on_headers_complete);
+            # what follows it is not HTTP for us
+            self.stopped = True
+            if self.queue:
+                req = self.queue[-1]
+                if req.method == "CONNECT":
+                    req.error = ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
+                else:
+                    req.error = ClientError(501, "protocol upgrades (WebSocket) are not supported by the sidecar")
+        except httptools.HttpParserError as exc:
+            self._refuse(ClientError(400, f"malformed request: {_reason(exc)}"))
+            return
+        if head is not None and self.in_head and self.cur is head:  # one head spanning whole reads
+            self.head_bytes += len(data)
+        if self.in_head and self.head_bytes > self.limits.max_head:
+            self._refuse(ClientError(431, f"the request head is larger than {self.limits.max_head} bytes"))
+            return
+        self._process()
+
+    # -- llhttp callbacks ----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.cur = Request()
+        self.wanted = self.handler.wanted  # per request: a reload may change what the actions read
+        self.head_bytes = 0
+        self.in_head = True
+        self.head_since = self.last
+
+    def on_url(self, url: bytes) -> None:
+        cur = self.cur
+        assert cur is not None
+        cur._url += url
+        self.head_bytes += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        cur = self.cur
+        assert cur is not None
+        cur._size += 1
+        self.head_bytes += len(name) + len(value) + 4
+        lname = _NAMES.get(name)
+        if lname is None:
+            lname = _name(name)
+        if lname == "host":
+            cur._hosts += 1
+        wanted = self.wanted
+        if wanted is not None and lname not in wanted:
+            return
+        v = value.decode("latin-1")
+        if wanted is None:
+            cur.headers.append((name.decode("latin-1"), v))
+        old = cur.fields.get(lname)
+        cur.fields[lname] = v if old is None else f"{old}, {v}"  # RFC 9110 §5.3: one list
+
+    def on_headers_complete(self) -> None:
+        cur = self.cur
+        assert cur is not None
+        self.in_head = False
+        p = self.parser
+        cur.method = p.get_method().decode("latin-1")
+        cur.http10 = p.get_http_version() == "1.0"
+        cur.keep = p.should_keep_alive()
+        f = cur.fields
+        cur.error = _check(cur, self.limits)
+        if cur.error is None and "expect" in f:
+            if f["expect"].lower() == "100-continue":
+                cur.expect_continue = not cur.http10
+            else:
+                cur.error = ClientError(417, "only 'Expect: 100-continue' is understood")
+        te = f.get("transfer-encoding")
+        cl = f.get("content-length")
+        if te is not None or (cl is not None and cl != "0"):
+            cur.body = Body(self, cur, int(cl) if te is None and cl is not None else None)
+        self.queue.append(cur)
+        if len(self.queue) > self.limits.max_pipeline:
+            self.pause("pipeline")
+
+    def on_body(self, data: bytes) -> None:
+        cur = self.cur
+        if cur is not None and cur.body is not None:
+            cur.body.feed(data)
+
+    def on_message_complete(self) -> None:
+        cur = self.cur
+        if cur is not None and cur.body is not None:
+            cur.body.end()
+        self.cur = None
+
+    # -- answering, in order -------------------------------------------------------------
+
+    def _refuse(self, err: ClientError) -> None:
+        """A request that cannot be parsed (or finish arriving): answered after the
+        ones before it, then the connection closes."""
+        self.stopped = True
+        cur, self.cur = self.cur, None
+        self.in_head = False
+        if cur is not None and cur.body is not None:  # refused mid-body: its reader answers
+            cur.keep = False
+            cur.body.fail(err)
+        else:
+            req = Request()
+            req.error = err
+            req.keep = False
+            self.queue.append(req)
+        self._process()
+
+    def _process(self) -> None:
+        """Answer queued requests one after the other (a loop, never recursion)."""
+        while self.queue and self.task is None and not self.closing:
+            req = self.queue[0]
+            if req.error is not None:
+                if req.error.status != 408:
+                    self._note_bad(req.error)
+                out: bytes | Awaitable[bytes | None] = responses.problem(
+                    req.error.status, responses.REASONS.get(req.error.status, "Error"), req.error.detail, keep=False
+                )
+                req.keep = False
+            else:
+                try:
+                    out = self.handler.handle(self, req)
+                except ClientError as exc:
+                    self._note_bad(exc)
+                    out = responses.problem(exc.status, responses.REASONS.get(exc.status, "Error"), exc.detail,
+                                            keep=False)  # fmt: skip
+                    req.keep = False
+            if isinstance(out, bytes):
+                self._done(req, out)
+                continue
+            self.task = self._loop().create_task(self._wait(req, out))
+            return
+        if len(self.queue) <= self.limits.max_pipeline // 2:
+            self.resume("pipeline")
+
+    async def _wait(self, req: Request, pending: Awaitable[bytes | None]) -> None:
+        out: bytes | None
+        try:
+            out = await pending
+        except ClientError as exc:
+            self._note_bad(exc)
+            out = responses.problem(exc.status, responses.REASONS.get(exc.status, "Error"), exc.detail, keep=False)
+            req.keep = False
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:  # never leave the connection hanging; the log stays bounded
+            held = _bad_log.due("handler-error")
+            if held >= 0:
+                log.exception("the answer failed; 500 (%d more since the last report)", held)
+            out = responses.problem(500, "Internal Server Error", "the sidecar failed; see its log", keep=False)
+            req.keep = False
+        self.task = None
+        self._done(req, out)
+        if not self.closing:
+            self._loop().call_soon(self._process)
+
+    def _done(self, req: Request, out: bytes | None) -> None:
+        """The answer of the oldest request is complete: send it and go on."""
+        if self.queue and self.queue[0] is req:
+            self.queue.popleft()
+        self.last = _monotonic()  # idle from now (keepalive_timeout)
+        body = req.body
+        unread = body is not None and not body.done
+        if out:
+            self.write(out, close=False)
+        if not req.keep or (self.stopped and not self.queue) or unread:
+            if body is not None:
+                body.discard = True
+            self._finish(linger=unread)
+
+    def _finish(self, linger: bool) -> None:
+        """Close after what is written; with an upload still arriving, stop writing
+        and keep reading (and dropping) it for a moment so that the close does not
+        reset the answer out of the client's buffer."""
+        self.stopped = True
+        self.closing = True
+        t = self.transport
+        if t is None:
+            return
+        self.state.flush_out()
+        if linger and t.can_write_eof():
+            try:
+                t.write_eof()
+            except OSError:
+                t.close()
+                return
+            self.lingering = True  # drop everything that still comes
+            self.stopped = False
+            self.paused.clear()
+            t.resume_reading()
+            self._loop().call_later(LINGER, t.close)
+        else:
+            t.close()
+
+    def write(self, out: bytes, close: bool = False) -> None:
+        """Send an answer at the end of this loop iteration, with every other answer
+        the iteration produces, back to back and in order per connection.  Each
+        write to a sleeping client wakes it; written back to back, the answers after
+        the first find it awake (docs/performance.md)."""
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        state = self.state
+        batch = state.out_batch
+        if batch is None:
+            try:
+                loop = self._loop()
+            except RuntimeError:  # driven by hand without a loop (tests): at once
+                t.write(out)
+                if close:
+                    t.close()
+                return
+            batch = state.out_batch = []
+            loop.call_soon(state.flush_out)
+        batch.append((t, out, close))
+
+    def write_now(self, out: bytes) -> None:
+        """Send at once (after what is batched): a streamed response's parts."""
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if self.state.out_batch:
+            self.state.flush_out()
+        t.write(out)
+
+    async def drain(self) -> None:
+        """Wait while the client's write buffer is above its high-water mark."""
+        if self.write_paused and not self.closing:
+            self._drained = self._loop().create_future()
+            try:
+                await self._drained
+            finally:
+                self._drained = None
+
+    def close(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.state.flush_out()
+            self.transport.close()
+
+    def _note_bad(self, err: ClientError) -> None:
+        self.handler.bad_request()
+        held = _bad_log.due("bad-request")
+        if held >= 0:
+            more = f" ({held} more since the last report)" if held else ""
+            log.info("request from %s refused with %d: %s%s", self.peer, err.status, err.detail[:200], more)
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc) or type(exc).__name__
+    return text[:100]
+
+
+def _check(req: Request, limits: Limits) -> ClientError | None:
+    """What nginx refuses and llhttp lets through; the target split into path and query."""
+    if req._size > limits.max_headers:
+        return ClientError(431, f"more than {limits.max_headers} header fields")
+    f = req.fields
+    if req.http10:
+        if "transfer-encoding" in f:
+            return ClientError(400, "Transfer-Encoding is not allowed in HTTP/1.0")
+    elif req._hosts != 1:
+        return ClientError(400, "HTTP/1.1 requests need exactly one Host header")
+    if req.method == "CONNECT":
+        return ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
+    target = req._url.decode("latin-1")
+    req.target = target
+    if target.startswith("/"):
+        path = target
+    elif target.startswith(("http://", "https://")):  # absolute-form (RFC 9112 §3.2.2): its path
+        rest = target[target.index("//") + 2 :]
+        cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+        authority = rest[:cut]
+        if not authority or "@" in authority:
+            return ClientError(400, "an absolute-form target needs a host and no user information")
+        path = rest[cut:] or "/"
+        if path.startswith("?"):
+            path = "/" + path
+    elif target == "*":
+        return ClientError(400, "asterisk-form targets (OPTIONS *) are not served")
+    else:
+        return ClientError(400, "the request target must be a path (origin-form) or an absolute URL")
+    q = path.find("?")
+    if q >= 0:
+        req.path, req.query = path[:q], path[q + 1 :]
+    else:
+        req.path = path
+    h = path.find("#")
+    if h >= 0:
+        return ClientError(400, "a fragment is not part of a request target")
+    return None
