@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
+import re
 import socket
 import statistics
 import subprocess
@@ -224,7 +226,14 @@ async def run(seconds: float, max_connections: int) -> tuple[Stats, dict]:
         up.close()
         log.close()
     text = (d / "sidecar.log").read_text()
-    return st, {"tracebacks": text.count("Traceback"), "log_lines": len(text.splitlines())}
+    # which messages the log holds, by shape (digits and addresses folded), most frequent first
+    kinds = collections.Counter(re.sub(r"[0-9]+", "N", line.split(": ", 1)[-1])[:100] for line in text.splitlines())
+    return st, {
+        "tracebacks": text.count("Traceback"),
+        "log_lines": len(text.splitlines()),
+        "log_bytes": len(text),
+        "log_kinds": dict(kinds.most_common(8)),
+    }
 
 
 def main() -> int:

@@ -348,7 +348,11 @@ class HttpConnection(asyncio.Protocol):
                 pass
         transport.set_write_buffer_limits(self.limits.write_high, self.limits.write_low)
         if not self.state.add(self):
-            log.warning("connection from %s refused: %d connections, none idle", self.peer, len(self.state.conns))
+            held = _bad_log.due("refused")
+            if held >= 0:
+                more = f" ({held} more since the last report)" if held else ""
+                n = len(self.state.conns)
+                log.warning("connection from %s refused: %d connections, none idle%s", self.peer, n, more)
             self.closing = True
             transport.abort()
             return

@@ -46,11 +46,13 @@ from ..limit.actions import path_of_uri
 from ..limit.headers import problem_body, rate_headers
 from ..limit.limiter import OVER_LIMIT, CheckResult
 from ..limit.request import CheckRequest
+from ..logevery import LogEvery
 from . import responses
 from .app import MAX_DELAY, Sidecar
 from .http11 import HttpConnection, Request
 
 log = logging.getLogger("netlimit.sidecar")
+_upstream_log = LogEvery(10.0)
 
 MAX_IDLE = 256  # idle upstream connections kept
 IDLE_UPSTREAM = 30.0  # seconds an idle upstream connection is trusted
@@ -427,8 +429,10 @@ class Proxy:
             raise AssertionError("unreachable")
         except UpstreamError as exc:
             sc.front.request("proxy", "upstream_error")
-            if exc.status == 502:
-                log.warning("upstream %s: %s", self.pool.origin.url, exc.detail)
+            held = _upstream_log.due(exc.detail) if exc.status == 502 else -1
+            if held >= 0:  # clients can provoke these (an abandoned upload): at most one line per 10 s
+                more = f" ({held} more since the last report)" if held else ""
+                log.warning("upstream %s: %s%s", self.pool.origin.url, exc.detail, more)
             return responses.problem(
                 exc.status, responses.REASONS[exc.status], exc.detail, rh, keep=req.keep, http10=req.http10
             )
