@@ -54,11 +54,19 @@ class KernelOps:
     def flush(self) -> dict[str, Any]:
         from ..kernel import reconcile
 
-        st = reconcile.flush(self.netns, backend=self.backend or self.flag)
-        return {"summary": "removed every owned object" if not st.empty else "nothing was installed"}
+        res = reconcile.flush(self.netns, backend=self.backend or self.flag)  # raises if anything remains
+        removed = res.removed()
+        if not removed:
+            return {"removed": 0, "summary": "nothing was installed"}
+        what = ", ".join(f"{n} {k}" for k, n in removed.items())
+        return {
+            "removed": sum(removed.values()),
+            "summary": f"removed {sum(removed.values())} owned objects ({what}); read back: none remain",
+        }
 
-    def counters(self) -> list[dict[str, Any]]:
-        """[{rule, layer, object, packets, bytes, dropped, ...}] for every owned object."""
+    def counters(self, wait: float | None = None) -> list[dict[str, Any]]:
+        """[{rule, layer, object, packets, bytes, dropped, ...}] for every owned object.
+        `wait`: how long to wait for an apply in progress (then LockTimeout)."""
         from ..kernel import reconcile
 
-        return reconcile.list_owned(self.netns, self.desired, backend=self.backend or self.flag)
+        return reconcile.list_owned(self.netns, self.desired, backend=self.backend or self.flag, wait=wait)

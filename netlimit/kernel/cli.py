@@ -296,19 +296,12 @@ def register(app: typer.Typer) -> None:  # one function per command below
         from .reconcile import flush as do_flush
 
         try:
-            st = do_flush(netns, backend=choice.key)
+            res = do_flush(netns, backend=choice.key)
         except Exception as exc:
             base.err(f"error: flush failed: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
         if not quiet:
-            counts = {st.backend: st.filter.count()} | {k: s.count() for k, s in st.others.items()}
-            n_tc = len(st.tc.objects())
-            where = f" in netns {netns}" if netns else ""
-            if sum(counts.values()) + n_tc == 0:
-                typer.echo(f"nothing to flush{where}")
-            else:
-                what = ", ".join(f"{n} {_LAYER_WORDS[k]} objects" for k, n in counts.items() if n)
-                typer.echo(f"flushed{where}: {what or 'no packet-filter objects'}, {n_tc} tc objects")
+            typer.echo(describe_flush(res, netns))
 
     @app.command()
     def demo(
@@ -332,6 +325,17 @@ def register(app: typer.Typer) -> None:  # one function per command below
 
 
 _LAYER_WORDS = {"nftables": "nftables", "restore": "iptables/ip6tables", "python-iptables": "iptables/ip6tables"}
+
+
+def describe_flush(res, netns: str | None) -> str:
+    """What a flush removed, counted from the kernel read back after it."""
+    removed = res.removed()
+    where = f" in netns {netns}" if netns else ""
+    if not removed:
+        return f"nothing to flush{where}"
+    n_tc = removed.pop("tc", 0)
+    what = ", ".join(f"{n} {_LAYER_WORDS[k]} objects" for k, n in removed.items())
+    return f"flushed{where}: {what or 'no packet-filter objects'}, {n_tc} tc objects; none remain"
 
 
 def _confirmed(seconds: float) -> bool:

@@ -37,12 +37,14 @@ __all__ = [
     "ApplyError",
     "ApplyResult",
     "Changes",
+    "FlushResult",
     "State",
     "apply",
     "backend_name",
     "diff",
     "flush",
     "get_backend",
+    "layer_counts",
     "list_owned",
     "read_owned",
     "restore",
@@ -227,29 +229,76 @@ def apply(
     return result
 
 
-def flush(netns: str | None = None, *, backend: str | None = None) -> State:
+def layer_counts(st: State) -> dict[str, int]:
+    """How many objects netlimit owns in `st`, per layer: the filter backends by key, "tc"."""
+    counts = {st.backend: st.filter.count()} | {k: s.count() for k, s in st.others.items()}
+    counts["tc"] = len(st.tc.objects())
+    return counts
+
+
+@dataclass
+class FlushResult:
+    before: State  # what was there, as the first read saw it
+    after: State  # read back from the kernel after the last write: what the flush really left
+    removed_counts: dict[str, int] = field(default_factory=dict)  # per layer, counted from the kernel
+
+    def removed(self) -> dict[str, int]:
+        """Per layer, objects gone between each read and the read back after its writes."""
+        return {k: n for k, n in self.removed_counts.items() if n > 0}
+
+    def remaining(self) -> dict[str, int]:
+        return {k: n for k, n in layer_counts(self.after).items() if n}
+
+    def unreadable(self) -> dict[int, str]:
+        return dict(getattr(self.after.filter, "unavailable", {}))
+
+
+FLUSH_ATTEMPTS = 3
+
+
+def flush(netns: str | None = None, *, backend: str | None = None) -> FlushResult:
     """Remove everything netlimit owns (both families, nftables and legacy x_tables, tc
-    trees, ingress redirects, IFBs). Returns the state that was removed."""
+    trees, ingress redirects, IFBs) and read the kernel back to prove it: up to
+    FLUSH_ATTEMPTS rounds of read -> remove -> read. Returns what was removed, counted
+    from the kernel; raises ApplyError naming what remains (or could not be read)."""
     chosen = get_backend(backend)
 
-    def work() -> State:
+    def work() -> FlushResult:
         from .backends import tc
 
         with kernel_lock(), writer_lock(netns):
-            st = _read(chosen, netns)
-            for fam, why in getattr(st.filter, "unavailable", {}).items():
-                log.warning("flush: IPv%d could not be read (%s); netlimit's rules there, if any, remain", fam, why)
-            if not st.filter.empty:
-                chosen.write(chosen.plan(Desired(), st.filter))  # the diff against nothing
-            for key, ost in st.others.items():
-                other = get_backend(key)
-                other.write(other.plan(Desired(), ost))
-            tc.flush(st.tc)
-            return st
+            first: State | None = None
+            removed: dict[str, int] = {}
+            for attempt in range(1, FLUSH_ATTEMPTS + 1):
+                st = _read(chosen, netns)
+                first = first or st
+                if not st.filter.empty:
+                    chosen.write(chosen.plan(Desired(), st.filter))  # the diff against nothing
+                for key, ost in st.others.items():
+                    other = get_backend(key)
+                    other.write(other.plan(Desired(), ost))
+                tc.flush(st.tc)
+                after = _read(chosen, netns)
+                b, a = layer_counts(st), layer_counts(after)
+                for k, n in b.items():
+                    removed[k] = removed.get(k, 0) + max(0, n - a.get(k, 0))
+                res = FlushResult(first, after, removed)
+                if not res.remaining() and not res.unreadable():
+                    return res
+                log.warning(
+                    "flush: attempt %d of %d left %s%s",
+                    attempt,
+                    FLUSH_ATTEMPTS,
+                    ", ".join(f"{n} {k} objects" for k, n in res.remaining().items()) or "nothing",
+                    "".join(f"; IPv{f} unreadable: {why}" for f, why in res.unreadable().items()),
+                )
+            problems = [f"{n} owned {k} objects remain" for k, n in res.remaining().items()]
+            problems += [f"IPv{f} could not be read back ({why})" for f, why in res.unreadable().items()]
+            raise ApplyError(f"flush incomplete after {FLUSH_ATTEMPTS} attempts: " + "; ".join(problems), None)
 
-    st = run_in_netns(netns, work)
+    res = run_in_netns(netns, work)
     forget_names(netns)
-    return st
+    return res
 
 
 # --- list -----------------------------------------------------------------------
@@ -343,14 +392,19 @@ def load_names(netns: str | None) -> dict[str, str]:
 
 
 def list_owned(
-    netns: str | None = None, desired: Desired | None = None, *, backend: str | None = None
+    netns: str | None = None,
+    desired: Desired | None = None,
+    *,
+    backend: str | None = None,
+    wait: float | None = None,
 ) -> list[dict[str, Any]]:
     """Every owned object with its counters, named by rule (tc names come from
-    `desired` if given, else from what the last apply remembered)."""
+    `desired` if given, else from what the last apply remembered). `wait`: at most
+    that long for this process's own kernel work (LockTimeout)."""
     chosen = get_backend(backend)
 
     def work() -> list[dict[str, Any]]:
-        with kernel_lock():
+        with kernel_lock(wait):
             return _rows(chosen, _read(chosen, netns))
 
     rows = run_in_netns(netns, work)
