@@ -40,6 +40,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,7 +81,16 @@ def _env() -> dict[str, str]:
 
 
 def _run(cmd: list[str], input: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=TIMEOUT_S, env=_env())
+    if input is None:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=_env())
+    # The input goes through an unlinked file, whole before the child starts: if we are
+    # killed (kill -9) while it runs, it still reads every block to its COMMIT, never a
+    # truncated last block (a pipe would end where our write stopped).
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as fh:
+        fh.write(input)
+        fh.flush()
+        fh.seek(0)
+        return subprocess.run(cmd, stdin=fh, capture_output=True, text=True, timeout=TIMEOUT_S, env=_env())
 
 
 # --- reading ------------------------------------------------------------------------------
@@ -357,6 +367,9 @@ class RestoreBackend(XtablesBackend):
         return _save_result(family, proc.returncode, out, err)
 
     def read(self):
+        # A -save output is used once, right after it was taken: nothing read before a
+        # write may stand for the kernel after it (this object may live across writes).
+        self._saved.clear()
         self._prefetch([f for f in (4, 6) if _filter_loaded(f)])
         return super().read()
 
@@ -406,6 +419,7 @@ class RestoreBackend(XtablesBackend):
     def write_family(self, plan: FamilyPlan) -> None:
         if plan.empty:
             return
+        self._saved.pop(plan.family, None)  # taken before this write: stale after it
         commits: list[tuple[str, list[_Line]]] = []
         if plan.pre_remove:  # a first commit, so that the kernel drops those hashlimit tables
             commits.append(("removing hashlimit rules whose settings changed", _lines(pre_remove_ops(plan), False)))
