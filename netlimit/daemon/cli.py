@@ -20,7 +20,7 @@ def _fmt_time(t: float) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from ..cli import EXIT_USAGE, err
+    from ..cli import EXIT_FAILED, EXIT_USAGE, err
 
     @app.command()
     def daemon(
@@ -64,6 +64,9 @@ def register(app: typer.Typer) -> None:
         except PermissionError:
             err(f"netlimit status: {socket_path} is root-only (0600): run as root")
             raise typer.Exit(EXIT_USAGE) from None
+        except (TimeoutError, OSError, ValueError) as exc:
+            err(f"netlimit status: the daemon on {socket_path} did not answer properly: {exc or 'timed out'}")
+            raise typer.Exit(EXIT_FAILED) from None
         if payload is None:
             if as_json:
                 out: dict[str, Any] = {"daemon": None}

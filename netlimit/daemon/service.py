@@ -74,8 +74,8 @@ class Daemon:
     def status_payload(self) -> dict[str, Any]:
         d = asdict(self.status)
         d["summary"] = self.status.summary()
-        try:
-            d["counters"] = self.kernel.counters()
+        try:  # the status answers while an apply waits on a lock: counters are then left out
+            d["counters"] = self.kernel.counters(wait=1.0)
         except Exception as exc:
             d["counters"] = []
             d["counters_error"] = str(exc)
@@ -122,6 +122,10 @@ class Daemon:
     def start(self) -> int:
         from ..config.validate import ConfigError, load_file
 
+        # Before any kernel work: a SIGTERM or SIGHUP during the first apply is recorded
+        # and handled by the loop (a default action would kill us with rules and no flush).
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
         try:
             loaded = load_file(self.config_path)
         except ConfigError as exc:
@@ -219,8 +223,6 @@ class Daemon:
         watch = FileWatch(self.config_path)
         if not watch.uses_inotify:
             log.warning("inotify unavailable: polling the file every second")
-        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
         wd_interval = self.notifier.watchdog_usec / 2e6 if self.notifier.watchdog_usec else 0.0
         now = time.monotonic()
         next_resync = now + self.resync
@@ -271,7 +273,7 @@ class Daemon:
         if on_stop == "flush":
             try:
                 res = self.kernel.flush()
-                log.info(f"{why}: on_stop flush: {res.get('summary', 'removed every owned object')}")
+                log.info(f"{why}: on_stop flush: {res['summary']}")
             except Exception as exc:
                 log.error(f"{why}: flush failed: {exc}")
                 rc = 2

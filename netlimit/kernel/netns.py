@@ -142,11 +142,16 @@ LOCK_DIR = "/run/netlimit"
 
 
 @contextmanager
-def kernel_lock() -> Iterator[None]:
+def kernel_lock(timeout: float | None = None) -> Iterator[None]:
     """Serialise netlimit's own kernel work inside this process (python-iptables
-    Table objects are per-process singletons)."""
-    with _process_lock:
+    Table objects are per-process singletons). With `timeout`, LockTimeout when this
+    process's own apply holds it longer (a status read must not wait on an apply)."""
+    if not _process_lock.acquire(timeout=-1 if timeout is None else timeout):
+        raise LockTimeout(f"an apply of this process has been running for over {timeout:g} s; try again")
+    try:
         yield
+    finally:
+        _process_lock.release()
 
 
 def writer_lock(netns: str | None = None, timeout: float = 60.0):
