@@ -11,6 +11,7 @@ APT_PACKAGES=(
   nftables                           # the nftables backend (nft -f writes table inet netlimit; auto's pick on nf_tables hosts)
   iperf3 hping3 netcat-openbsd       # traffic for tests, demo, benchmarks
   redis-server nginx wrk             # the HTTP layer's real peers
+  prometheus tmux                    # monitoring: dashboard queries and alert rules (promtool), `netlimit top` in a terminal
   systemd systemd-container debootstrap util-linux   # units tested under a real systemd (nspawn)
   python3-venv                       # the package's virtual environment
   # three real VMs (tests/vagrant, vagrant/run.sh): Vagrant with libvirt, QEMU

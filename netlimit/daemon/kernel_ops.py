@@ -18,6 +18,7 @@ class KernelOps:
         self.backend: str | None = None  # the backend of the last apply
         self.backend_reason = ""
         self.desired: Any = None  # the last compiled config (Desired), to name tc objects in counters
+        self.config: Any = None  # the last config compiled (for configured rates in metrics)
 
     def _compile(self, config):
         from ..kernel.backends import choose
@@ -28,6 +29,7 @@ class KernelOps:
             log.info("backend: %s (%s)", choice.key, choice.why)
         self.backend, self.backend_reason = choice.key, choice.why
         self.desired = compile_config(config)
+        self.config = config
         return self.desired
 
     def apply(self, config) -> dict[str, Any]:

@@ -114,8 +114,16 @@ class _RuleCollector:
             "netlimit_rule_dropped_packets", "Packets dropped per rule and layer", labels=["rule", "layer"]
         )
         up = GaugeMetricFamily("netlimit_kernel_read_ok", "1 if the kernel counters could be read")
-        try:
-            rows = self.kernel.counters()
+        limit = GaugeMetricFamily(
+            "netlimit_bandwidth_limit_bytes_per_second",
+            "Configured rate of each bandwidth rule (to draw tc bytes against)",
+            labels=["rule"],
+        )
+        config = self.kernel.config
+        for b in config.bandwidth if config is not None else ():
+            limit.add_metric([b.name], b.rate / 8)
+        try:  # never wait long behind an apply: a scrape has its own timeout
+            rows = self.kernel.counters(wait=2.0)
             ok = 1
         except Exception as exc:  # a scrape never crashes the daemon
             log.warning("metrics: cannot read kernel counters: %s", exc)
@@ -135,4 +143,5 @@ class _RuleCollector:
         yield packets
         yield bytes_
         yield dropped
+        yield limit
         yield up
