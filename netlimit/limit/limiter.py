@@ -59,6 +59,7 @@ from ..config.model import UNIT_SECONDS
 from ..errors import StoreError
 from ..logevery import LogEvery
 from .algorithms import Decision, Limit
+from .hitters import HeavyHitters, descriptor_text
 from .request import CheckRequest, Override
 from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
 from .stores import MemoryStore, Store
@@ -127,12 +128,13 @@ class Histogram:
 class CoreStats:
     """Counters of the core besides the per-rule ones (Rule.stats)."""
 
-    __slots__ = ("store_errors", "fallbacks", "latency")
+    __slots__ = ("store_errors", "fallbacks", "latency", "denied")
 
     def __init__(self) -> None:
         self.store_errors = {"timeout": 0, "connection": 0, "error": 0}
         self.fallbacks = {"local": 0, "open": 0, "closed": 0}
         self.latency = Histogram()
+        self.denied = HeavyHitters(64)  # the most denied descriptors, for `netlimit top`
 
 
 def _reason(exc: BaseException) -> str:
@@ -435,6 +437,7 @@ class Limiter:
                 statuses.append(DescriptorStatus(OK, rule, dec, True, False, src))
                 continue
             self._log_rule("over", rule, d, dec)
+            self.stats.denied.add((rule.name, descriptor_text(d)), cost)
             st = DescriptorStatus(OVER_LIMIT, rule, dec, False, False, src)
             statuses.append(st)
             if code != OVER_LIMIT or dec.retry_after > report.decision.retry_after:  # type: ignore[union-attr]

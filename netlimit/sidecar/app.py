@@ -25,6 +25,7 @@ Endpoints (decision listener / admin listener)::
                           original method is the request's; 200 or 429.
     POST /v1/check        JSON API, Lyft's /json shape (json_api.py).
     GET  /v1/rules        the loaded rules.
+    GET  /v1/top          counters per rule and the most denied descriptors (netlimit top).
     GET  /healthz         liveness + state (JSON).
     GET  /metrics         Prometheus text format.
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from ..config.model import redis_url_problem
@@ -362,3 +364,19 @@ class Sidecar:
     def rules_doc(self) -> dict[str, Any]:
         rs = self.limiter.rules
         return {"domain": rs.domain, "rules": rs.describe()}
+
+    def top_doc(self) -> dict[str, Any]:
+        """What `netlimit top` shows of this sidecar: counters per rule (it takes the
+        rates) and the most denied descriptors (bounded, approximate counts)."""
+        lim = self.limiter
+        per_rule: dict[tuple[str, str], Any] = {}
+        for r in lim.rules.rules:
+            per_rule.setdefault((r.domain, r.name), r.stats)  # rules sharing a name share their stats
+        return {
+            "time": time.time(),
+            "rules": [
+                {"domain": d, "rule": n, "hits": st.hits, "over": st.over, "shadow": st.shadow}
+                for (d, n), st in per_rule.items()
+            ],
+            "denied": lim.stats.denied.top(10),
+        }

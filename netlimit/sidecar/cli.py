@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
             "--admin-listen",
             show_default=False,
             help="HOST:PORT for the decision and operator endpoints (/v1/check, /v1/authz, /healthz, /metrics, "
-            "/v1/rules) apart from the client-facing listener; proxy mode default 127.0.0.1:8182.",
+            "/v1/rules, /v1/top) apart from the client-facing listener; proxy mode default 127.0.0.1:8182.",
         ),
         upstream_timeout: float = typer.Option(
             300.0,

@@ -1,6 +1,6 @@
 """The sidecar's own endpoints, as a handler of http11.HttpConnection: the
 decision endpoints (nginx auth_request, Envoy ext_authz, the JSON API) and the
-operator endpoints (/healthz, /metrics, /v1/rules).
+operator endpoints (/healthz, /metrics, /v1/rules, /v1/top).
 
 The common decision -- a bodiless GET /v1/check admitted by an in-process store
 -- is answered in the same loop iteration, from the decision, without building
@@ -44,7 +44,7 @@ _OK = (("check", "ok"), ("authz", "ok"))  # FrontStats.requests keys by endpoint
 
 class Endpoints:
     """Routes a request head to an endpoint.  ``decisions``: serve /v1/check and
-    /v1/authz; ``admin``: serve /healthz, /metrics and /v1/rules."""
+    /v1/authz; ``admin``: serve /healthz, /metrics, /v1/rules and /v1/top."""
 
     def __init__(self, sc: Sidecar, *, decisions: bool = True, admin: bool = True):
         self.sc = sc
@@ -76,7 +76,7 @@ class Endpoints:
                 raise ClientError(405, "/v1/check takes GET (nginx auth_request) or POST (the JSON API)")
             if path == "/v1/authz" or path.startswith("/v1/authz/"):
                 return self._decide(conn, req, 1, 429)
-        if self.admin and path in ("/healthz", "/metrics", "/v1/rules"):
+        if self.admin and path in ("/healthz", "/metrics", "/v1/rules", "/v1/top"):
             if method not in ("GET", "HEAD"):
                 raise ClientError(405, f"{path} takes GET")
             sc = self.sc
@@ -86,7 +86,7 @@ class Endpoints:
                     200, None, sc.metrics.render(), METRICS_CONTENT_TYPE, keep=req.keep, http10=req.http10,
                     head_only=head,
                 )  # fmt: skip
-            doc = sc.health() if path == "/healthz" else sc.rules_doc()
+            doc = sc.health() if path == "/healthz" else sc.top_doc() if path == "/v1/top" else sc.rules_doc()
             return responses.json_response(200, doc, keep=req.keep, http10=req.http10, head_only=head)
         return responses.problem(404, "Not Found", f"no endpoint {path[:200]!r} here", keep=req.keep, http10=req.http10)
 

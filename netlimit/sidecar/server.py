@@ -81,7 +81,7 @@ async def serve(
             endpoints = Endpoints(sc)
             a = await _listen(loop, lambda: HttpConnection(sc.state, endpoints, limits), admin[0], admin[1], "admin")
             servers.append(a)
-            log.info("admin listener on http://%s (decision endpoints, /healthz, /metrics, /v1/rules)",
+            log.info("admin listener on http://%s (decision endpoints, /healthz, /metrics, /v1/rules, /v1/top)",
                      _shown(a, *admin))  # fmt: skip
         if grpc is not None:
             gs = GrpcServer(sc.limiter, grpc[0], grpc[1], front=sc.front)
