@@ -72,3 +72,16 @@ class KernelOps:
         from ..kernel import reconcile
 
         return reconcile.list_owned(self.netns, self.desired, backend=self.backend or self.flag, wait=wait)
+
+    def hot(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The busiest per-source entries of the rules' kernel tables (netlimit.kernel.hot)."""
+        from ..kernel.hot import hot_entries
+
+        if self.config is None:
+            return []
+        names = [r.name for r in self.config.network]
+        return hot_entries(self.netns, self.backend or "", names, limit)
+
+    def bandwidth(self) -> dict[str, float]:
+        """Configured rate of each bandwidth rule, bytes per second."""
+        return {b.name: b.rate / 8 for b in self.config.bandwidth} if self.config is not None else {}

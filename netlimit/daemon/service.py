@@ -79,6 +79,12 @@ class Daemon:
         except Exception as exc:
             d["counters"] = []
             d["counters_error"] = str(exc)
+        d["bandwidth"] = self.kernel.bandwidth()
+        try:
+            d["hot"] = self.kernel.hot()
+        except Exception as exc:  # a status never fails for it
+            d["hot"] = []
+            d["hot_error"] = str(exc)
         return d
 
     def _apply(self, loaded, why: str) -> bool:
