@@ -92,8 +92,20 @@ def owned(ns: str, backend: str) -> dict[str, list[str]]:
     if backend == "nftables":
         p = sh(*ex, "nft", "list", "table", "inet", "netlimit", check=False)
         lines = [re.sub(r"counter packets \d+ bytes \d+", "counter", ln.strip()) for ln in p.stdout.splitlines()]
-        # chains, sets and rules (a set's body lines repeat from set to set: left out)
-        return {"inet": [ln for ln in lines if ln.startswith(("chain ", "set ")) or 'comment "netlimit' in ln]}
+        # sets by name (their listing order is creation order, which history decides), and
+        # each chain's rules in order (that order matters); a set's body lines are left out
+        out: dict[str, list[str]] = {"inet sets": []}
+        chain = ""
+        for ln in lines:
+            if ln.startswith("set "):
+                out["inet sets"].append(ln)
+            elif ln.startswith("chain "):
+                chain = ln
+                out[f"inet {ln}"] = []
+            elif 'comment "netlimit' in ln and chain:
+                out[f"inet {chain}"].append(ln)
+        out["inet sets"].sort()
+        return out if p.returncode == 0 else {}
     out: dict[str, list[str]] = {}
     for fam, tool in ((4, "iptables-legacy-save"), (6, "ip6tables-legacy-save")):
         text = sh(*ex, tool, "-t", "filter", check=False).stdout
@@ -114,6 +126,13 @@ def owned_quiet(ns: str, backend: str) -> dict[str, list[str]]:
 
 def apply(ns: str, backend: str, path: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return sh(EXE, "apply", str(path), "--netns", ns, "--backend", backend, "-q", check=False, timeout=timeout)
+
+
+def _distance(a: dict[str, list[str]], b: dict[str, list[str]]) -> int:
+    """How many objects differ between two states (as multisets)."""
+    ca = collections.Counter(x for lst in a.values() for x in lst)
+    cb = collections.Counter(x for lst in b.values() for x in lst)
+    return sum(((ca - cb) + (cb - ca)).values())
 
 
 def dupes(state: dict[str, list[str]]) -> list[str]:
@@ -147,7 +166,9 @@ def drill_kill9(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
                 if p.returncode:
                     problems.append(f"round {rnd}: re-applying A failed: {p.stderr.strip()}")
                     break
-            at = random.uniform(0.0, full * 1.1)
+            # half the kills anywhere in the run, half in its last 40 % (where the kernel
+            # is read and written; before that the process is still starting)
+            at = random.uniform(0.0, full * 1.1) if rnd % 2 else random.uniform(full * 0.6, full * 1.05)
             proc = subprocess.Popen(
                 [EXE, "apply", str(b), "--netns", ns, "--backend", backend, "-q"],
                 stdout=subprocess.DEVNULL,
@@ -168,17 +189,18 @@ def drill_kill9(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
             if d:
                 res["duplicates"] += 1
                 problems.append(f"round {rnd} (kill at {at:.2f} s): duplicates: {d[:3]}")
-            for k in got:
-                if got[k] == want_a[k]:
+            # the unit of atomicity: each family of the legacy tables, the whole nftables table
+            units = [("inet", list(got))] if backend == "nftables" else [(k, [k]) for k in got]
+            for unit, keys in units:
+                g = {k: got.get(k) for k in keys}
+                if g == {k: want_a.get(k) for k in keys}:
                     res["old"] += 1
-                elif got[k] == want_b[k]:
+                elif g == {k: want_b.get(k) for k in keys}:
                     res["new"] += 1
                 else:
                     res["mixed"] += 1
-                    problems.append(
-                        f"round {rnd} (kill at {at:.2f} s): {k} is a mix ({len(got[k])} objects; "
-                        f"old {len(want_a[k])}, new {len(want_b[k])})"
-                    )
+                    n = sum(len(v or []) for v in g.values())
+                    problems.append(f"round {rnd} (kill at {at:.2f} s): {unit} is a mix ({n} objects)")
             p1 = apply(ns, backend, b)
             p2 = sh(EXE, "plan", str(b), "--netns", ns, "--backend", backend, check=False)
             if p1.returncode or owned(ns, backend) != want_b or "no changes" not in p2.stdout.lower():
@@ -288,8 +310,15 @@ def drill_concurrent(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
                 if d:
                     problems.append(f"round {rnd}: duplicates: {d[:3]}")
                 if not ended:
+                    n = sum(map(len, got.values()))
+                    k, w = min(wants.items(), key=lambda kw: _distance(kw[1], got))
+                    want_all = [x for lst in w.values() for x in lst]
+                    got_all = [x for lst in got.values() for x in lst]
+                    extra = [x for x in got_all if x not in want_all]
+                    missing = [x for x in want_all if x not in got_all]
                     problems.append(
-                        f"round {rnd}: netlimit's rules are none of the files ({sum(map(len, got.values()))})"
+                        f"round {rnd}: netlimit's rules are none of the files ({n} objects); closest {k}: "
+                        f"{len(extra)} extra {extra[:3]}, {len(missing)} missing {missing[:3]}"
                     )
                 res["ended_as"][ended[0] if ended else "mix"] += 1
                 fr = foreign_rules(ns)
@@ -382,6 +411,7 @@ def main() -> int:
     ap.add_argument("--busy", action="store_true", help="keep both cores busy meanwhile (a CPU stress)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # teardown runs on a kill too
     if os.geteuid() != 0:
         print("faults.py: needs root (network namespaces)", file=sys.stderr)
         return 2
