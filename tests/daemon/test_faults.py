@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -184,3 +185,37 @@ def test_fault_drill_short(drill, rounds, busy):
         assert r["problems"] == [], r
         assert r["rounds"] == rounds, r
     assert p.returncode == 0
+
+
+def test_netlink_refusing_a_write_keeps_the_old_rules_and_the_daemon_running(tmp_path, netns, bin_dir):
+    """nft's transaction fails with ENOBUFS (a stand-in nft answers as the kernel would):
+    the reload is refused with nft's own words, the previous rules stay, the daemon
+    goes on, status and metrics say so; once writes work again, SIGHUP applies the file."""
+    marker = tmp_path / "enobufs"
+    stand_in(
+        bin_dir,
+        "nft",
+        f'if [ -e {marker} ] && [ "$1" = "-f" ]; then cat >/dev/null; '
+        'echo "Error: Could not process rule: No buffer space available" >&2; exit 1; fi\n'
+        f'exec {shutil.which("nft")} "$@"',
+    )
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", NETLIMIT_BACKEND="nftables")
+    d = Daemon(tmp_path, netns, config_text(), env=env)
+    d.start()
+    try:
+        before = owned_rules(netns)
+        assert before
+        marker.touch()
+        d.edit(config_text(extra=EXTRA_RULE))
+        st = wait_for(lambda: (s := d.status())["rejected"] and s, 60, "the refused reload")
+        assert "No buffer space available" in st["rejected"], st["rejected"]
+        assert st["summary"].startswith("running old config")
+        assert owned_rules(netns) == before and d.proc.poll() is None
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10).read().decode()
+        assert "netlimit_config_rejected 1.0" in metrics
+        marker.unlink()
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: any('"netlimit:ssh-guard' in r for r in owned_rules(netns)), 60, "the rule once nft works")
+        assert d.stop(timeout=60) == 0
+    finally:
+        d.kill()
