@@ -49,9 +49,10 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str] | tuple[None, str]] = [
     ),
     (None, "HTTP (sidecar): hits, denials, latency"),
     (
-        "HTTP hits per rule: within, over, near the limit, shadow",
+        "HTTP hits per rule: all, within, over, near the limit, shadow",
         "reqps",
         [
+            (f"sum by (domain, rule) (rate(netlimit_http_rule_hits_total{{{H}}}[{RI}]))", "{{rule}} hits"),
             (f"sum by (domain, rule) (rate(netlimit_http_rule_within_limit_total{{{H}}}[{RI}]))", "{{rule}} within"),
             (f"sum by (domain, rule) (rate(netlimit_http_rule_over_limit_total{{{H}}}[{RI}]))", "{{rule}} over"),
             (f"sum by (domain, rule) (rate(netlimit_http_rule_near_limit_total{{{H}}}[{RI}]))", "{{rule}} near"),
@@ -60,7 +61,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str] | tuple[None, str]] = [
                 "{{rule}} shadow (not enforced)",
             ),
         ],
-        "Per rule: hits allowed, hits over the limit (429), allowed hits with 80% of the limit used, "
+        "Per rule: every hit, hits allowed, hits over the limit (429), allowed hits with 80% of the limit used, "
         "and hits a shadow_mode rule would have denied.",
     ),
     (
