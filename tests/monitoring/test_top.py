@@ -71,7 +71,9 @@ def test_top_on_a_terminal_shows_live_rates_and_quits_on_q(topo, host):
         pytest.fail("tmux is not installed: apt-get install tmux (scripts/setup.sh does)", pytrace=False)
     d, sc = host
     tmux = ["tmux", "-L", f"nltop{os.getpid()}"]
-    cmd = f"env -u COLUMNS -u LINES {EXE} top --socket {d.sock} --sidecar http://127.0.0.1:{sc.admin_port} --interval 0.5"
+    cmd = (
+        f"env -u COLUMNS -u LINES {EXE} top --socket {d.sock} --sidecar http://127.0.0.1:{sc.admin_port} --interval 0.5"
+    )
     # a detached session keeps tmux's default 80x24 unless its window size is manual
     subprocess.run(
         [*tmux, "-f", "/dev/null", "new-session", "-d", "-s", "top", "-x", "160", "-y", "60", cmd,
