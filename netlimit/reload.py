@@ -3,16 +3,17 @@
 A reload keeps the running config on any problem (the caller logs every
 FILE:LINE:COL problem and records the rejection for status and metrics).
 One more case deserves distrust although the file is valid: a new file that
-would drop EVERY rule of a running config -- most often a file caught while it
-is being rewritten, or truncated by mistake.  :class:`DropGuard` holds such a
-file back until it has stayed the same for ``settle`` seconds; the caller checks
-again then (a timer), and a file that is still the same is accepted, loudly.
+would remove MOST of a running config's rules (more than half of them, by
+name) -- most often a file caught while it is being rewritten, or truncated by
+mistake, whose first rules parse.  :class:`DropGuard` holds such a file back
+until it has stayed the same for ``settle`` seconds; the caller checks again
+then (a timer), and a file that is still the same is accepted, loudly.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 
 class DropGuard:
@@ -23,9 +24,22 @@ class DropGuard:
         self.clock = clock
         self._held: tuple[str, float] | None = None  # (sha256 of the held file, first seen)
 
-    def check(self, sha256: str, new_rules: int, running_rules: int) -> float:
-        """0 to accept now; else how many seconds to wait before checking again."""
-        if new_rules or not running_rules:
+    @staticmethod
+    def removed(new: Collection[str], running: Collection[str]) -> int:
+        """How many of the running rules (by name) the new config no longer has."""
+        keep = set(new)
+        return sum(1 for name in set(running) if name not in keep)
+
+    @classmethod
+    def suspicious(cls, new: Collection[str], running: Collection[str]) -> bool:
+        """True when the new config removes more than half of the running rules."""
+        n = len(set(running))
+        return n > 0 and 2 * cls.removed(new, running) > n
+
+    def check(self, sha256: str, new: Collection[str], running: Collection[str]) -> float:
+        """0 to accept now; else how many seconds to wait before checking again.
+        ``new`` and ``running`` are the rule names of the new and the running config."""
+        if not self.suspicious(new, running):
             self._held = None
             return 0.0
         now = self.clock()

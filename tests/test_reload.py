@@ -76,17 +76,23 @@ def test_polling_reports_a_change_once_it_has_settled(tmp_path, monkeypatch):
     assert not w.changed()
 
 
-def test_dropguard_holds_a_file_that_removes_every_rule():
+def test_dropguard_holds_a_file_that_removes_most_rules():
     now = [100.0]
     g = DropGuard(settle=1.0, clock=lambda: now[0])
-    assert g.check("sha-a", new_rules=3, running_rules=5) == 0  # rules remain: at once
-    assert g.check("sha-empty", new_rules=0, running_rules=0) == 0  # nothing running: nothing to lose
-    assert g.check("sha-empty", new_rules=0, running_rules=5) == 1.0  # held
+    five = ["a", "b", "c", "d", "e"]
+    assert g.check("sha-a", ["a", "b", "c"], five) == 0  # 2 of 5 removed: at once
+    assert g.check("sha-b", ["a", "b", "c", "x", "y", "z"], five) == 0  # renames of a minority: at once
+    assert g.check("sha-empty", [], []) == 0  # nothing running: nothing to lose
+    assert g.check("sha-most", ["a", "b"], five) == 1.0  # 3 of 5 removed: held
     assert g.holding
+    assert g.removed(["a", "b"], five) == 3
+    assert g.check("sha-renamed", ["v", "w", "x", "y", "z"], five) == 1.0  # every name new: held too
     now[0] += 0.4
-    assert abs(g.check("sha-empty", 0, 5) - 0.6) < 1e-9  # not settled yet
+    assert abs(g.check("sha-renamed", ["v", "w", "x", "y", "z"], five) - 0.6) < 1e-9  # not settled yet
     now[0] += 0.3
-    assert g.check("sha-other", 0, 5) == 1.0  # it changed again: the wait starts over
+    assert g.check("sha-empty", [], five) == 1.0  # it changed again: the wait starts over
     now[0] += 1.0
-    assert g.check("sha-other", 0, 5) == 0  # stayed the same: accepted
+    assert g.check("sha-empty", [], five) == 0  # stayed the same: accepted
     assert not g.holding
+    # exactly half is not "most": a two-rule config may lose one rule at once
+    assert g.check("sha-half", ["a"], ["a", "b"]) == 0 and not g.holding

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..reload import DropGuard
+from ..watch import FileWatch
 from .kernel_ops import KernelOps
 from .metrics import Metrics
 from .status import Status, open_status_socket
@@ -60,8 +61,9 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._pending: set[int] = set()
         self._status_srv: Any = None
-        self.guard = DropGuard()  # holds back a file that would remove every rule (reload.py)
+        self.guard = DropGuard()  # holds back a file that would remove most rules (reload.py)
         self.recheck_at = 0.0  # when to look at a held file again (monotonic; 0: none held)
+        self._watch: FileWatch | None = None  # made by start(), before the first apply; loop() takes it
 
     # signals only record what happened and wake the loop
     def _on_signal(self, signum, _frame) -> None:
@@ -132,6 +134,8 @@ class Daemon:
         # and handled by the loop (a default action would kill us with rules and no flush).
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        # The watch too: an edit that lands while the first apply runs is seen by the loop.
+        self._watch = FileWatch(self.config_path)
         try:
             loaded = load_file(self.config_path)
         except ConfigError as exc:
@@ -172,18 +176,23 @@ class Daemon:
                     self.metrics.rejected.set(1)
                 return
             c = loaded.config
-            wait = self.guard.check(loaded.sha256, len(c.network) + len(c.bandwidth), len(self.status.rules))
+            names = [r.name for r in c.network] + [r.name for r in c.bandwidth]
+            wait = self.guard.check(loaded.sha256, names, self.status.rules)
             if wait:
+                gone = self.guard.removed(names, self.status.rules)
                 log.warning(
-                    f"{why}: {self.config_path} would remove every one of the {len(self.status.rules)} running "
+                    f"{why}: {self.config_path} would remove {gone} of the {len(self.status.rules)} running "
                     f"rules; holding it back until it has stayed the same for {self.guard.settle:g} s "
                     "(a file caught half-written or truncated by mistake must not switch limits off)"
                 )
-                self.status.held = f"a file that would remove every rule, held since {time.strftime('%H:%M:%S')}"
+                self.status.held = (
+                    f"a file that would remove {gone} of {len(self.status.rules)} rules, "
+                    f"held since {time.strftime('%H:%M:%S')}"
+                )
                 self.recheck_at = time.monotonic() + wait
                 return
             if self.status.held:
-                log.warning(f"{why}: the file still removes every rule after {self.guard.settle:g} s: applying it")
+                log.warning(f"{why}: the file still removes most rules after {self.guard.settle:g} s: applying it")
             self.status.held = None
             self.recheck_at = 0.0
             if self.loaded is not None and loaded.sha256 == self.loaded.sha256 and self.status.rejected is None:
@@ -224,9 +233,8 @@ class Daemon:
             self.notifier.status(self.status.summary())
 
     def loop(self) -> int:
-        from ..watch import FileWatch
-
-        watch = FileWatch(self.config_path)
+        watch = self._watch if self._watch is not None else FileWatch(self.config_path)
+        self._watch = None
         if not watch.uses_inotify:
             log.warning("inotify unavailable: polling the file every second")
         wd_interval = self.notifier.watchdog_usec / 2e6 if self.notifier.watchdog_usec else 0.0
@@ -289,6 +297,9 @@ class Daemon:
         return rc
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         if self._status_srv is not None:
             self._status_srv.shutdown()
             self._status_srv.server_close()

@@ -139,7 +139,7 @@ class Sidecar:
         self.last_reload_error: str | None = None
         self._watch_task: asyncio.Task | None = None
         self._watch: FileWatch | None = None
-        self.guard = DropGuard()  # holds back a file that would remove every rule (netlimit/reload.py)
+        self.guard = DropGuard()  # holds back a file that would remove most rules (netlimit/reload.py)
         self._recheck: asyncio.TimerHandle | None = None
         self._xff_warned = False
         self.state = ServerState(max_connections)  # connections and batched answers of the running server
@@ -175,21 +175,24 @@ class Sidecar:
             log.exception("%s: reload (%s) failed: %r; keeping the previous rules", path, why, exc)
             self.front.reload(False)
             return False
-        wait = self.guard.check(loaded.sha256, len(rules.rules), len(self.limiter.rules.rules))
+        new_names = [r.path for r in rules.rules]
+        running = [r.path for r in self.limiter.rules.rules]
+        wait = self.guard.check(loaded.sha256, new_names, running)
         if wait:
             log.warning(
-                "%s: (%s) the new file would remove every one of the %d running rules; holding it back until it "
+                "%s: (%s) the new file would remove %d of the %d running rules; holding it back until it "
                 "has stayed the same for %g s (a file caught half-written or truncated by mistake must not switch "
                 "limits off)",
                 path,
                 why,
-                len(self.limiter.rules.rules),
+                self.guard.removed(new_names, running),
+                len(running),
                 self.guard.settle,
             )
             self._schedule_recheck(wait)
             return False
         if why == "held file":
-            log.warning("%s: the file still removes every rule after %g s: applying it", path, self.guard.settle)
+            log.warning("%s: the file still removes most rules after %g s: applying it", path, self.guard.settle)
         settings = (http.storage, http.store_timeout_ms, http.max_keys, http.max_key_length)
         if self.redis_override:  # --redis wins over http.storage anyway
             settings = (self._store_settings[0],) + settings[1:]

@@ -288,17 +288,27 @@ def test_a_half_written_file_is_never_loaded_and_an_empty_one_is_held(daemon_fac
         fh.write(config_text(extra=EXTRA_RULE)[len(head) :])
     assert owned_rules(netns) == both  # the complete file is the same rules
 
-    # a complete file with no rules at all: held for a second, then applied, loudly
+    # a complete file that keeps one rule of three (truncated after its first rule):
+    # held for a second, then applied, loudly
     t0 = time.monotonic()
-    d.edit(config_text().split("network:")[0] + "network: []\nbandwidth: []\n")
+    d.edit(config_text().split("bandwidth:")[0])
     st = wait_for(lambda: (s := d.status())["held"] and s, 20.0, "the held file")
-    assert "new config held" in st["summary"]
+    assert "new config held" in st["summary"] and "remove 2 of 3 rules" in st["held"]
     assert owned_rules(netns) == both
-    wait_for(lambda: owned_rules(netns) == [], 20.0, "the empty file applied after it settled")
+    wait_for(lambda: d.status()["rules"] == ["udp-flood"], 20.0, "the truncated file applied after it settled")
     assert time.monotonic() - t0 >= 0.9
     log = d.log.read_text()
-    assert "would remove every one of the 3 running rules; holding it back" in log
-    assert "the file still removes every rule after 1 s: applying it" in log
+    assert "would remove 2 of the 3 running rules; holding it back" in log
+    assert "the file still removes most rules after 1 s: applying it" in log
+
+    # a complete file with no rules at all: held the same way
+    t0 = time.monotonic()
+    d.edit(config_text().split("network:")[0] + "network: []\nbandwidth: []\n")
+    st = wait_for(lambda: (s := d.status())["held"] and s, 20.0, "the held empty file")
+    assert "remove 1 of 1 rules" in st["held"]
+    wait_for(lambda: owned_rules(netns) == [], 20.0, "the empty file applied after it settled")
+    assert time.monotonic() - t0 >= 0.9
+    assert "would remove 1 of the 1 running rules; holding it back" in d.log.read_text()
     assert d.status()["held"] is None
 
 

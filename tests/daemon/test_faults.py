@@ -219,3 +219,78 @@ def test_netlink_refusing_a_write_keeps_the_old_rules_and_the_daemon_running(tmp
         assert d.stop(timeout=60) == 0
     finally:
         d.kill()
+
+
+def test_an_edit_during_the_first_apply_is_applied_after_it(tmp_path, netns, bin_dir):
+    """The file watch exists before the first apply: a file edited while that apply
+    runs is reloaded as soon as it is done, not left until the next edit."""
+    marker = tmp_path / "restore-started"
+    for tool in ("iptables-legacy-restore", "ip6tables-legacy-restore"):
+        stand_in(bin_dir, tool, f'touch {marker}; sleep 1.5; exec {REAL}/{tool} "$@"')
+    d = Daemon(tmp_path, netns, config_text(), env=path_with(bin_dir))
+    d.proc = subprocess.Popen(
+        [EXE, "daemon", "--config", str(d.config), "--netns", netns, "--socket", d.sock, "--resync", "600"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(d.log, "a"),
+        env=d.env,
+    )
+    try:
+        wait_for(lambda: marker.exists() or d.proc.poll() is not None, 60, "the first apply's restore")
+        d.edit(config_text(extra=EXTRA_RULE))  # while the first apply is still writing
+        wait_for(lambda: any('"netlimit:ssh-guard' in r for r in owned_rules(netns)), 120, "the edited file")
+        wait_for(lambda: "file changed: applied" in d.log.read_text(), 120, "the reload's log line")
+        assert d.proc.poll() is None, d.log.read_text()
+        assert d.stop(timeout=120) == 0
+    finally:
+        d.kill()
+
+
+@pytest.mark.parametrize("refusal", ["nft-kernel-refuses-a-rule", "restore-eagain"])
+def test_a_kernel_that_refuses_keeps_the_old_rules_and_the_daemon_reports_it(tmp_path, netns, bin_dir, refusal):
+    """The kernel refuses the new rules (a real refusal: nft rejects an interface name
+    longer than IFNAMSIZ; or -restore failing with EAGAIN, from a stand-in): the reload is
+    refused with words naming the rule or the error, the old rules stay, the daemon runs
+    on, and status and metrics say the old config runs."""
+    if refusal == "nft-kernel-refuses-a-rule":
+        env = dict(os.environ, NETLIMIT_BACKEND="nftables")
+        bad = config_text(extra=EXTRA_RULE) + ""
+        bad = bad.replace("bandwidth:", "  - {name: bad-iface, protocol: udp, ports: [9], limit: 5/second, "
+                          "interface: " + "x" * 20 + "}\nbandwidth:")  # fmt: skip
+        expect = "bad-iface"
+    else:
+        flag = tmp_path / "eagain"
+        for tool in ("iptables-legacy-restore", "ip6tables-legacy-restore"):
+            stand_in(
+                bin_dir,
+                tool,
+                f"if [ -e {flag} ]; then cat >/dev/null; "
+                f"echo \"{tool}: unable to initialize table 'filter': Resource temporarily unavailable\" >&2; "
+                f'exit 4; fi\nexec {REAL}/{tool} "$@"',
+            )
+        env = path_with(bin_dir)
+        bad = config_text(extra=EXTRA_RULE)
+        expect = "Resource temporarily unavailable"
+    d = Daemon(tmp_path, netns, config_text(), env=env)
+    d.start()
+    try:
+        before = owned_rules(netns)
+        assert before
+        if refusal == "restore-eagain":
+            flag.touch()
+        d.edit(bad)
+        st = wait_for(lambda: (s := d.status())["rejected"] and s, 60, "the refused reload")
+        assert expect in st["rejected"], st["rejected"]
+        assert st["summary"].startswith("running old config")
+        assert owned_rules(netns) == before and d.proc.poll() is None
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10).read().decode()
+        assert "netlimit_config_rejected 1.0" in metrics
+        assert re.search(r'netlimit_applies_total\{result="failed"\} [1-9]', metrics)
+        if refusal == "restore-eagain":
+            flag.unlink()
+            d.proc.send_signal(signal.SIGHUP)
+            wait_for(lambda: any('"netlimit:ssh-guard' in r for r in owned_rules(netns)), 60, "the rule after EAGAIN")
+            assert d.status()["rejected"] is None
+        assert d.stop(timeout=60) == 0
+        assert owned_rules(netns) == []
+    finally:
+        d.kill()

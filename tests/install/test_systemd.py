@@ -8,6 +8,7 @@ with `ip netns exec`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,11 +144,16 @@ def test_netlimitd_and_sidecar_under_systemd(container):
             "ProtectSystem",
             "-p",
             "CapabilityBoundingSet",
+            "-p",
+            "KillMode",
         ]
     ).stdout
     assert "StatusText=1 rules from /etc/netlimit/netlimit.yaml" in show
     assert "ProtectSystem=strict" in show and "NoNewPrivileges=yes" in show
     assert "CapabilityBoundingSet=cap_net_admin cap_net_raw" in show
+    # SIGTERM to the main process only: the group-wide SIGTERM of the default KillMode
+    # killed the -save the on_stop flush had just started (issue 24)
+    assert "KillMode=mixed" in show
     status = c.run(["/opt/netlimit/bin/netlimit", "status"]).stdout
     assert "config:      /etc/netlimit/netlimit.yaml" in status and "udp-flood" in status
 
@@ -174,4 +180,5 @@ def test_netlimitd_and_sidecar_under_systemd(container):
     c.run(["systemctl", "stop", "netlimitd"], timeout=60)
     assert owned(c.netns) == [], c.journal("netlimitd")
     journal = c.journal("netlimitd", 200)
-    assert "netlimitd: start: applied" in journal and "on_stop flush" in journal
+    assert "netlimitd: start: applied" in journal
+    assert re.search(r"on_stop flush: removed [1-9]\d* owned objects .*read back: none remain", journal), journal

@@ -694,9 +694,9 @@ def test_reload_never_reads_a_half_written_file_and_holds_one_without_rules(tmp_
         mark = sc.mark()
         t0 = time.monotonic()
         write_config(cfg, head + "  descriptors: []\n")
-        sc.wait_line(r"would remove every one of the 1 running rules; holding it back", timeout=5, start=mark)
+        sc.wait_line(r"would remove 1 of the 1 running rules; holding it back", timeout=5, start=mark)
         assert limit() == "4"
-        sc.wait_line(r"the file still removes every rule after 1 s: applying it", timeout=5, start=mark)
+        sc.wait_line(r"the file still removes most rules after 1 s: applying it", timeout=5, start=mark)
         sc.wait_line(r"reloaded \(held file\): domain 'api', 0 rules", timeout=5, start=mark)
         assert time.monotonic() - t0 >= 0.9
         assert limit() is None
