@@ -10,12 +10,13 @@ kill9: a 1,000-rule file A is in the kernel; `netlimit apply B` (500 rules remov
     500 added) is killed with SIGKILL at a random moment of its run. Afterwards each
     family (legacy) or the table (nftables) must hold exactly A's rules or exactly B's,
     never a mix, never a duplicate; one `netlimit apply B` must converge and the next
-    must change nothing.
+    must change nothing; that apply reports how many owned objects it found (adopted).
 concurrent: per round, two `netlimit apply` of different files, a running daemon's
     resync (SIGHUP), and another tool appending/deleting its own rules (iptables-legacy
     -A/-D in a chain of its own, nft add/delete in a table of its own), all at once.
     Afterwards: no foreign rule lost or duplicated, netlimit's rules exactly one of the
-    files (writers are serialised: the last one's), every failed command names a lock.
+    files (writers are serialised: the last one's) and, once the daemon's resync has run,
+    exactly the daemon's file (the last writer), every failed command names a lock.
 stop: per round a daemon starts, its file is edited and it is sent SIGHUP (a reload
     in flight) while it resyncs every 0.2 s, then SIGTERM: zero owned objects must
     remain, and its log must say what it removed, counted from the kernel.
@@ -206,6 +207,16 @@ def drill_kill9(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
             if p1.returncode or owned(ns, backend) != want_b or "no changes" not in p2.stdout.lower():
                 res["not_converged"] += 1
                 problems.append(f"round {rnd}: did not converge in one apply: {p1.stderr.strip()[:300]}")
+            # the converging apply says what it found in place (adopted)
+            m = re.search(
+                r"adopting (\d+) owned objects found in the kernel|already matches .* \((\d+) owned", p1.stdout
+            )
+            if not m or not int(m.group(1) or m.group(2)):
+                problems.append(
+                    f"round {rnd}: the converging apply does not report what it adopted: {p1.stdout!r:.300}"
+                )
+            else:
+                res.setdefault("adopted", []).append(int(m.group(1) or m.group(2)))
     res["problems"] = problems
     return res
 
@@ -299,7 +310,7 @@ def drill_concurrent(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
                 outs = [p.communicate(timeout=300) for p in procs]
                 for p, (_o, e) in zip(procs, outs, strict=True):
                     if p.returncode:
-                        if "lock" in e:
+                        if re.search(r"/run/(xtables\.lock|netns/|netlimit/)", e):  # the lock, by its path
                             res["lock_waits_named"] += 1
                         else:
                             problems.append(f"round {rnd}: apply failed without naming a lock: {e.strip()[:300]}")
@@ -321,6 +332,12 @@ def drill_concurrent(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
                         f"{len(extra)} extra {extra[:3]}, {len(missing)} missing {missing[:3]}"
                     )
                 res["ended_as"][ended[0] if ended else "mix"] += 1
+                # the daemon repairs drift every 0.2 s: the last writer is its file, D
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and owned_quiet(ns, backend) != wants["D"]:
+                    time.sleep(0.1)
+                if owned_quiet(ns, backend) != wants["D"]:
+                    problems.append(f"round {rnd}: netlimit did not end equal to the daemon's file D (its resync)")
                 fr = foreign_rules(ns)
                 for k, lst in fr.items():
                     if len(lst) != expected_foreign or len(set(lst)) != len(lst):

@@ -38,12 +38,15 @@ class KernelOps:
         from ..kernel import reconcile
 
         res = reconcile.apply(self._compile(config), self.netns, backend=self.backend)
+        found = res.before.count()
         if not res.changed:
-            return {"changed": 0, "summary": "no changes"}
+            return {"changed": 0, "found": found, "summary": f"no changes ({found} owned objects in place)"}
         c = res.changes.counts()
         return {
             "changed": c["add"] + c["remove"] + c["reorder"],
-            "summary": f"applied {c['add']} additions, {c['remove']} removals, {c['reorder']} moves",
+            "found": found,
+            "summary": f"applied {c['add']} additions, {c['remove']} removals, {c['reorder']} moves "
+            f"(found {found} owned objects in the kernel)",
         }
 
     def drift(self, config) -> list[str]:

@@ -153,6 +153,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
                         "changed": bool(lines),
                         "changes": lines,
                         "counts": res.changes.counts(),
+                        "found": res.before.count(),
                     },
                     indent=2,
                 )
@@ -160,8 +161,9 @@ def register(app: typer.Typer) -> None:  # one function per command below
             return
         typer.echo(f"# backend: {choice.key} ({choice.why})")
         where = f" in netns {netns}" if netns else ""
+        found = res.before.count()
         if not lines:
-            typer.echo(f"no changes: the kernel{where} already matches {file}")
+            typer.echo(f"no changes: the kernel{where} already matches {file} ({found} owned objects)")
             return
         typer.echo(f"# changes apply would make{where} (+ add, - remove, ~ reorder):")
         for line in lines:
@@ -218,6 +220,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
                         "changed": bool(lines),
                         "changes": lines,
                         "counts": res.changes.counts(),
+                        "found": res.before.count(),
                         "timings_s": {k: round(v, 4) for k, v in res.timings.items()},
                     },
                     indent=2,
@@ -225,8 +228,9 @@ def register(app: typer.Typer) -> None:  # one function per command below
             )
             return
         where = f" in netns {netns}" if netns else ""
+        found = res.before.count()
         if not lines:
-            typer.echo(f"no changes: the kernel{where} already matches {file}")
+            typer.echo(f"no changes: the kernel{where} already matches {file} ({found} owned objects)")
             return
         if not quiet:
             for line in lines:
@@ -235,8 +239,9 @@ def register(app: typer.Typer) -> None:  # one function per command below
         t = res.timings
         layer = "nftables" if choice.key == "nftables" else "iptables"
         typer.echo(
-            f"applied {file}{where}: {c['add']} added, {c['remove']} removed in {t.get('total', 0):.2f} s "
-            f"({layer} {t.get('filter', 0):.2f} s, tc {t.get('tc', 0):.2f} s)"
+            f"applied {file}{where}: {c['add']} added, {c['remove']} removed, adopting {found} owned objects "
+            f"found in the kernel, in {t.get('total', 0):.2f} s ({layer} {t.get('filter', 0):.2f} s, "
+            f"tc {t.get('tc', 0):.2f} s)"
         )
         if confirm is not None and not _confirmed(confirm):
             from .reconcile import restore

@@ -166,7 +166,7 @@ def writer_lock(netns: str | None = None, timeout: float = 60.0):
         return _flock(
             path,
             timeout,
-            f"another netlimit apply/flush in namespace {netns} has held its lock "
+            f"another netlimit apply/flush in namespace {netns} has held its lock ({path}) "
             f"for {timeout:.0f} s; nothing was changed",
             create=False,
         )

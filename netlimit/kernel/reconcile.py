@@ -75,6 +75,11 @@ class State:
     def empty(self) -> bool:
         return self.filter.empty and self.tc.empty and all(s.empty for s in self.others.values())
 
+    def count(self) -> int:
+        """Owned objects found in the kernel (what an apply adopts: a diff keeps those that
+        match the file, e.g. after a crash or a kill -9 mid-apply)."""
+        return self.filter.count() + len(self.tc.objects()) + sum(s.count() for s in self.others.values())
+
 
 @dataclass
 class Changes:

@@ -319,11 +319,13 @@ def test_cli_apply_plan_live_list_flush(topo, tmp_path, any_backend):
     assert topo.state().empty  # plan --live changed nothing
     a1 = _cli("apply", str(f), "--netns", topo.srv)
     assert a1.returncode == 0, a1.stderr
-    assert "applied" in a1.stdout
+    assert "applied" in a1.stdout and "adopting 0 owned objects found in the kernel" in a1.stdout
     # the legacy note only where a legacy backend writes on an nf_tables host, and only from apply
     assert ("iptables-legacy" in a1.stderr) == (any_backend != "nftables"), a1.stderr
     a2 = _cli("apply", str(f), "--netns", topo.srv)
     assert a2.returncode == 0 and "no changes" in a2.stdout
+    n = int(re.search(r"already matches .* \((\d+) owned objects\)", a2.stdout).group(1))
+    assert n == topo.state().count() and n > 0  # what an apply finds in place, it adopts
     assert "no changes" in _cli("plan", str(f), "--live", "--netns", topo.srv).stdout
     lj = json.loads(_cli("list", "--netns", topo.srv, "--json").stdout)
     assert lj["backend"] == any_backend

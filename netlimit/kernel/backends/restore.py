@@ -188,11 +188,14 @@ def _filter_loaded(family: int) -> bool:
     """Whether this namespace has a legacy filter table of `family` at all. Where none
     was ever made (a host on nftables), netlimit owns nothing there, and reading it
     with -save would make one."""
+    path = proc_net("ip_tables_names" if family == 4 else "ip6_tables_names")
     try:
-        with open(proc_net("ip_tables_names" if family == 4 else "ip6_tables_names")) as fh:
+        with open(path) as fh:
             return "filter" in fh.read().split()
-    except OSError:
+    except FileNotFoundError:  # x_tables of this family never loaded: no legacy table exists
         return False
+    except OSError as exc:  # unreadable: saying "nothing owned" could hide rules (a flush's read-back)
+        raise IptablesError(f"cannot tell whether an IPv{family} legacy filter table exists ({path}: {exc})") from exc
 
 
 def _save_cmd(family: int) -> list[str]:
