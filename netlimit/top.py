@@ -206,13 +206,18 @@ def run(socket_path: str, sidecars: list[str], interval: float, count: int | Non
     prev: Sample | None = None
     n = 0
     if not sys.stdout.isatty():
-        while count is None or n < count:
-            cur = take(socket_path, sidecars)
-            for line in plain(view(prev, cur)):
-                print(line, flush=True)
-            prev, n = cur, n + 1
-            if count is None or n < count:
-                time.sleep(interval)
+        try:
+            while count is None or n < count:
+                cur = take(socket_path, sidecars)
+                for line in plain(view(prev, cur)):
+                    print(line, flush=True)
+                prev, n = cur, n + 1
+                if count is None or n < count:
+                    time.sleep(interval)
+        except KeyboardInterrupt:  # Ctrl-C ends a piped view as it ends the live one: quietly
+            pass
+        except BrokenPipeError:  # `netlimit top | head`: the reader is gone
+            sys.stderr.close()
         return 0
     import termios
     import tty

@@ -32,6 +32,16 @@ http:
 """
 
 
+def save_svg(ansi: str, path: str) -> None:
+    """A terminal screen (with its colour codes) as an SVG picture, as rich draws it."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(record=True, width=160, force_terminal=True, color_system="truecolor", file=open(os.devnull, "w"))
+    console.print(Text.from_ansi(ansi.rstrip("\n")))
+    console.save_svg(path, title="netlimit top")
+
+
 def daemon_config(topo) -> str:
     return f"""\
 version: 1
@@ -97,7 +107,8 @@ def test_top_on_a_terminal_shows_live_rates_and_quits_on_q(topo, host):
 
         # the flood's rule with a non-zero packet rate and drop rate, the HTTP rule with denials
         sep = r"[\s│]+"  # rich's column rules
-        rule_row = re.compile(rf"udp-flood{sep}nftables{sep}(\d[\d.]*k?)/s{sep}(\d[\d.]*k?)/s")
+        layer = "nftables" if d.status()["backend"] == "nftables" else "iptables"  # what auto picked here
+        rule_row = re.compile(rf"udp-flood{sep}{layer}{sep}(\d[\d.]*k?)/s{sep}(\d[\d.]*k?)/s")
         login_row = re.compile(rf"api/login{sep}\S+/s{sep}\S+/s{sep}10{sep}5{sep}")
 
         seen = [""]
@@ -119,6 +130,11 @@ def test_top_on_a_terminal_shows_live_rates_and_quits_on_q(topo, host):
         except AssertionError as exc:
             raise AssertionError(f"{exc}; the screen:\n{seen[0]}") from None
         assert re.search(r"egress-cap.*\d[\d.]*k?bit/s.*1\.0Mbit/s", s), s
+        if os.environ.get("NETLIMIT_TOP_SVG"):  # scripts/top_screenshot.sh: README's picture of this screen
+            colour = subprocess.run(
+                [*tmux, "capture-pane", "-e", "-p", "-t", "top"], capture_output=True, text=True, timeout=10
+            ).stdout
+            save_svg(colour, os.environ["NETLIMIT_TOP_SVG"])
         subprocess.run([*tmux, "send-keys", "-t", "top", "q"], check=True, timeout=10)
         wait_for(
             lambda: subprocess.run([*tmux, "has-session", "-t", "top"], capture_output=True).returncode != 0,
