@@ -127,12 +127,18 @@ def _print_counters(rows: list[dict[str, Any]]) -> None:
     if not rows:
         typer.echo("  no objects owned by netlimit")
         return
-    typer.echo(f"  {'rule':<24} {'layer':<9} {'packets':>12} {'bytes':>14} {'dropped':>10}")
+    typer.echo(f"  {'rule':<24} {'layer':<9} {'packets':>12} {'bytes':>14} {'dropped':>10}  per-source entries")
     agg: dict[tuple[str, str], list[int]] = {}
+    tables: dict[tuple[str, str], dict[str, int | None]] = {}
     for r in rows:
-        a = agg.setdefault((r["rule"], r["layer"]), [0, 0, 0])
+        key = (r["rule"], r["layer"])
+        a = agg.setdefault(key, [0, 0, 0])
         a[0] += int(r.get("packets") or 0)
         a[1] += int(r.get("bytes") or 0)
         a[2] += int(r.get("dropped") or 0)
+        if r.get("table"):  # a hashlimit / recent table or an nftables set: how many sources it tracks
+            tables.setdefault(key, {})[r["table"]] = r.get("table_entries")
     for (rule, layer), (p, b, d) in agg.items():
-        typer.echo(f"  {rule:<24} {layer:<9} {p:>12} {b:>14} {d:>10}")
+        t = tables.get((rule, layer), {})
+        entries = ", ".join(f"{name}: {'?' if n is None else n}" for name, n in t.items())
+        typer.echo(f"  {rule:<24} {layer:<9} {p:>12} {b:>14} {d:>10}  {entries}".rstrip())
