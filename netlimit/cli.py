@@ -27,8 +27,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# Exit codes shared by every command.
-EXIT_OK = 0
+# Exit codes shared by every command (0: done).
 EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
 EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
 EXIT_USAGE = 64  # wrong flags / not root / missing tool

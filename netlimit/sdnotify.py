@@ -26,10 +26,6 @@ class Notifier:
         self.watchdog_usec = int(usec) if usec.isdigit() and (not pid or pid == str(os.getpid())) else 0
         self._sock: socket.socket | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
-
     def notify(self, *fields: str) -> bool:
         if self.address is None:
             return False

@@ -116,11 +116,6 @@ class FileWatch:
             return True
         return False
 
-    def forget(self) -> None:
-        """Take the file as it is now as seen (after a reload that read it)."""
-        self._sig = self._seen = self._signature()
-        self._seen_at = time.monotonic()
-
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

@@ -177,7 +177,7 @@ def build() -> dict:
             pid += 1
             y += 1
             continue
-        title, unit, targets, desc = p  # type: ignore[misc]
+        title, unit, targets, desc = p[0], p[1], p[2], p[3]  # a panel (a row marker is (None, title))
         panels.append(
             {
                 "type": "timeseries",

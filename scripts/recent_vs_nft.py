@@ -118,7 +118,10 @@ def main() -> int:
         th.start()
     for th in threads:
         th.join(timeout=400)
-    mark = lambda got: " ".join("ok" if x else "x" for x in got)  # noqa: E731
+
+    def mark(got: list[bool]) -> str:
+        return " ".join("ok" if x else "x" for x in got)
+
     print(f"method: recent, 3 per {60 * args.scale:g} s, tcp new connections; ok = accepted, x = dropped")
     rows = []
     for name, times, what in SCENARIOS:

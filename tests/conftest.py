@@ -25,7 +25,7 @@ if str(HELPERS) not in sys.path:
     sys.path.insert(0, str(HELPERS))
 
 from netns_topo import REQUIRED, Topo, _seq, _setup, _sh, require  # noqa: E402 - after the sys.path entry
-from redis_proc import RedisServer, _free_port, _require_redis_server  # noqa: E402
+from redis_proc import RedisServer, _free_port, _require_redis_server  # noqa: E402 - after the sys.path entry
 
 # --- Redis ---------------------------------------------------------------------------------
 

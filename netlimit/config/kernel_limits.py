@@ -24,7 +24,6 @@ HASHLIMIT_BURST_MAX = 1_000_000
 # may go up to XT_RECENT_MAX_NSTAMPS - 1 (255 before 6.11; we assume the lower).
 RECENT_MAX_NSTAMPS_DEFAULT = 255
 RECENT_FALLBACK = 20  # classic default of ip_pkt_list_tot when /sys says nothing
-RECENT_NAME_MAX = 199
 ETH_FRAME = 1514  # one full-size Ethernet frame (1500 MTU + 14 header)
 
 

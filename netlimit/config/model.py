@@ -219,7 +219,6 @@ class BandwidthRule(Strict):
 
 # --- http (sidecar, Lyft ratelimit format) --------------------------------------
 
-HTTP_UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
 UNIT_SECONDS = {
     "second": 1,
     "minute": 60,

@@ -230,7 +230,10 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str |
                 lp.kill()
                 lp.wait()
         prog.stop()
-        mark = lambda lst: " ".join("ok" if x else "x" for x in lst)  # noqa: E731
+
+        def mark(lst: list[bool]) -> str:
+            return " ".join("ok" if x else "x" for x in lst)
+
         rows.append(
             Row(
                 "new-conns",

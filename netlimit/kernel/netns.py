@@ -69,21 +69,22 @@ def run_in_netns(name: str | None, fn: Callable[..., T], *args, **kwargs) -> T:
     if name is None:
         return fn(*args, **kwargs)
     path = check_netns(name)
-    box: dict[str, object] = {}
+    results: list[T] = []
+    errors: list[BaseException] = []
 
     def worker() -> None:
         try:
             setns(path)
-            box["result"] = fn(*args, **kwargs)
+            results.append(fn(*args, **kwargs))
         except BaseException as exc:  # handed to the caller
-            box["error"] = exc
+            errors.append(exc)
 
     th = threading.Thread(target=worker, name=f"netns-{name}", daemon=True)
     th.start()
     th.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["result"]  # type: ignore[return-value]
+    if errors:
+        raise errors[0]
+    return results[0]
 
 
 def proc_net(*parts: str) -> str:

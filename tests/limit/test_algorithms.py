@@ -91,7 +91,7 @@ def test_limit_is_a_plain_frozen_dataclass_to_its_users():
         algorithm="leaky_bucket", limit=10, period=1.0, burst=5, delay=True, name="api"
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
-        lim.limit = 3  # type: ignore[misc]
+        lim.limit = 3  # type: ignore[misc]  # the assignment a frozen dataclass refuses is the point
     other = dataclasses.replace(lim, limit=20)
     assert other.capacity == 6 and other.rate == 20.0 and other._ns != lim._ns
     back = pickle.loads(pickle.dumps(lim))

@@ -118,6 +118,7 @@ class SavedRule(LiveRule):
         self.bytes = nbytes
         self._rule: IptRule | None = None
 
+    # a lazy property where LiveRule has a plain field (mypy's override): parsed on first use
     @property
     def rule(self) -> IptRule:  # type: ignore[override]
         if self._rule is None:
