@@ -4,7 +4,8 @@
     .venv/bin/python scripts/faults.py kill9 --rounds 50            # kill -9 during an apply
     .venv/bin/python scripts/faults.py concurrent --rounds 100      # writers racing each other
     .venv/bin/python scripts/faults.py stop --rounds 50 --busy      # SIGTERM mid-reload, cores busy
-    ... --backend nftables|restore (default: both), --json for the figures
+    ... --backend nftables|restore|python-iptables (repeatable; default: nftables and
+    restore), --json for the figures
 
 kill9: a 1,000-rule file A is in the kernel; `netlimit apply B` (500 rules removed,
     500 added) is killed with SIGKILL at a random moment of its run. Afterwards each
@@ -43,7 +44,8 @@ import time
 from pathlib import Path
 
 EXE = str(Path(sys.executable).with_name("netlimit"))
-BACKENDS = ("nftables", "restore")
+BACKENDS = ("nftables", "restore", "python-iptables")
+DEFAULT_BACKENDS = ("nftables", "restore")  # what auto picks on an nf_tables host and on a legacy one
 
 
 def sh(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -424,7 +426,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("drill", choices=sorted(DRILLS))
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--backend", choices=BACKENDS, action="append", help="default: both")
+    ap.add_argument("--backend", choices=BACKENDS, action="append", help="default: nftables and restore")
     ap.add_argument("--busy", action="store_true", help="keep both cores busy meanwhile (a CPU stress)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -435,7 +437,7 @@ def main() -> int:
     t0 = time.monotonic()
     results = []
     with tempfile.TemporaryDirectory(prefix="nlfaults-") as tmp:
-        for backend in args.backend or BACKENDS:
+        for backend in args.backend or DEFAULT_BACKENDS:
             results.append(DRILLS[args.drill](backend, args.rounds, Path(tmp), args.busy))
     out = {"drill": args.drill, "busy": args.busy, "seconds": round(time.monotonic() - t0, 1), "results": results}
     failed = any(r.get("problems") for r in results)
