@@ -340,7 +340,7 @@ def test_descriptor_without_limit_or_children_allows_everything():
               unit: second
               requests_per_unit: 5
      """,
-            "'unlimited: true' and 'rate_limit' exclude each other",
+            "should not specify rate limit unit when unlimited",
         ),
         (
             """
