@@ -72,7 +72,7 @@ async def serve(
             _shown(s, host, port),
             mode,
             rs.domain,
-            len(rs.rules),
+            len(rs.all_rules),
             "memory" if sc.storage == "memory" else "redis",
             sc.limiter.on_store_failure,
             _llhttp_version(),
