@@ -119,3 +119,32 @@ def test_every_domain_of_the_directory_is_served_and_reloaded(sidecar) -> None:
     r = grpc_call(p.grpc_port, "basic", [("one_per_minute", unique)])
     assert r.overall_code == OK and r.statuses[0].current_limit.requests_per_unit == 1
     assert request(p.port, "GET", "/healthz").json()["last_reload_error"].count("duplicate domain 'basic'") == 1
+
+
+def test_the_directory_watch_sees_a_configmap_swap(tmp_path: Path) -> None:
+    """Kubernetes mounts a ConfigMap as symlinks into a ``..data`` directory that
+    it swaps by renaming a new symlink over it: the files' names stay, what they
+    point to changes.  Dot files and other names alone are not a change."""
+    from netlimit.watch import DirWatch
+
+    d = tmp_path / "cm"
+    d.mkdir()
+    v1, v2 = d / "..v1", d / "..v2"
+    v1.mkdir()
+    v2.mkdir()
+    (v1 / "a.yaml").write_text("domain: a\n")
+    (v2 / "a.yaml").write_text("domain: a2\n")
+    os.symlink("..v1", d / "..data")
+    os.symlink("..data/a.yaml", d / "a.yaml")
+    w = DirWatch(d)
+    try:
+        assert w.uses_inotify
+        (d / ".swp").write_text("x")
+        (d / "notes.txt").write_text("x")
+        assert not w.changed()  # (inotify queued their events as the writes returned)
+        os.symlink("..v2", d / "..data_tmp")
+        os.replace(d / "..data_tmp", d / "..data")
+        wait_until(w.changed, 5, what="the swap seen")
+        assert not w.changed()  # once
+    finally:
+        w.close()
