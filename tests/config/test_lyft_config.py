@@ -260,3 +260,18 @@ def test_the_directory_is_part_of_the_files_hash(tmp_path: Path):
     h1 = load_file(m).sha256
     (tmp_path / "conf" / "a.yaml").write_text("domain: a2\n")
     assert load_file(m).sha256 != h1
+
+
+def test_validate_names_every_domain_it_checked(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from netlimit.cli import app
+
+    m = lyft_dir(tmp_path, {"a.yaml": "domain: a\n", "b.yaml": "domain: b\n"}, "  domain: main\n")
+    res = CliRunner().invoke(app, ["validate", str(m)])
+    assert res.exit_code == 0 and f"{m}: valid (0 network, 0 bandwidth, http domains 'main', 'a', 'b')" in res.output
+    (tmp_path / "conf" / "b.yaml").write_text(
+        "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight}\n"
+    )
+    res = CliRunner().invoke(app, ["validate", str(m)])
+    assert res.exit_code == 1 and f"{tmp_path}/conf/b.yaml:4:24: lyft: 'unit' must be one of" in res.output
