@@ -5,8 +5,10 @@ a Decision.  The product never calls these (the sidecar needs the Decision for
 its headers); they live here, held to the deciders by tests/bench/test_admit.py.
 
 ``admit(limit, state, now, cost)`` returns the state to keep (possibly the same
-object, possibly None for a free probe of an unknown key) or ``DENIED``;
-:func:`allow_sync` is ``MemoryStore.hit_sync`` reduced to the verdict.
+object, possibly None for a free probe of an unknown key) or ``DENIED``, or,
+for a denial that changes the state (``fixed_window`` counts denied hits),
+``DeniedTo(state)``; :func:`allow_sync` is ``MemoryStore.hit_sync`` reduced to
+the verdict.
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ from netlimit.limit.stores.base import hash_key
 from netlimit.limit.stores.memory import MemoryStore
 
 DENIED: Any = type("Denied", (), {"__repr__": lambda self: "DENIED", "__slots__": ()})()
+
+
+class DeniedTo:
+    """A denial that leaves ``state`` behind (Lyft's fixed window counting the hits)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
 
 
 def _deny_all_admit(limit: Limit, state: Any, now: float, cost: int = 1):
@@ -48,6 +59,24 @@ def _bucket_admit(limit: Limit, state: complex | None, now: float, cost: int = 1
 
 
 def _fixed_window_admit(limit: Limit, state: int | None, now: float, cost: int = 1):
+    w = _floor(now / limit.period)
+    count = 0
+    if state is not None:
+        sw = state >> limit._cb
+        if sw >= w:
+            w = sw
+            count = state & limit._cm
+    new = count + cost
+    lim = limit.limit
+    if new > lim:
+        # the hits count (saturated at lim + 1): the state changes once per window
+        return DENIED if count > lim else DeniedTo((w << limit._cb) | (lim + 1))
+    if cost == 0:
+        return state
+    return (w << limit._cb) | new
+
+
+def _fixed_window_admitted_admit(limit: Limit, state: int | None, now: float, cost: int = 1):
     w = _floor(now / limit.period)
     count = 0
     if state is not None:
@@ -96,6 +125,7 @@ ADMITTERS: dict[str, Callable[..., Any]] = {
     "token_bucket": _bucket_admit,
     "leaky_bucket": _bucket_admit,
     "fixed_window": _fixed_window_admit,
+    "fixed_window_admitted": _fixed_window_admitted_admit,
     "sliding_window_log": _sliding_window_log_admit,
     "sliding_window_counter": _sliding_window_counter_admit,
 }
@@ -218,7 +248,7 @@ def _swc_admit_of(limit: Limit) -> Callable[..., Any]:
 
 
 def _admitter(limit: Limit) -> Callable[..., Any]:
-    if not limit.limit:
+    if limit._deny0:
         return _deny_all_admit
     if limit.algorithm == "sliding_window_counter":
         return _swc_admit_of(limit)
@@ -248,14 +278,19 @@ def allow_fn(store: MemoryStore, limit: Limit) -> Callable[..., bool]:
                 new_state = adm(limit, state, now, cost)
                 if new_state is DENIED:
                     return False
+                if new_state.__class__ is DeniedTo:
+                    table[key] = new_state.state
+                    return False
                 if new_state is not state:
                     table[key] = new_state
                 return True
         state = store._take_old(key, limit)
         new_state = adm(limit, state, now, cost)
-        allowed = new_state is not DENIED
-        if not allowed:
+        allowed = new_state is not DENIED and new_state.__class__ is not DeniedTo
+        if new_state is DENIED:
             new_state = state
+        elif not allowed:
+            new_state = new_state.state
         if new_state is not None:
             store._insert(key, limit, new_state, table)
         return allowed

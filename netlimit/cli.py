@@ -124,8 +124,11 @@ def validate(
         if not quiet:
             c = loaded.config
             parts = [f"{len(c.network)} network", f"{len(c.bandwidth)} bandwidth"]
-            if c.http is not None:
-                parts.append(f"http domain {c.http.domain!r}")
+            if c.http is not None:  # with its lyft_config_dir's
+                domains = list(
+                    dict.fromkeys([c.http.domain] * bool(c.http.domain) + [f.config.domain for f in loaded.lyft])
+                )
+                parts.append(f"http domain{'s' if len(domains) != 1 else ''} {', '.join(map(repr, domains))}")
             typer.echo(f"{path}: valid ({', '.join(parts)})")
     if bad:
         raise typer.Exit(EXIT_INVALID)

@@ -1,4 +1,5 @@
-"""Watch one file for changes with inotify, surviving editors that replace it.
+"""Watch one file (:class:`FileWatch`) or a directory's config files
+(:class:`DirWatch`) for changes with inotify, surviving editors that replace them.
 
 We watch the file's DIRECTORY (a watch on the file itself dies when an editor
 writes a new file and renames it over the old one) and wake on what ends a
@@ -115,6 +116,111 @@ class FileWatch:
             self._sig = sig
             return True
         return False
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+#: directory entries a DirWatch looks at, at most (a runtime directory holds a few files)
+MAX_DIR_ENTRIES = 10_000
+
+
+class DirWatch:
+    """Watch the config files of one directory (``*.yaml``, ``*.yml``, not dot
+    files: envoyproxy/ratelimit's runtime directory, ``http.lyft_config_dir``).
+
+    Any event in the directory (a write closed, a rename in or out, a removal,
+    an attribute change -- never IN_MODIFY) makes ``changed()`` compare the
+    files' signature (name, and inode, size, times of what it points to: a
+    Kubernetes ConfigMap swaps a ``..data`` symlink) with the last one; where
+    inotify is unavailable the signature is polled and must stay the same for
+    ``settle`` seconds.  ``fileno()`` suits ``loop.add_reader``."""
+
+    def __init__(self, path: str | os.PathLike, *, settle: float = 1.0):
+        self.path = Path(path).absolute()
+        self.settle = settle
+        self.fd = -1
+        self._sig = self._signature()
+        self._seen = self._sig
+        self._seen_at = time.monotonic()
+        libc_name = ctypes.util.find_library("c") or "libc.so.6"
+        try:
+            libc = ctypes.CDLL(libc_name, use_errno=True)
+            fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), "inotify_init1")
+            wd = libc.inotify_add_watch(fd, str(self.path).encode(), _MASK)
+            if wd < 0:
+                os.close(fd)
+                raise OSError(ctypes.get_errno(), "inotify_add_watch")
+            self.fd = fd
+        except (OSError, AttributeError):
+            self.fd = -1  # polling fallback
+
+    @property
+    def uses_inotify(self) -> bool:
+        return self.fd >= 0
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def _signature(self) -> tuple[tuple[str, int, int, int, int], ...] | None:
+        try:
+            with os.scandir(self.path) as it:
+                out = []
+                for i, e in enumerate(it):
+                    if i >= MAX_DIR_ENTRIES:
+                        break
+                    if e.name.startswith(".") or not e.name.endswith((".yaml", ".yml")):
+                        continue
+                    try:
+                        st = os.stat(e.path)  # through a symlink
+                    except OSError:
+                        continue
+                    out.append((e.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        except OSError:
+            return None
+        return tuple(sorted(out))
+
+    def _drain(self) -> bool:
+        """Read every pending event; True if there was one."""
+        seen = False
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    return seen
+                raise
+            if not buf:
+                return seen
+            seen = True
+
+    def changed(self) -> bool:
+        """Drain pending events; True if the files may have changed since the last True."""
+        if self.fd >= 0:
+            if not self._drain():
+                return False
+            sig = self._signature()
+        else:
+            sig = self._signature()
+            now = time.monotonic()
+            if sig != self._seen:  # still moving: wait until it stays put for `settle` seconds
+                self._seen, self._seen_at = sig, now
+                return False
+            if now - self._seen_at < self.settle:
+                return False
+        if sig != self._sig:
+            self._sig = sig
+            return True
+        return False
+
+    def forget(self) -> None:
+        """Take the files as they are now as seen (after a reload that read them)."""
+        self._sig = self._seen = self._signature()
+        self._seen_at = time.monotonic()
 
     def close(self) -> None:
         if self.fd >= 0:

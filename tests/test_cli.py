@@ -138,7 +138,7 @@ def test_validate_checks_the_http_rule_tree_as_the_sidecar_does(tmp_path):
     )
     res = runner.invoke(app, ["validate", str(f)])
     assert res.exit_code == 1
-    assert f"{f}:8:" in res.output and "duplicate descriptor: key 'remote_address'" in res.output
+    assert f"{f}:8:" in res.output and "duplicate descriptor composite key 'api.remote_address'" in res.output
     from netlimit.config.validate import load_file
     from netlimit.errors import ConfigError
     from netlimit.limit.rules import from_loaded

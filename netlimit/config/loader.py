@@ -4,10 +4,16 @@ PyYAML's safe_load forgets positions and silently keeps the last of two equal
 keys. We compose the node graph ourselves, build plain Python values, and keep
 a map from each path (tuple of keys / indices) to the (line, column) of its key
 and of its value, 1-based, so that every error can name FILE:LINE:COL.
+
+Plain scalars that YAML 1.1 reads as something other than text (``1.10``,
+``0755``, ``1:30``, ``NO``, dates) also keep the text as written
+(``Document.text``): envoyproxy/ratelimit (go-yaml) reads descriptor keys and
+values as written, so validate.py gives those fields the text back.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +41,8 @@ class Document:
     data: Any
     key_pos: dict[Path, tuple[int, int]] = field(default_factory=dict)
     value_pos: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    #: the text of plain scalars that YAML did not read as text (not null)
+    text: dict[Path, str] = field(default_factory=dict)
 
     def pos(self, path: Path, *, key: bool = False) -> tuple[int, int]:
         """Best position for a path: the exact node, else its nearest ancestor."""
@@ -61,8 +69,31 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+_MARKER = re.compile(r"^([ \t]+)---[ \t]*(#.*)?$")
+_HTTP = re.compile(r"^http:[ \t]*(#.*)?$")
+
+
+def _pasted_marker(text: str) -> str:
+    """A Lyft file pasted, indented, under ``http:`` may keep its leading ``---``
+    document marker (there it is no YAML): that one line becomes a comment of
+    the same length, so every position stays where it was."""
+    if "---" not in text:
+        return text
+    lines = text.split("\n")
+    prev = ""
+    for i, line in enumerate(lines):
+        m = _MARKER.match(line)
+        if m and _HTTP.match(prev):
+            lines[i] = m.group(1) + "#--" + line[len(m.group(1)) + 3 :]
+            return "\n".join(lines)
+        if line.strip() and not line.lstrip().startswith("#"):
+            prev = line
+    return text
+
+
 def load_text(text: str, filename: str) -> Document:
     """Parse YAML text into a Document; raise YamlError with positions."""
+    text = _pasted_marker(text)
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
@@ -117,12 +148,17 @@ def load_text(text: str, filename: str) -> Document:
             return out
         if isinstance(node, yaml.SequenceNode):
             return [build(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
-        return constructor.construct_object(node, deep=True)
+        value = constructor.construct_object(node, deep=True)
+        if value is not None and not isinstance(value, str) and node.style is None:
+            doc.text[path] = node.value
+        return value
 
     doc.data = build(root, ()) if root is not None else None
     doc.value_pos.pop(("<key>",), None)
     for p in [p for p in doc.value_pos if "<key>" in p]:
         del doc.value_pos[p]
+    for p in [p for p in doc.text if "<key>" in p]:
+        del doc.text[p]
     if problems:
         raise YamlError(problems)
     return doc

@@ -229,6 +229,8 @@ UNIT_SECONDS = {
     "year": 365 * 86400,
 }
 ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
+#: requests_per_unit is a uint32 in Lyft's config and in Envoy's protocol
+MAX_REQUESTS_PER_UNIT = 0xFFFFFFFF
 
 
 def _lyft_rate_limit_schema(schema: dict[str, Any]) -> None:
@@ -253,13 +255,21 @@ def _lyft_rate_limit_schema(schema: dict[str, Any]) -> None:
     ]
 
 
-class RateLimit(Strict):
+class LyftText(BaseModel):
+    """The Lyft parts keep text exactly as written (go-yaml does not strip a
+    quoted value's spaces); the loader has already turned plain scalars such as
+    ``1.10`` or ``NO`` back into their text (validate.py ``_lyft_text``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+class RateLimit(LyftText):
     model_config = ConfigDict(
-        extra="forbid", frozen=True, str_strip_whitespace=True, json_schema_extra=_lyft_rate_limit_schema
+        extra="forbid", frozen=True, str_strip_whitespace=False, json_schema_extra=_lyft_rate_limit_schema
     )
 
     unit: Literal["second", "minute", "hour", "day", "week", "month", "year"]
-    requests_per_unit: int = Field(ge=0)
+    requests_per_unit: int = Field(ge=0, le=MAX_REQUESTS_PER_UNIT)
     name: str | None = None
 
     @field_validator("unit", mode="before")
@@ -272,33 +282,55 @@ class RateLimit(Strict):
         return UNIT_SECONDS[self.unit]
 
 
-class Replaces(Strict):
-    name: str
+class Replaces(LyftText):
+    name: str | None = None
 
 
-class Descriptor(Strict):
+def _none_is_empty(v: object) -> object:
+    """``descriptors:`` with nothing under it is an empty list (as go-yaml reads it)."""
+    return [] if v is None else v
+
+
+DescriptorList = Annotated[list["Descriptor"], BeforeValidator(_none_is_empty)]
+
+
+class Descriptor(LyftText):
     """A node of the Lyft descriptor tree, plus netlimit's algorithm / burst / delay."""
 
-    key: str = Field(min_length=1)
+    key: str = Field("", description="required (a missing or empty key is refused with Lyft's message)")
     value: str | None = None
     rate_limit: RateLimit | None = None
     algorithm: Literal[
         "token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"
     ] = Field("fixed_window", description="fixed_window is Lyft's behaviour and the default")
-    burst: int | None = Field(None, ge=1, description="token bucket capacity / leaky bucket queue depth")
+    count_denied: bool = Field(
+        True,
+        description="fixed_window: denied requests count toward the window, as Lyft counts them (false: only "
+        "admitted requests count)",
+    )
+    burst: int | None = Field(
+        None, ge=1, le=MAX_REQUESTS_PER_UNIT, description="token bucket capacity / leaky bucket queue depth"
+    )
     delay: bool = Field(False, description="leaky_bucket: queue requests to their slot instead of rejecting")
     unlimited: bool = False
     shadow_mode: bool = False
+    quota_mode: bool = Field(
+        False, description="over its limit, this descriptor makes the answer OVER_LIMIT only if every quota one is"
+    )
     replaces: list[Replaces] = Field(default_factory=list)
-    detailed_metric: bool = False
-    descriptors: list[Descriptor] = Field(default_factory=list)
+    detailed_metric: bool = Field(False, description="metrics per request value (bounded by http.max_metric_values)")
+    value_to_metric: bool = Field(False, description="metric names carry this level's request value")
+    share_threshold: bool = Field(False, description="every value matching this wildcard shares one counter")
+    metadata: dict[str, Any] | None = Field(None, description="kept with the limit; sent as Envoy dynamic metadata")
+    descriptors: DescriptorList = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
     def _lyft_placement(cls, data: Any) -> Any:
         """Lyft's ratelimit writes ``unlimited`` and ``replaces`` inside
         ``rate_limit``; netlimit on the descriptor.  Both are accepted: Lyft's
-        are moved here (``rate_limit: {unlimited: true}`` is then no limit)."""
+        are moved here (``rate_limit: {unlimited: true}`` is then no limit; a
+        unit next to it is refused with Lyft's message by validate.py)."""
         if not isinstance(data, dict):
             return data
         rl = data.get("rate_limit")
@@ -319,15 +351,18 @@ class Descriptor(Strict):
         if unlimited is not False:  # true, or a bad value the field check reports
             if data.get("unlimited") in (None, False):
                 data["unlimited"] = unlimited
-            if set(rl) <= {"name"}:
-                rl = None
+            if unlimited is True and "unit" not in rl:
+                rl = None  # Lyft ignores the rest (name, requests_per_unit) of an unlimited limit
+            elif unlimited is True:
+                rl.setdefault("requests_per_unit", 0)  # so the unit is what _shape reports
         data["rate_limit"] = rl
         return data
 
     @field_validator("value", mode="before")
     @classmethod
     def _value_text(cls, v: object) -> object:
-        # YAML turns `value: 80` into an int; Lyft treats every value as text.
+        # a number written in code (tests, the schema's examples) is text to Lyft;
+        # YAML's plain scalars already arrive as the text written (validate.py)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return str(v)
         return v
@@ -335,12 +370,24 @@ class Descriptor(Strict):
     @model_validator(mode="after")
     def _shape(self) -> Descriptor:
         if self.unlimited and self.rate_limit is not None:
-            raise ValueError("'unlimited: true' and 'rate_limit' exclude each other")
+            raise ValueError(
+                "should not specify rate limit unit when unlimited: write 'rate_limit: {unlimited: true}' "
+                "(or 'unlimited: true' on the descriptor) without unit and requests_per_unit"
+            )
         if self.burst is not None and self.algorithm not in ("token_bucket", "leaky_bucket"):
             raise ValueError(f"'burst' applies to token_bucket and leaky_bucket, not {self.algorithm}")
         if self.delay and self.algorithm != "leaky_bucket":
             raise ValueError("'delay' applies to algorithm: leaky_bucket only")
+        if not self.count_denied and self.algorithm != "fixed_window":
+            raise ValueError(f"'count_denied' applies to algorithm: fixed_window, not {self.algorithm}")
         return self
+
+    @property
+    def engine_algorithm(self) -> str:
+        """The engine's algorithm: fixed_window with ``count_denied: false`` is fixed_window_admitted."""
+        if self.algorithm == "fixed_window" and not self.count_denied:
+            return "fixed_window_admitted"
+        return self.algorithm
 
 
 ACTION_RE = re.compile(r"^(remote_address|path|method|header:[!#$%&'*+.^_`|~0-9A-Za-z-]+|generic:[^=\s]+=\S*)$")
@@ -359,14 +406,16 @@ ActionList = Annotated[list[ActionT], Field(min_length=1)]
 
 
 class HttpConfig(Strict):
-    domain: str = Field(min_length=1, description="Lyft domain of the descriptors")
+    domain: str = Field(
+        "", description="Lyft domain of the descriptors (required unless lyft_config_dir holds the domains)"
+    )
     storage: str = Field("memory", description="memory | redis://host:6379/0")
     actions: list[ActionList] = Field(
         default_factory=list,
         description="how a request becomes descriptor lists: remote_address, path, method, "
         "header:<Name>, generic:<key>=<value>",
     )
-    descriptors: list[Descriptor] = Field(default_factory=list)
+    descriptors: DescriptorList = Field(default_factory=list)
     trusted_proxies: list[CIDR] = Field(default_factory=list, description="peers whose X-Forwarded-For is believed")
     on_store_failure: Literal["open", "local", "closed"] = Field(
         "local", description="when Redis is slow or down: allow (open), decide locally (local), or deny (closed)"
@@ -374,6 +423,35 @@ class HttpConfig(Strict):
     store_timeout_ms: int = Field(50, ge=1, le=60000, description="per-call Redis timeout")
     max_keys: int = Field(100_000, ge=1, description="memory store: most keys kept (LRU)")
     max_key_length: int = Field(256, ge=16, le=8192, description="longer keys are hashed")
+    lyft_config_dir: str | None = Field(
+        None,
+        description="a directory of envoyproxy/ratelimit config files (*.yaml, *.yml), one domain each, served "
+        "beside this file's domain and reloaded when they change; relative to this file",
+    )
+    merge_domains: bool = Field(
+        False,
+        description="Lyft's MERGE_DOMAIN_CONFIG: files of lyft_config_dir with the same domain make one tree "
+        "(else a domain in two files is an error)",
+    )
+    shadow_mode: bool = Field(
+        False, description="Lyft's SHADOW_MODE: every limit is counted and reported, no request is refused"
+    )
+    quota_mode: bool = Field(False, description="Lyft's QUOTA_MODE: every descriptor is a quota_mode one")
+    near_limit_ratio: float = Field(
+        0.8, gt=0, le=1, description="Lyft's NEAR_LIMIT_RATIO: allowed hits past this share of a limit are near_limit"
+    )
+    max_metric_values: int = Field(
+        100,
+        ge=0,
+        le=100_000,
+        description="detailed_metric / value_to_metric: distinct per-value metric names kept per rule (the rest "
+        "are counted under '(other)')",
+    )
+    response_dynamic_metadata: bool = Field(
+        False,
+        description="Lyft's RESPONSE_DYNAMIC_METADATA: the gRPC answer carries the request and the metadata of "
+        "the descriptors that passed as Envoy dynamic metadata",
+    )
 
     @field_validator("storage")
     @classmethod
@@ -384,6 +462,14 @@ class HttpConfig(Strict):
         if problem:
             raise ValueError(f"storage {v!r}: {problem}")
         return v
+
+
+class LyftFile(LyftText):
+    """One file of an envoyproxy/ratelimit config directory (``http.lyft_config_dir``):
+    a domain and its descriptors, in Lyft's format (netlimit's descriptor fields too)."""
+
+    domain: str = ""
+    descriptors: DescriptorList = Field(default_factory=list)
 
 
 def redis_url_problem(url: str) -> str | None:

@@ -4,13 +4,19 @@ Three passes, each reporting all it finds:
 1. YAML syntax and duplicate keys (loader.py);
 2. shape and types (pydantic models, errors mapped back to line/column, with
    did-you-mean for unknown fields);
-3. meaning: duplicate names, and limits this kernel cannot honour.
+3. meaning: duplicate names, limits this kernel cannot honour, and the checks
+   envoyproxy/ratelimit makes of its config (duplicate descriptors, ``replaces``
+   naming its own descriptor, ``share_threshold`` without a wildcard, ...), with
+   Lyft's messages -- for the ``http:`` section and for every file of its
+   ``lyft_config_dir`` alike, so ``netlimit validate`` and the sidecar refuse
+   the same files.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -21,9 +27,35 @@ from pydantic import BaseModel, ValidationError
 from ..errors import ConfigError
 from . import kernel_limits as kl
 from .loader import Document, Problem, YamlError, load_text
-from .model import BandwidthRule, Config, Descriptor, HttpConfig, NetworkRule, RateLimit
+from .model import (
+    BandwidthRule,
+    Config,
+    Descriptor,
+    HttpConfig,
+    LyftFile,
+    NetworkRule,
+    RateLimit,
+    Replaces,
+)
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
+#: at most this many files in a lyft_config_dir
+MAX_LYFT_FILES = 1000
+#: a label for problems in a Lyft config file (its "rule" column)
+LYFT = "lyft"
+
+
+@dataclass
+class LyftLoaded:
+    """One valid file of ``http.lyft_config_dir``: a domain and its descriptors."""
+
+    config: LyftFile
+    path: str
+    text: str
+    doc: Document = field(repr=False)
+
+    def position(self, *path: Any) -> tuple[int, int]:
+        return self.doc.pos(path)
 
 
 @dataclass
@@ -35,10 +67,16 @@ class Loaded:
     text: str
     doc: Document = field(repr=False)
     warnings: list[Problem] = field(default_factory=list)
+    #: the files of http.lyft_config_dir, by name
+    lyft: list[LyftLoaded] = field(default_factory=list)
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()
+        """The file's hash; with a lyft_config_dir, of the file and every file of the directory."""
+        h = hashlib.sha256(self.text.encode())
+        for lf in self.lyft:
+            h.update(b"\0" + lf.path.encode("utf-8", "surrogateescape") + b"\0" + lf.text.encode())
+        return h.hexdigest()
 
     def position(self, *path: Any) -> tuple[int, int]:
         return self.doc.pos(path)
@@ -46,6 +84,11 @@ class Loaded:
 
 def load_file(path: str | FsPath) -> Loaded:
     """Read and validate a file. Raises ConfigError (never anything else for bad input)."""
+    return load_string(_read_text(path), str(path))
+
+
+def _read_text(path: str | FsPath) -> str:
+    """A config file's text; ConfigError when it cannot be read or is not UTF-8 text."""
     name = str(path)
     try:
         raw = FsPath(path).read_bytes()
@@ -61,7 +104,7 @@ def load_file(path: str | FsPath) -> Loaded:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError([Problem(name, 1, 1, "file", f"not UTF-8 text (byte {exc.start})")]) from None
-    return load_string(text, name)
+    return text
 
 
 def load_string(text: str, filename: str = "<string>") -> Loaded:
@@ -85,6 +128,8 @@ def load_string(text: str, filename: str = "<string>") -> Loaded:
             ]
         )
     problems: list[Problem] = []
+    if isinstance(doc.data.get("http"), dict):
+        _lyft_text(doc.data["http"], doc, ("http",))
     try:
         config = Config.model_validate(doc.data)
     except ValidationError as exc:
@@ -93,10 +138,283 @@ def load_string(text: str, filename: str = "<string>") -> Loaded:
         raise ConfigError(problems) from None
     warnings: list[Problem] = []
     problems.extend(_semantic(config, doc, filename, warnings))
+    lyft: list[LyftLoaded] = []
+    if config.http is not None:
+        http = config.http
+        problems.extend(_http_semantic(http.descriptors, http.domain, doc, filename, ("http",), "http"))
+        if not http.domain and not http.lyft_config_dir:
+            line, col = doc.pos(("http",), key=True)
+            msg = (
+                "config file cannot have empty domain: set http.domain (or http.lyft_config_dir, a directory "
+                "of Lyft config files, one domain each)"
+            )
+            problems.append(Problem(filename, line, col, "http", msg))
+    problems.sort(key=lambda p: (p.line, p.col))
+    if config.http is not None and config.http.lyft_config_dir and not problems:
+        lyft, more = load_lyft_dir(
+            config.http.lyft_config_dir, filename, doc, config.http.domain, config.http.merge_domains
+        )
+        problems.extend(more)
+    if problems:
+        raise ConfigError(problems)
+    return Loaded(config=config, path=filename, text=text, doc=doc, warnings=warnings, lyft=lyft)
+
+
+# --- Lyft's config: text as written, a directory of files, Lyft's own checks -------
+
+
+def _lyft_text(node: Any, doc: Document, path: tuple[Any, ...]) -> None:
+    """Give the Lyft text fields (domain, key, value, names) of ``node`` -- an
+    ``http:`` section or a Lyft file -- the text written in the file where YAML
+    read something else (``value: 1.10`` is "1.10" to Lyft, not 1.1; ``NO`` is
+    "NO", not false).  Null stays null (no value).  Changes ``node`` in place."""
+
+    def text(d: dict[Any, Any], where: tuple[Any, ...], name: str) -> None:
+        v = d.get(name)
+        if v is not None and not isinstance(v, str):
+            t = doc.text.get(where + (name,))
+            if t is not None:
+                d[name] = t
+
+    def walk(descs: Any, where: tuple[Any, ...], depth: int) -> None:
+        if not isinstance(descs, list) or depth > 64:
+            return
+        for i, d in enumerate(descs):
+            if not isinstance(d, dict):
+                continue
+            here = where + (i,)
+            text(d, here, "key")
+            text(d, here, "value")
+            rl = d.get("rate_limit")
+            if isinstance(rl, dict):
+                text(rl, here + ("rate_limit",), "name")
+                for j, r in enumerate(rl.get("replaces") or ()):
+                    if isinstance(r, dict):
+                        text(r, here + ("rate_limit", "replaces", j), "name")
+            for j, r in enumerate(d.get("replaces") or ()):
+                if isinstance(r, dict):
+                    text(r, here + ("replaces", j), "name")
+            walk(d.get("descriptors"), here + ("descriptors",), depth + 1)
+
+    if isinstance(node, dict):
+        text(node, path, "domain")
+        walk(node.get("descriptors"), path + ("descriptors",), 0)
+
+
+def _composite(d: Descriptor) -> str:
+    """Lyft's name of a descriptor at its level: ``key_value``, or ``key`` without a value."""
+    return f"{d.key}_{d.value}" if d.value else d.key
+
+
+def _http_semantic(
+    descriptors: Sequence[Descriptor], domain: str, doc: Document, filename: str, base: tuple[Any, ...], label: str
+) -> list[Problem]:
+    """envoyproxy/ratelimit's checks of a descriptor tree (config_impl.go
+    ``loadDescriptors``), with its messages, and netlimit's own."""
+    out: list[Problem] = []
+
+    def add(path: tuple[Any, ...], message: str, *, key: bool = False) -> None:
+        line, col = doc.pos(path, key=key)
+        out.append(Problem(filename, line, col, label, message))
+
+    def walk(descs: Sequence[Descriptor], where: tuple[Any, ...], parent: str, depth: int) -> None:
+        seen: dict[str, int] = {}
+        for i, d in enumerate(descs):
+            here = where + ("descriptors", i)
+            if not d.key:
+                add(here + ("key",) if "key" in _raw(doc, here) else here, "descriptor has empty key")
+                continue
+            final = _composite(d)
+            full = parent + final
+            if final in seen:
+                first = doc.pos(where + ("descriptors", seen[final], "key"))[0]
+                add(here + ("key",), f"duplicate descriptor composite key '{full}' (first at line {first})")
+            else:
+                seen[final] = i
+            rl = d.rate_limit
+            for j, r in enumerate(d.replaces):
+                where_r = _replaces_path(doc, here, j, len(d.replaces))
+                if not r.name:
+                    add(where_r, "should not have an empty replaces entry")
+                elif rl is not None and r.name == rl.name:
+                    add(where_r, "replaces should not contain name of same descriptor")
+            if d.share_threshold and "*" not in final:
+                add(
+                    here + ("share_threshold",),
+                    f"share_threshold can only be used with wildcard values (containing '*'), but found key '{final}'",
+                )
+            if d.shadow_mode and rl is None and not d.unlimited and not d.descriptors:
+                add(here + ("shadow_mode",), "shadow_mode on a descriptor without rate_limit does nothing")
+            if d.quota_mode and rl is None and not d.unlimited and not d.descriptors:
+                add(here + ("quota_mode",), "quota_mode on a descriptor without rate_limit does nothing")
+            if d.metadata is not None:
+                bad = _metadata_problem(d.metadata)
+                if bad:
+                    add(here + ("metadata",), f"error parsing metadata: {bad}")
+            if depth < 64:
+                walk(d.descriptors, here, full + ".", depth + 1)
+
+    walk(descriptors, base, f"{domain}.", 0)
+    return out
+
+
+def _raw(doc: Document, path: tuple[Any, ...]) -> dict[Any, Any]:
+    """The mapping the file has at ``path`` ({} if none)."""
+    node = doc.data
+    for p in path:
+        try:
+            node = node[p]
+        except (KeyError, IndexError, TypeError):
+            return {}
+    return node if isinstance(node, dict) else {}
+
+
+def _replaces_path(doc: Document, here: tuple[Any, ...], j: int, n: int) -> tuple[Any, ...]:
+    """Where replaces entry ``j`` (of ``n``, Lyft's inside rate_limit first) is written."""
+    raw = _raw(doc, here)
+    inner = raw.get("rate_limit", {}).get("replaces") if isinstance(raw.get("rate_limit"), dict) else None
+    own = raw.get("replaces")
+    own_n = len(own) if isinstance(own, list) else 0
+    if own_n and j < own_n:
+        return here + ("replaces", j, "name")
+    if isinstance(inner, list):
+        return here + ("rate_limit", "replaces", j - own_n, "name")
+    return here + ("replaces", j, "name")
+
+
+def _metadata_problem(value: Any, depth: int = 0) -> str | None:
+    """What keeps ``value`` from being a protobuf Struct (Lyft's parseMetadata), or None."""
+    if depth > 32:
+        return "nested too deeply"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, int, float, bool)):
+                return f"key {k!r} is not text"
+            bad = _metadata_problem(v, depth + 1)
+            if bad:
+                return bad
+        return None
+    if isinstance(value, list):
+        for v in value:
+            bad = _metadata_problem(v, depth + 1)
+            if bad:
+                return bad
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return None
+    return f"invalid type: {type(value).__name__} ({value!r:.40})"
+
+
+def lyft_dir_path(config_path: str, directory: str) -> FsPath:
+    """``http.lyft_config_dir`` as a path: relative to the config file's directory."""
+    d = FsPath(directory)
+    return d if d.is_absolute() else FsPath(config_path).parent / d
+
+
+def load_lyft_dir(
+    directory: str, config_path: str, doc: Document | None = None, main_domain: str = "", merge: bool = False
+) -> tuple[list[LyftLoaded], list[Problem]]:
+    """Every ``*.yaml`` / ``*.yml`` file of ``directory`` (relative to the config
+    file's directory; dot files are skipped), each in Lyft's format, as
+    envoyproxy/ratelimit loads its runtime directory.  A domain in two files is
+    refused, as Lyft does -- unless ``merge`` (Lyft's MERGE_DOMAIN_CONFIG): then
+    their descriptors are one tree, and a descriptor in two of them is refused.
+    A file's domain may not be http.domain's."""
+    where = lyft_dir_path(config_path, directory)
+    line, col = doc.pos(("http", "lyft_config_dir")) if doc is not None else (0, 0)
+    try:
+        names = sorted(
+            e.name
+            for e in os.scandir(where)
+            if not e.name.startswith(".") and e.name.endswith((".yaml", ".yml")) and e.is_file()
+        )
+    except FileNotFoundError:
+        return [], [Problem(config_path, line, col, "http", f"lyft_config_dir {str(where)!r}: no such directory")]
+    except NotADirectoryError:
+        return [], [Problem(config_path, line, col, "http", f"lyft_config_dir {str(where)!r} is not a directory")]
+    except OSError as exc:
+        return [], [Problem(config_path, line, col, "http", f"lyft_config_dir {str(where)!r}: {exc.strerror}")]
+    if len(names) > MAX_LYFT_FILES:
+        return [], [
+            Problem(
+                config_path,
+                line,
+                col,
+                "http",
+                f"lyft_config_dir {str(where)!r} holds {len(names)} config files; at most {MAX_LYFT_FILES}",
+            )
+        ]
+    out: list[LyftLoaded] = []
+    problems: list[Problem] = []
+    domains: dict[str, tuple[str, int]] = {}
+    tops: dict[str, dict[str, tuple[str, int]]] = {}  # merged domains: their top-level descriptors
+    for name in names:
+        path = str(where / name)
+        try:
+            lf = load_lyft_string(_read_text(path), path)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        d = lf.config.domain
+        ln, cl = lf.position("domain")
+        if d == main_domain:
+            msg = f"duplicate domain '{d}' in config file (also http.domain of {config_path})"
+            problems.append(Problem(path, ln, cl, LYFT, msg))
+            continue
+        if d in domains and not merge:
+            f0, l0 = domains[d]
+            problems.append(Problem(path, ln, cl, LYFT, f"duplicate domain '{d}' in config file (also in {f0}:{l0})"))
+            continue
+        domains.setdefault(d, (path, ln))
+        seen = tops.setdefault(d, {})
+        bad = False
+        for i, desc in enumerate(lf.config.descriptors):
+            final = _composite(desc)
+            dl = lf.position("descriptors", i, "key")
+            if final in seen:
+                f0, l0 = seen[final]
+                problems.append(
+                    Problem(path, *dl, LYFT, f"duplicate descriptor composite key '{d}.{final}' (first in {f0}:{l0})")
+                )
+                bad = True
+            else:
+                seen[final] = (path, dl[0])
+        if not bad:
+            out.append(lf)
+    return out, problems
+
+
+def load_lyft_string(text: str, filename: str) -> LyftLoaded:
+    """One envoyproxy/ratelimit config file (``domain:`` and ``descriptors:``), as
+    Lyft reads it (a leading ``---`` is fine), checked as Lyft checks it.
+    Raises ConfigError."""
+    try:
+        doc = load_text(text, filename)
+    except YamlError as exc:
+        raise ConfigError(exc.problems) from None
+    if doc.data is None:
+        doc.data = {}
+    if not isinstance(doc.data, dict):
+        line, col = doc.pos(())
+        raise ConfigError(
+            [Problem(filename, line, col, LYFT, "a Lyft config file is a mapping with 'domain' and 'descriptors'")]
+        )
+    _lyft_text(doc.data, doc, ())
+    try:
+        config = LyftFile.model_validate(doc.data)
+    except ValidationError as exc:
+        problems = _map_errors(exc, doc, filename, root=LyftFile, label=LYFT)
+        problems.sort(key=lambda p: (p.line, p.col))
+        raise ConfigError(problems) from None
+    problems = []
+    if not config.domain:
+        line, col = doc.pos(("domain",))
+        problems.append(Problem(filename, line, col, LYFT, "config file cannot have empty domain"))
+    problems.extend(_http_semantic(config.descriptors, config.domain, doc, filename, (), LYFT))
     if problems:
         problems.sort(key=lambda p: (p.line, p.col))
         raise ConfigError(problems)
-    return Loaded(config=config, path=filename, text=text, doc=doc, warnings=warnings)
+    return LyftLoaded(config=config, path=filename, text=text, doc=doc)
 
 
 # --- mapping pydantic errors ----------------------------------------------------
@@ -118,15 +436,16 @@ def _rule_label(data: Any, loc: tuple[Any, ...]) -> str:
     return str(section)
 
 
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+def _model_at(loc: tuple[Any, ...], root: type[BaseModel] = Config) -> type[BaseModel] | None:
     """The model whose fields live at `loc` (for did-you-mean)."""
-    model: type[BaseModel] | None = Config
+    model: type[BaseModel] | None = root
     items: dict[str, type[BaseModel]] = {
         "network": NetworkRule,
         "bandwidth": BandwidthRule,
         "http": HttpConfig,
         "descriptors": Descriptor,
         "rate_limit": RateLimit,
+        "replaces": Replaces,
     }
     for part in loc:
         if isinstance(part, int):
@@ -145,7 +464,9 @@ def _plain_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     )
 
 
-def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Problem]:
+def _map_errors(
+    exc: ValidationError, doc: Document, filename: str, *, root: type[BaseModel] = Config, label: str | None = None
+) -> list[Problem]:
     problems: list[Problem] = []
     seen: set[tuple[int, int, str]] = set()
     for err in exc.errors(include_url=False):
@@ -156,7 +477,7 @@ def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Prob
             msg = msg[len("Value error, ") :]
         if etype == "extra_forbidden":
             field_name = loc[-1]
-            model = _model_at(loc[:-1])
+            model = _model_at(loc[:-1], root)
             hint = ""
             if model is not None:
                 close = difflib.get_close_matches(str(field_name), list(model.model_fields), n=1, cutoff=0.6)
@@ -192,6 +513,10 @@ def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Prob
             need = err.get("ctx", {}).get("min_length", 1)
             msg = f"'{_last_name(loc)}' needs at least {need} item{'s' if need != 1 else ''}, got an empty list"
             line, col = doc.pos(loc)
+        elif etype == "invalid_key":
+            key_val = err.get("input")
+            msg = f"key is not of type string: {key_val!r}"
+            line, col = doc.pos(loc[:-1] + (key_val,), key=True)
         elif etype == "string_type":
             msg = f"'{_last_name(loc)}' must be text, got {err.get('input')!r}"
             line, col = doc.pos(loc)
@@ -209,7 +534,7 @@ def _map_errors(exc: ValidationError, doc: Document, filename: str) -> list[Prob
             continue
         seen.add(key)
         label_loc = loc[:-1] if etype in ("missing", "extra_forbidden") and len(loc) == 1 else loc
-        problems.append(Problem(filename, line, col, _rule_label(doc.data, label_loc), msg))
+        problems.append(Problem(filename, line, col, label or _rule_label(doc.data, label_loc), msg))
     return problems
 
 

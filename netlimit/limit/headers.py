@@ -42,6 +42,15 @@ def retry_seconds(st: DescriptorStatus) -> int:
     return s if s >= 1 else 1
 
 
+def reset_seconds(reset: float) -> int:
+    """A decision's ``reset`` in whole seconds, rounded up: Lyft's
+    ``duration_until_reset`` (``unit - now % unit``; 1e-6 absorbs the float
+    noise of ``reset - now``), 0 when nothing is to reset."""
+    if not reset > 0 or reset == _inf:
+        return 0
+    return _ceil(reset - 1e-6)
+
+
 def rate_headers(result: CheckResult) -> dict[str, str]:
     """Headers for a decision (allowed or denied); empty when no rule applied."""
     st = result.report

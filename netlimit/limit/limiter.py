@@ -18,12 +18,18 @@ building result objects.
 Semantics
 ---------
 * Every descriptor that matches a rule is charged (also when another one is
-  over the limit), as Lyft does; ``replaces`` removes the replaced limits
-  first.  ``unlimited`` rules match and are never charged.
-* The request is over the limit when any non-shadow rule says so.  The
+  over the limit), as Lyft does; ``replaces`` removes the limits whose
+  ``rate_limit.name`` a matched rule names first.  ``unlimited`` rules match
+  and are never charged (nor replaced).
+* The request is over the limit when a non-shadow, non-quota rule says so, or
+  when every quota descriptor is over its limit (Lyft's ``quota_mode``: a
+  quota descriptor's status is OVER_LIMIT, the answer is not, while another
+  quota descriptor passes; ``http.quota_mode`` makes every descriptor, matched
+  or not, a quota one).  ``http.shadow_mode`` (Lyft's SHADOW_MODE) then turns
+  an OVER_LIMIT answer into OK, leaving every status as it is.  The
   reported status is, among the enforced (non-shadow) rules, the denied one
-  with the longest ``retry_after``; when all allow, the one with the fewest
-  ``remaining`` (then the smallest limit).
+  with the longest ``retry_after``; when the answer is OK, the allowed one
+  with the fewest ``remaining`` (then the smallest limit).
 * Each descriptor is charged its own cost (``hits_addend``; 0 is a free probe),
   and a descriptor's limit ``override`` replaces the configured limit for it as
   envoyproxy/ratelimit does (``GetLimit``): it applies whenever the domain is
@@ -32,7 +38,9 @@ Semantics
   keys and values under the override's rate, apart from the configured limit's;
   it keeps the algorithm of the configured descriptor it matches (fixed_window
   when none, Lyft's only one).
-* A domain other than the rules' has no limits: every status is OK.
+* The request's domain picks the rules (``RuleSet.domains``: the ``http:``
+  section's and those of its ``lyft_config_dir``); a domain the sidecar does
+  not have has no limits: every status is OK.
 * ``shadow_mode`` rules are charged and counted exactly like the others, but
   their denials become OK with ``shadow_over = True``; they never appear in
   ``report`` (clients never see a dark-launched limit) nor delay a request.
@@ -128,9 +136,10 @@ class Histogram:
 class CoreStats:
     """Counters of the core besides the per-rule ones (Rule.stats)."""
 
-    __slots__ = ("store_errors", "fallbacks", "latency", "denied")
+    __slots__ = ("store_errors", "fallbacks", "latency", "denied", "global_shadow")
 
     def __init__(self) -> None:
+        self.global_shadow = 0  # OVER_LIMIT answers turned OK by http.shadow_mode (Lyft's global_shadow_mode)
         self.store_errors = {"timeout": 0, "connection": 0, "error": 0}
         self.fallbacks = {"local": 0, "open": 0, "closed": 0}
         self.latency = Histogram()
@@ -208,8 +217,8 @@ class Limiter:
     def set_rules(self, rules: RuleSet, on_store_failure: str | None = None) -> None:
         """Swap the rules (hot reload); one attribute store, so atomic for check().
         Rules keep their counters across reloads (matched by domain and name)."""
-        old = {(r.domain, r.name): r.stats for r in self.rules.rules}
-        for r in rules.rules:
+        old = {(r.domain, r.name): r.stats for r in self.rules.all_rules}
+        for r in rules.all_rules:
             st = old.get((r.domain, r.name))
             if st is not None:
                 r.stats = st
@@ -237,28 +246,18 @@ class Limiter:
         ovs = req.overrides
         if not ovs:
             rules = [match(d) for d in descs]
-            if rs.has_replaces:
-                replaced = {name for r in rules if r is not None for name in r.replaces}
-                if replaced:
-                    rules = [None if r is not None and r.name in replaced else r for r in rules]
-            return rules
-        rules = [match(d) if ov is None else self._override_rule(rs, d, ov, match(d)) for d, ov in zip(descs, ovs)]
-        if rs.has_replaces:  # over configured rules only (an override has no name to replace or be replaced)
-            replaced = {n for r, ov in zip(rules, ovs) if r is not None and ov is None for n in r.replaces}
-            if replaced:
-                rules = [
-                    None if r is not None and ov is None and r.name in replaced else r for r, ov in zip(rules, ovs)
-                ]
-        return rules
+        else:
+            rules = [match(d) if ov is None else self._override_rule(rs, d, ov, match(d)) for d, ov in zip(descs, ovs)]
+        return _replace(rules) if rs.has_replaces else rules
 
     def _override_rule(self, rs: RuleSet, entries: Sequence[Entry], ov: Override, matched: Rule | None) -> Rule:
-        """The rule an override stands for, cached per (matched rule, keys, override)
-        and rebuilt lazily when the rules are reloaded."""
-        if self._ov_rules is not rs:
-            self._ov_rules = rs
+        """The rule an override stands for, cached per (domain, matched rule, keys,
+        override) and rebuilt lazily when the rules are reloaded."""
+        if self._ov_rules is not self.rules:
+            self._ov_rules = self.rules
             self._ov_cache = {}
         keys = tuple(k for k, _ in entries)
-        ck = (matched.path if matched is not None else None, keys, ov)
+        ck = (rs.domain, matched.path if matched is not None else None, keys, ov)
         rule = self._ov_cache.get(ck)
         if rule is None:
             if len(self._ov_cache) >= _OVERRIDE_CACHE_MAX:
@@ -269,14 +268,17 @@ class Limiter:
     def check_nowait(self, req: CheckRequest) -> CheckResult:
         """:meth:`check` without a coroutine, for an in-process primary store
         (``is_sync``)."""
-        if req.domain != self.rules.domain:
-            return CheckResult(OK, [DescriptorStatus(OK) for _ in req.descriptors])
+        rs = self.rules
         costs = req.costs
+        if req.domain != rs.domain:
+            other = rs.domains.get(req.domain)
+            if other is None:
+                return CheckResult(OK, [DescriptorStatus(OK) for _ in req.descriptors])
+            rs = other
         if not req.overrides and (len(costs) == 1 or costs.count(costs[0]) == len(costs)):
-            res = self.check_fast(req.descriptors, costs[0])
+            res = self.check_fast(req.descriptors, costs[0], rs)
             return self.as_result(*res) if isinstance(res, tuple) else res
         t0 = _perf()
-        rs = self.rules
         mem = self._mem
         assert mem is not None, "check_nowait needs an in-process store; use check()"
         rules = self._rules_of(rs, req)
@@ -286,7 +288,7 @@ class Limiter:
             None if r is None or r.limit is None else (hit(key(r, d), r.limit, c), SRC_STORE)
             for d, r, c in zip(req.descriptors, rules, costs)
         ]
-        result = self._evaluate(req.descriptors, rules, decided, costs)
+        result = self._evaluate(rs, req.descriptors, rules, decided, costs)
         self.stats.latency.observe(_perf() - t0)
         return result
 
@@ -309,15 +311,18 @@ class Limiter:
         result.delay = 0.0
         return result
 
-    def check_fast(self, descriptors: Sequence[Sequence[Entry]], cost: int = 1) -> tuple[Rule, Decision] | CheckResult:
-        """:meth:`check_nowait` of a request in the rules' own domain, with one cost
-        for every descriptor and no override -- what the HTTP endpoints make --
-        for the fast paths: ``(rule, decision)`` for the common answer (one
-        descriptor, admitted by an enforced rule with no delay, counted as
-        check_nowait counts it, but no DescriptorStatus or CheckResult built),
-        else check_nowait's CheckResult."""
+    def check_fast(
+        self, descriptors: Sequence[Sequence[Entry]], cost: int = 1, rs: RuleSet | None = None
+    ) -> tuple[Rule, Decision] | CheckResult:
+        """:meth:`check_nowait` of a request in the rules' own domain (or ``rs``'s),
+        with one cost for every descriptor and no override -- what the HTTP
+        endpoints make -- for the fast paths: ``(rule, decision)`` for the common
+        answer (one descriptor, admitted by an enforced rule with no delay,
+        counted as check_nowait counts it, but no DescriptorStatus or CheckResult
+        built), else check_nowait's CheckResult."""
         t0 = _perf()
-        rs = self.rules
+        if rs is None:
+            rs = self.rules
         mem = self._mem
         if mem is None:
             raise RuntimeError("check_fast needs an in-process store; use check()")
@@ -335,29 +340,30 @@ class Limiter:
                     stats.hits += cost
                     stats.within += cost
                     near = dec.remaining <= r.near_threshold
-                    if near:
-                        stats.near += cost
+                    if near:  # the hits past the threshold, as Lyft counts them
+                        n = r.near_threshold - dec.remaining + 1
+                        stats.near += cost if cost < n else n
+                    if r.steps is not None:
+                        _count_value(rs.value_stats(r, d), cost, True, stats_near(r, dec, cost), False)
                     if not r.shadow and dec.delay <= 0.0:
                         result = r, dec
                     else:
                         st = DescriptorStatus(OK, r, dec, False, near, SRC_STORE)
                         result = CheckResult(OK, [st]) if r.shadow else CheckResult(OK, [st], st, dec.delay)
                 else:
-                    result = self._evaluate(descriptors, (r,), ((dec, SRC_STORE),), (cost,))
+                    result = self._evaluate(rs, descriptors, (r,), ((dec, SRC_STORE),), (cost,))
         else:
             match = rs.match
             rules: list[Rule | None] = [match(d) for d in descriptors]
             if rs.has_replaces:
-                replaced = {name for r in rules if r is not None for name in r.replaces}
-                if replaced:
-                    rules = [None if r is not None and r.name in replaced else r for r in rules]
+                rules = _replace(rules)
             hit = mem.hit_sync
             key = rs.store_key
             decided = [
                 None if r is None or r.limit is None else (hit(key(r, d), r.limit, cost), SRC_STORE)
                 for d, r in zip(descriptors, rules)
             ]
-            result = self._evaluate(descriptors, rules, decided, (cost,) * len(descriptors))
+            result = self._evaluate(rs, descriptors, rules, decided, (cost,) * len(descriptors))
         v = _perf() - t0  # Histogram.observe, inlined
         h = self.stats.latency
         h.counts[_bisect_left(h.bounds, v)] += 1
@@ -373,7 +379,10 @@ class Limiter:
         t0 = _perf()
         rs = self.rules
         if req.domain != rs.domain:
-            return CheckResult(OK, [DescriptorStatus(OK) for _ in req.descriptors])
+            other = rs.domains.get(req.domain)
+            if other is None:
+                return CheckResult(OK, [DescriptorStatus(OK) for _ in req.descriptors])
+            rs = other
         descs = req.descriptors
         costs = req.costs
         rules = self._rules_of(rs, req)
@@ -390,47 +399,65 @@ class Limiter:
             res = await asyncio.gather(*[self._hit(k, r, lim, c) for _, r, lim, k, c in pending])
             for (i, _, _, _, _), dr in zip(pending, res):
                 decided[i] = dr
-        result = self._evaluate(descs, rules, decided, costs)
+        result = self._evaluate(rs, descs, rules, decided, costs)
         self.stats.latency.observe(_perf() - t0)
         return result
 
-    def _evaluate(self, descriptors, rules, decided, costs: Sequence[int]) -> CheckResult:
+    def _evaluate(self, rs: RuleSet, descriptors, rules, decided, costs: Sequence[int]) -> CheckResult:
         """Statuses, per-rule counters, the overall code and the reported status."""
         statuses: list[DescriptorStatus] = []
-        report: DescriptorStatus | None = None
-        code = OK
+        ok_report: DescriptorStatus | None = None  # the allowed enforced status with the fewest remaining
+        deny_report: DescriptorStatus | None = None  # the enforced denial with the longest retry_after
+        quota_report: DescriptorStatus | None = None  # the same among quota_mode denials
+        over = 0  # enforced denials that make the answer OVER_LIMIT
+        quotas = quota_over = 0  # quota descriptors, and those over their limit
+        all_quota = rs.quota_mode
         delay = 0.0
         for d, rule, dd, cost in zip(descriptors, rules, decided, costs):
             if dd is None:
                 statuses.append(DescriptorStatus(OK, rule))
+                if all_quota and (rule is None or not rule.unlimited):  # as Lyft counts them: passed
+                    quotas += 1
                 continue
             dec, src = dd
             stats = rule.stats
             stats.hits += cost
+            quota = all_quota or rule.quota
+            quotas += quota
+            vs = rs.value_stats(rule, d) if rule.steps is not None else None
             if dec is None:  # on_store_failure: open
                 stats.within += cost
+                if vs is not None:
+                    _count_value(vs, cost, True, 0, False)
                 statuses.append(DescriptorStatus(OK, rule, None, False, False, src))
                 continue
             if dec.allowed:
                 stats.within += cost
-                near = dec.remaining <= rule.near_threshold
+                near_hits = rule.near_threshold - dec.remaining + 1  # past the threshold (Lyft's near_limit)
+                near = near_hits > 0
                 if near:
-                    stats.near += cost
+                    if near_hits > cost:
+                        near_hits = cost
+                    stats.near += near_hits
+                if vs is not None:
+                    _count_value(vs, cost, True, near_hits if near else 0, False)
                 st = DescriptorStatus(OK, rule, dec, False, near, src)
                 statuses.append(st)
-                if rule.shadow or code != OK:
+                if rule.shadow:
                     continue
                 if dec.delay > delay:
                     delay = dec.delay
-                if report is None:
-                    report = st
+                if ok_report is None:
+                    ok_report = st
                 else:
-                    rd = report.decision
+                    rd = ok_report.decision
                     assert rd is not None  # a reported status always carries its decision
                     if dec.remaining < rd.remaining or (dec.remaining == rd.remaining and dec.limit < rd.limit):
-                        report = st
+                        ok_report = st
                 continue
             stats.over += cost
+            if vs is not None:
+                _count_value(vs, cost, False, 0, rule.shadow)
             if rule.shadow:
                 stats.shadow += cost
                 self._log_rule("shadow", rule, d, dec)
@@ -440,10 +467,24 @@ class Limiter:
             self.stats.denied.add((rule.name, descriptor_text(d)), cost)
             st = DescriptorStatus(OVER_LIMIT, rule, dec, False, False, src)
             statuses.append(st)
-            if code != OVER_LIMIT or dec.retry_after > report.decision.retry_after:  # type: ignore[union-attr]
-                report = st
-            code = OVER_LIMIT
-        return CheckResult(code, statuses, report, delay if code == OK else 0.0)
+            if quota:
+                quota_over += 1
+                if quota_report is None or dec.retry_after > quota_report.decision.retry_after:  # type: ignore[union-attr]
+                    quota_report = st
+            else:
+                over += 1
+                if deny_report is None or dec.retry_after > deny_report.decision.retry_after:  # type: ignore[union-attr]
+                    deny_report = st
+        if over:
+            code, report = OVER_LIMIT, deny_report
+        elif quotas and quota_over == quotas:
+            code, report = OVER_LIMIT, quota_report
+        else:
+            return CheckResult(OK, statuses, ok_report, delay)
+        if rs.shadow_mode:  # Lyft's SHADOW_MODE: every status as decided, the answer OK
+            self.stats.global_shadow += 1
+            return CheckResult(OK, statuses, ok_report, delay)
+        return CheckResult(code, statuses, report, 0.0)
 
     # -- store access with the breaker ------------------------------------------
 
@@ -540,6 +581,34 @@ class Limiter:
                 dec.retry_after,
                 more,
             )
+
+
+def _replace(rules: list[Rule | None]) -> list[Rule | None]:
+    """``rules`` without those a matched rule's ``replaces`` names (by
+    ``rate_limit.name``; unlimited rules and overrides are never replaced), as
+    Lyft's ``constructLimitsToCheck``."""
+    replaced = {n for r in rules if r is not None for n in r.replaces}
+    if not replaced:
+        return rules
+    return [None if r is not None and r.lyft_name in replaced and r.limit is not None else r for r in rules]
+
+
+def stats_near(rule: Rule, dec: Decision, cost: int) -> int:
+    """The hits of an allowed decision past the rule's near-limit threshold."""
+    n = rule.near_threshold - dec.remaining + 1
+    return 0 if n <= 0 else cost if cost < n else n
+
+
+def _count_value(vs: RuleStats, cost: int, allowed: bool, near: int, shadow: bool) -> None:
+    """Count a decision in a rule's per-stat-key counters (RuleSet.value_stats)."""
+    vs.hits += cost
+    if allowed:
+        vs.within += cost
+        vs.near += near
+    else:
+        vs.over += cost
+        if shadow:
+            vs.shadow += cost
 
 
 #: at most this many override rules are cached (they are built from request data)

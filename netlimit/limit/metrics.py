@@ -4,11 +4,15 @@ The decision path only bumps plain integers (``Rule.stats``, ``Limiter.stats``,
 :class:`FrontStats`); this collector turns them into metric families when
 /metrics is scraped, so counting costs no locks or label lookups per request.
 
-Labels are bounded by the configuration, never by request values: per-rule
-series carry ``domain`` and ``rule`` (the rule's ``rate_limit.name`` or its Lyft
-path such as ``path_/login.remote_address``); store series a fixed ``reason`` /
-``mode``; front-door series a fixed ``endpoint`` / ``result``.  A reload drops
-the series of removed rules and keeps the counts of rules that stay.
+Labels are bounded by the configuration: per-rule series carry ``domain`` and
+``rule`` (the rule's ``rate_limit.name`` or its Lyft path such as
+``path_/login.remote_address``); store series a fixed ``reason`` / ``mode``;
+front-door series a fixed ``endpoint`` / ``result``.  The one place request
+values reach a label is Lyft's ``detailed_metric`` / ``value_to_metric``: the
+``netlimit_http_descriptor_*`` series carry the Lyft stat key (``descriptor``,
+e.g. ``key7_some_value``), at most ``http.max_metric_values`` per rule, the
+rest counted under ``(other)``.  A reload drops the series of removed rules and
+keeps the counts of rules that stay.
 
 Counters count hits (the request cost, 1 unless a JSON API caller sets
 ``hits_addend``), as Lyft's ``total_hits`` / ``over_limit`` / ``near_limit`` do.
@@ -20,6 +24,7 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
 from .limiter import Limiter
+from .rules import OTHER, RuleStats
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -58,7 +63,7 @@ class Metrics:
 
     def collect(self):
         lim = self.limiter
-        rules = lim.rules.rules
+        rules = lim.rules.all_rules
         lbl = ["domain", "rule"]
         fams = [
             ("netlimit_http_rule_hits", "Hits charged to a rule (every matching request)", "hits"),
@@ -68,14 +73,14 @@ class Metrics:
                 "Hits over a rule's limit (shadow_mode rules included, as Lyft counts them)",
                 "over",
             ),
-            ("netlimit_http_rule_near_limit", "Allowed hits with at least 80% of the rule's limit used", "near"),
+            ("netlimit_http_rule_near_limit", "Allowed hits past http.near_limit_ratio of a rule's limit", "near"),
             (
                 "netlimit_http_rule_shadow_over_limit",
                 "Hits a shadow_mode rule would have denied (not enforced)",
                 "shadow",
             ),
         ]
-        per_rule: dict[tuple[str, str], object] = {}  # rules sharing a name share their stats
+        per_rule: dict[tuple[str, str], RuleStats] = {}  # rules sharing a name share their stats
         for r in rules:
             per_rule.setdefault((r.domain, r.name), r.stats)
         for name, doc, attr in fams:
@@ -83,7 +88,25 @@ class Metrics:
             for (domain, rule), stats in per_rule.items():
                 f.add_metric([domain, rule], getattr(stats, attr))
             yield f
+        # per Lyft stat key, for the rules whose key carries request values
+        per_value = [(d, r, st.values) for (d, r), st in per_rule.items() if st.values]
+        for name, doc, attr in fams:
+            f = CounterMetricFamily(
+                name.replace("_rule_", "_descriptor_"),
+                f"{doc}, per Lyft stat key (detailed_metric, value_to_metric)",
+                labels=[*lbl, "descriptor"],
+            )
+            for domain, rule, values in per_value:
+                cut = len(domain) + 1
+                for key, stats in list(values.items()):
+                    f.add_metric([domain, rule, key if key == OTHER else key[cut:]], getattr(stats, attr))
+            yield f
         st = lim.stats
+        yield CounterMetricFamily(
+            "netlimit_http_global_shadow_mode",
+            "OVER_LIMIT answers turned OK by http.shadow_mode (Lyft's global_shadow_mode)",
+            value=st.global_shadow,
+        )
         f = CounterMetricFamily(
             "netlimit_http_store_errors",
             "Failed calls to the shared store (reason: timeout, connection, error)",

@@ -21,7 +21,12 @@ Core → response
   → ``OK`` without ``current_limit`` (limit_remaining 0), unlimited → ``OK``
   with ``limit_remaining`` = 2^32-1 (both exactly as Lyft); otherwise
   ``current_limit {requests_per_unit, unit, name}``, ``limit_remaining`` and
-  ``duration_until_reset``.
+  ``duration_until_reset`` in whole seconds (Lyft's ``CalculateReset``: the
+  seconds left in the window, rounded up; set for every limit, 0 included).
+* With ``http.response_dynamic_metadata`` (Lyft's RESPONSE_DYNAMIC_METADATA),
+  ``dynamic_metadata`` as Lyft builds it: the domain, the descriptors, the
+  request's ``hitsAddend`` and the ``metadata`` of the descriptors that passed
+  (merged, the first value of a key kept).
 * ``response_headers_to_add``: the same rate limit headers the HTTP paths send
   (``X-RateLimit-*``, ``RateLimit-Policy``, ``RateLimit``, and ``Retry-After``
   on denials); Envoy adds them to the client's response.  Denials also carry
@@ -49,13 +54,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from typing import Any
 
 import grpc
+from google.protobuf import struct_pb2, text_format
 
 from ..errors import BadRequest
-from ..limit.headers import PROBLEM_TYPE, problem_body, rate_headers
+from ..limit.headers import PROBLEM_TYPE, problem_body, rate_headers, reset_seconds
 from ..limit.limiter import OK, OVER_LIMIT, CheckResult, Limiter
 from ..limit.request import CheckRequest, DescriptorIn, Override, build_request
 from ..logevery import LogEvery
@@ -107,8 +112,9 @@ def _u32(n: int) -> int:
     return 0 if n < 0 else (MAX_U32 if n > MAX_U32 else n)
 
 
-def build_response(result: CheckResult) -> Any:
-    """The RateLimitResponse of a core decision."""
+def build_response(result: CheckResult, request: Any = None) -> Any:
+    """The RateLimitResponse of a core decision (``request``: the RateLimitRequest,
+    for dynamic metadata when the rules ask for it)."""
     resp = RateLimitResponse(overall_code=result.code)  # type: ignore[arg-type]  # Lyft's Code numbers
     add = resp.statuses.add
     for st in result.statuses:
@@ -129,9 +135,8 @@ def build_response(result: CheckResult) -> Any:
         if d is None:  # on_store_failure: open, nothing was decided
             continue
         s.limit_remaining = _u32(d.remaining)
-        reset = d.reset
-        if reset > 0 and math.isfinite(reset):
-            s.duration_until_reset.FromNanoseconds(int(reset * 1e9))
+        s.duration_until_reset.SetInParent()
+        s.duration_until_reset.seconds = reset_seconds(d.reset)
     headers = rate_headers(result)
     if headers:
         hadd = resp.response_headers_to_add.add
@@ -141,7 +146,49 @@ def build_response(result: CheckResult) -> Any:
         # Envoy answers 429 with this body; it replaces its own content-type with ours
         resp.raw_body = problem_body(result, 429).encode()
         resp.response_headers_to_add.add(key="Content-Type", value=PROBLEM_TYPE)
+    if request is not None:
+        resp.dynamic_metadata.CopyFrom(dynamic_metadata(request, result))
     return resp
+
+
+def _merge(dest: dict[str, Any], src: dict[str, Any]) -> None:
+    """Lyft's mergeMetadata: a key already there keeps its value, two mappings merge."""
+    for k, v in src.items():
+        k = str(k)
+        if k not in dest:
+            dest[k] = v
+        elif isinstance(dest[k], dict) and isinstance(v, dict):
+            merged = dict(dest[k])
+            _merge(merged, v)
+            dest[k] = merged
+
+
+def dynamic_metadata(request: Any, result: CheckResult) -> Any:
+    """Lyft's ``ratelimitToMetadata``: the domain, each descriptor (its entries as
+    ``key=value``, its limit override and hits_addend), the request's hits_addend,
+    and the merged ``metadata`` of the descriptors that were not over the limit."""
+    out: dict[str, Any] = {"domain": request.domain}
+    descs = []
+    for d in request.descriptors:
+        one: dict[str, Any] = {"entries": [f"{e.key}={e.value}" for e in d.entries]}
+        if d.HasField("limit"):
+            one["limit"] = text_format.MessageToString(d.limit, as_one_line=True)
+        if d.HasField("hits_addend"):
+            one["hitsAddend"] = d.hits_addend.value
+        descs.append(one)
+    out["descriptors"] = descs
+    if request.hits_addend:
+        out["hitsAddend"] = request.hits_addend
+    passed: dict[str, Any] = {}
+    for st in result.statuses:
+        rule = st.rule
+        if st.code != OVER_LIMIT and rule is not None and not rule.unlimited and rule.metadata:
+            _merge(passed, rule.metadata)
+    if passed:
+        out["metadata"] = passed
+    msg = struct_pb2.Struct()
+    msg.update(out)
+    return msg
 
 
 def ok_response(n: int) -> Any:
@@ -195,7 +242,8 @@ class RateLimitServicer(rls_pb2_grpc.RateLimitServiceServicer):
             return None  # pragma: no cover - abort raises
         try:
             result = await self.limiter.check(p)
-            resp = build_response(result)
+            cfg = self.limiter.rules.config
+            resp = build_response(result, request if cfg is not None and cfg.response_dynamic_metadata else None)
         except asyncio.CancelledError:
             raise
         except Exception:  # fail open: never fail Envoy's request because of netlimit

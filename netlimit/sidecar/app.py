@@ -42,7 +42,7 @@ import time
 from typing import Any
 
 from ..config.model import redis_url_problem
-from ..config.validate import load_file
+from ..config.validate import load_file, lyft_dir_path
 from ..errors import ConfigError
 from ..limit.actions import ActionPlan, path_of_uri
 from ..limit.headers import PROBLEM_HEADER, problem_body, rate_headers
@@ -51,7 +51,7 @@ from ..limit.metrics import FrontStats, Metrics
 from ..limit.rules import from_loaded
 from ..limit.stores import MemoryStore, RedisStore
 from ..reload import DropGuard
-from ..watch import FileWatch
+from ..watch import DirWatch, FileWatch
 from . import responses
 from .http11 import ServerState
 
@@ -139,6 +139,7 @@ class Sidecar:
         self.last_reload_error: str | None = None
         self._watch_task: asyncio.Task | None = None
         self._watch: FileWatch | None = None
+        self._dir_watch: DirWatch | None = None  # http.lyft_config_dir, while watched
         self.guard = DropGuard()  # holds back a file that would remove most rules (netlimit/reload.py)
         self._recheck: asyncio.TimerHandle | None = None
         self._xff_warned = False
@@ -175,8 +176,8 @@ class Sidecar:
             log.exception("%s: reload (%s) failed: %r; keeping the previous rules", path, why, exc)
             self.front.reload(False)
             return False
-        new_names = [r.path for r in rules.rules]
-        running = [r.path for r in self.limiter.rules.rules]
+        new_names = [f"{r.domain}/{r.path}" for r in rules.all_rules]
+        running = [f"{r.domain}/{r.path}" for r in self.limiter.rules.all_rules]
         wait = self.guard.check(loaded.sha256, new_names, running)
         if wait:
             log.warning(
@@ -207,16 +208,43 @@ class Sidecar:
         self.loaded = loaded
         self.last_reload_error = None
         self.front.reload(True)
+        self._sync_dir_watch()
         log.info(
-            "%s: reloaded (%s): domain %r, %d rules, on_store_failure %s, sha256 %s",
+            "%s: reloaded (%s): domain%s %s, %d rules, on_store_failure %s, sha256 %s",
             path,
             why,
-            rules.domain,
-            len(rules.rules),
+            "s" if len(rules.domains) > 1 else "",
+            ", ".join(repr(d) for d in rules.domains),
+            len(rules.all_rules),
             http.on_store_failure,
             loaded.sha256[:12],
         )
         return True
+
+    def _sync_dir_watch(self) -> None:
+        """Watch the lyft_config_dir the running file names (none, or another one
+        after a reload), while the file watch runs."""
+        if self._watch is None:
+            return
+        http = self.loaded.config.http
+        want = lyft_dir_path(self.config_path, http.lyft_config_dir) if http and http.lyft_config_dir else None
+        have = self._dir_watch
+        if have is not None and want is not None and have.path == want.absolute():
+            return
+        loop = asyncio.get_running_loop()
+        if have is not None:
+            if have.uses_inotify:
+                loop.remove_reader(have.fileno())
+            have.close()
+            self._dir_watch = None
+        if want is not None:
+            self._dir_watch = dw = DirWatch(want)
+            if dw.uses_inotify:
+                loop.add_reader(dw.fileno(), self._on_dir_event)
+
+    def _on_dir_event(self) -> None:
+        if self._dir_watch is not None and self._dir_watch.changed():
+            self.reload("lyft_config_dir changed")
 
     def _schedule_recheck(self, wait: float) -> None:
         try:
@@ -247,20 +275,29 @@ class Sidecar:
             loop.add_reader(w.fileno(), self._on_file_event)
         else:
             log.warning("%s: inotify unavailable: polling the file every %g s", self.config_path, self.reload_interval)
+        self._sync_dir_watch()
         try:
             while True:
                 await asyncio.sleep(self.reload_interval if not w.uses_inotify else 3600)
                 if not w.uses_inotify:
                     self._on_file_event()
+                    self._on_dir_event()
         finally:
             if w.uses_inotify:
                 loop.remove_reader(w.fileno())
             w.close()
             self._watch = None
+            dw, self._dir_watch = self._dir_watch, None
+            if dw is not None:
+                if dw.uses_inotify:
+                    loop.remove_reader(dw.fileno())
+                dw.close()
 
     def on_sighup(self) -> None:
         if self._watch is not None:
             self._watch.changed()  # this reload reads the file anyway
+        if self._dir_watch is not None:
+            self._dir_watch.changed()
         self.reload("SIGHUP")
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -353,7 +390,7 @@ class Sidecar:
             "status": "ok",
             "mode": "proxy" if self.upstream is not None else "decision",
             "domain": lim.rules.domain,
-            "rules": len(lim.rules.rules),
+            "rules": len(lim.rules.all_rules),
             "store": "memory" if self.storage == "memory" else "redis",
             "store_available": lim.store_available,
             "on_store_failure": lim.on_store_failure,
@@ -366,14 +403,14 @@ class Sidecar:
 
     def rules_doc(self) -> dict[str, Any]:
         rs = self.limiter.rules
-        return {"domain": rs.domain, "rules": rs.describe()}
+        return {"domain": rs.domain, "domains": sorted(rs.domains), "rules": rs.describe()}
 
     def top_doc(self) -> dict[str, Any]:
         """What `netlimit top` shows of this sidecar: counters per rule (it takes the
         rates) and the most denied descriptors (bounded, approximate counts)."""
         lim = self.limiter
         per_rule: dict[tuple[str, str], Any] = {}
-        for r in lim.rules.rules:
+        for r in lim.rules.all_rules:
             per_rule.setdefault((r.domain, r.name), r.stats)  # rules sharing a name share their stats
         return {
             "time": time.time(),

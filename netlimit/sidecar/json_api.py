@@ -28,7 +28,7 @@ import math
 from typing import Any
 
 from ..errors import BadRequest
-from ..limit.headers import retry_seconds
+from ..limit.headers import reset_seconds, retry_seconds
 from ..limit.limiter import CODE_NAMES, SRC_NONE, CheckResult
 from ..limit.request import CheckRequest, DescriptorIn, Override, build_request
 
@@ -145,7 +145,7 @@ def result_json(result: CheckResult) -> dict[str, Any]:
                 d = st.decision
                 if d is not None:
                     s["limitRemaining"] = d.remaining
-                    s["durationUntilReset"] = _duration(d.reset)
+                    s["durationUntilReset"] = f"{reset_seconds(d.reset)}s"  # whole seconds, as Lyft
                     if not d.allowed:
                         s["retryAfter"] = retry_seconds(st)
                     if d.delay > 0:

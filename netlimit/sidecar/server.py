@@ -68,11 +68,12 @@ async def serve(
         mode = f"proxy to {sc.upstream}" if pool is not None else "decision and operator endpoints"
         rs = sc.limiter.rules
         log.info(
-            "listening on http://%s (%s; domain %r, %d rules, store %s, on_store_failure %s; HTTP parser llhttp %s)",
+            "listening on http://%s (%s; domain%s %s, %d rules, store %s, on_store_failure %s; HTTP parser llhttp %s)",
             _shown(s, host, port),
             mode,
-            rs.domain,
-            len(rs.rules),
+            "s" if len(rs.domains) > 1 else "",
+            ", ".join(map(repr, rs.domains)) or repr(rs.domain),
+            len(rs.all_rules),
             "memory" if sc.storage == "memory" else "redis",
             sc.limiter.on_store_failure,
             _llhttp_version(),

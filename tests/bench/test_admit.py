@@ -8,7 +8,7 @@ from array import array
 
 import pytest
 
-from bench.admit import DENIED, admit, allow_fn
+from bench.admit import DENIED, DeniedTo, admit, allow_fn
 from netlimit.limit.algorithms import ALGORITHMS, Limit, decide
 from netlimit.limit.stores import MemoryStore
 
@@ -48,8 +48,10 @@ def test_admit_equals_decide(alg):
         for i, (now, cost) in enumerate(_events(rng, 3000)):
             d, s_full = decide(limit, s_full, now, cost)
             got = admit(limit, s_admit, now, cost)
-            assert (got is not DENIED) == d.allowed, (alg, limit, i, now, cost)
-            if got is not DENIED:
+            assert (got is not DENIED and not isinstance(got, DeniedTo)) == d.allowed, (alg, limit, i, now, cost)
+            if isinstance(got, DeniedTo):
+                s_admit = got.state
+            elif got is not DENIED:
                 s_admit = got
             assert _copy(s_admit) == _copy(s_full) or (s_admit is None and s_full is None), (alg, limit, i)
 

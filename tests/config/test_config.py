@@ -417,7 +417,8 @@ def test_http_section_errors():
         "f.yaml:7:7: http: 'actions' needs at least 1 item, got an empty list",
         "f.yaml:10:18: http: 'algorithm' must be one of 'token_bucket', 'leaky_bucket', 'fixed_window', "
         "'sliding_window_log', 'sliding_window_counter', got 'leaky'",
-        "f.yaml:12:7: http: 'unlimited: true' and 'rate_limit' exclude each other",
+        "f.yaml:12:7: http: should not specify rate limit unit when unlimited: write 'rate_limit: "
+        "{unlimited: true}' (or 'unlimited: true' on the descriptor) without unit and requests_per_unit",
         "f.yaml:15:7: http: 'burst' applies to token_bucket and leaky_bucket, not fixed_window",
     ]
 

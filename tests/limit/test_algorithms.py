@@ -1,4 +1,4 @@
-"""The five pure algorithms: exact sequences with an injected clock, then
+"""The pure algorithms: exact sequences with an injected clock, then
 hypothesis properties against simple reference models."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 
 from netlimit.limit.algorithms import (
     ALGORITHMS,
+    REGISTRY,
     Decision,
     Limit,
     decide,
     fixed_window,
+    fixed_window_admitted,
     is_idle,
     leaky_bucket,
     sliding_window_counter,
@@ -104,13 +106,27 @@ def test_cost_must_not_be_negative():
         decide(Limit("fixed_window", 1, 1), None, 0.0, -1)
 
 
-@pytest.mark.parametrize("alg", ALGORITHMS)
+@pytest.mark.parametrize("alg", [a for a in ALGORITHMS if not REGISTRY[a].counts_denied])
 def test_limit_zero_denies_everything(alg):
     limit = Limit(alg, 0, 60)
     d, state = decide(limit, None, 5.0, 1)
     assert astuple(d) == (False, 0, 0, INF, 0.0, 0.0) and state is None
     d, state = decide(limit, None, 5.0, 0)
     assert d.allowed and state is None
+
+
+def test_limit_zero_counts_hits_in_lyft_fixed_window():
+    """Lyft answers a limit of 0 like any other: the window's reset is reported,
+    the hits count (INCRBY), so a check-only request after one is over too."""
+    limit = Limit("fixed_window", 0, 60)
+    d, state = decide(limit, None, 5.0, 0)
+    assert astuple(d) == (True, 0, 0, 0.0, 55.0, 0.0) and state is None
+    d, state = decide(limit, None, 5.0, 1)
+    assert astuple(d) == (False, 0, 0, INF, 55.0, 0.0) and state is not None
+    d, state = decide(limit, state, 6.0, 0)
+    assert astuple(d) == (False, 0, 0, 54.0, 54.0, 0.0)
+    d, _ = decide(limit, state, 60.0, 0)  # the next window
+    assert d.allowed
 
 
 # ============================================================ token bucket
@@ -244,14 +260,31 @@ def test_fixed_window_epoch_aligned_minutes():
     assert d.allowed
 
 
-def test_fixed_window_cost():
+def test_fixed_window_admitted_cost():
+    fw = Limit("fixed_window_admitted", 5, 1)
+    d, s = fixed_window_admitted(fw, None, 0.0, 2)
+    d, s = fixed_window_admitted(fw, s, 0.1, 2)
+    assert d.remaining == 1
+    d, s2 = fixed_window_admitted(fw, s, 0.2, 2)
+    assert not d.allowed and d.remaining == 1 and d.retry_after == pytest.approx(0.8) and s2 is s
+    d, s = fixed_window_admitted(fw, s, 0.3, 1)
+    assert d.allowed and d.remaining == 0
+    d, _ = fixed_window_admitted(fw, None, 0.0, 6)
+    assert not d.allowed and d.retry_after == INF
+
+
+def test_fixed_window_counts_denied_hits_as_lyft():
+    """envoyproxy/ratelimit's INCRBY comes before the comparison: 2 + 2 + 2 on 5
+    is over with nothing left, and the smaller request after it is over too."""
     fw = Limit("fixed_window", 5, 1)
     d, s = fixed_window(fw, None, 0.0, 2)
     d, s = fixed_window(fw, s, 0.1, 2)
     assert d.remaining == 1
-    d, s2 = fixed_window(fw, s, 0.2, 2)
-    assert not d.allowed and d.remaining == 1 and d.retry_after == pytest.approx(0.8) and s2 is s
-    d, s = fixed_window(fw, s, 0.3, 1)
+    d, s = fixed_window(fw, s, 0.2, 2)
+    assert not d.allowed and d.remaining == 0 and d.retry_after == pytest.approx(0.8)
+    d, s2 = fixed_window(fw, s, 0.3, 1)
+    assert not d.allowed and d.remaining == 0 and s2 is s  # saturated: nothing more to write
+    d, _ = fixed_window(fw, s, 1.0, 5)
     assert d.allowed and d.remaining == 0
     d, _ = fixed_window(fw, None, 0.0, 6)
     assert not d.allowed and d.retry_after == INF
@@ -415,7 +448,25 @@ def test_sliding_counter_admits_at_most_twice_the_limit_in_any_sliding_window(ca
 
 
 @PROPS
-@given(cases())
+@given(cases(["fixed_window"]))
+def test_lyft_fixed_window_counts_every_hit(case):
+    """Every request's cost is added to its window (saturated at limit + 1); a
+    request is allowed when the window's count after it is at most the limit."""
+    limit, events = case
+    state = None
+    counts: dict[int, int] = {}
+    for now, cost in events:
+        d, state = decide(limit, state, now, cost)
+        w = math.floor(now / limit.period)  # (the schedules never step back)
+        counts[w] = counts.get(w, 0) + cost
+        assert d.allowed == (counts[w] <= limit.limit)
+        assert d.remaining == (limit.limit - counts[w] if d.allowed else 0)
+        if state is not None and state >> limit._cb == w:
+            assert state & limit._cm == min(counts[w], limit.limit + 1)
+
+
+@PROPS
+@given(cases([a for a in ALGORITHMS if not REGISTRY[a].counts_denied]))
 def test_rejected_requests_never_change_state(case):
     limit, events = case
     state = None

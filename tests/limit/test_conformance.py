@@ -4,7 +4,7 @@ Every case drives the same (time, key, cost) sequence through a store with an
 injected clock and compares each Decision with the pure reference
 (``algorithms.decide`` over a dict of states): ``allowed``, ``limit`` and
 ``remaining`` exactly, floats to 1e-6.  Parametrised over store = memory | redis
-and over all five algorithms (and their modes), so the Lua scripts and the
+and over every algorithm (and their modes), so the Lua scripts and the
 Python functions cannot drift apart.  MemoryStore-specific behaviour (bounds,
 eviction, hashing) is at the end.
 """
@@ -35,6 +35,8 @@ LIMITS = {
     "leaky_bucket-queue-default": Limit("leaky_bucket", 2, 1, delay=True),
     "fixed_window": Limit("fixed_window", 7, 1.5),
     "fixed_window-minute": Limit("fixed_window", 100, 60),
+    "fixed_window_admitted": Limit("fixed_window_admitted", 7, 1.5),
+    "fixed_window_admitted-minute": Limit("fixed_window_admitted", 100, 60),
     "sliding_window_counter": Limit("sliding_window_counter", 9, 2),
     "sliding_window_counter-minute": Limit("sliding_window_counter", 50, 60),
     "sliding_window_log": Limit("sliding_window_log", 6, 1.3),
@@ -277,13 +279,51 @@ GOLDEN = {
             (0.5, 1, (True, 4, 0, 0.0, 2.0, 1.5)),
         ],
     ),
+    # Lyft's counting: a denied request's hits count too, so a free probe after it is denied
     "fixed_window": (
         Limit("fixed_window", 3, 10),
         [
             (12.0, 1, (True, 3, 2, 0.0, 8.0, 0.0)),
             (13.0, 2, (True, 3, 0, 0.0, 7.0, 0.0)),
             (14.0, 1, (False, 3, 0, 6.0, 6.0, 0.0)),
+            (14.5, 0, (False, 3, 0, 5.5, 5.5, 0.0)),
             (20.0, 3, (True, 3, 0, 0.0, 10.0, 0.0)),
+            (25.0, 4, (False, 3, 0, math.inf, 5.0, 0.0)),
+            (26.0, 0, (False, 3, 0, 4.0, 4.0, 0.0)),
+        ],
+    ),
+    # envoyproxy/ratelimit's hits_addend case: 3, 16, 3 on 20/minute -> 22 > 20, nothing left
+    "fixed_window-hits-addend": (
+        Limit("fixed_window", 20, 60),
+        [
+            (1.0, 3, (True, 20, 17, 0.0, 59.0, 0.0)),
+            (2.0, 16, (True, 20, 1, 0.0, 58.0, 0.0)),
+            (3.0, 3, (False, 20, 0, 57.0, 57.0, 0.0)),
+            (4.0, 1, (False, 20, 0, 56.0, 56.0, 0.0)),
+            (60.0, 20, (True, 20, 0, 0.0, 60.0, 0.0)),
+        ],
+    ),
+    # a limit of 0 counts as well: a probe after a hit is over; the window's reset is reported
+    "fixed_window-zero": (
+        Limit("fixed_window", 0, 60),
+        [
+            (30.0, 0, (True, 0, 0, 0.0, 30.0, 0.0)),
+            (31.0, 1, (False, 0, 0, math.inf, 29.0, 0.0)),
+            (32.0, 0, (False, 0, 0, 28.0, 28.0, 0.0)),
+            (61.0, 0, (True, 0, 0, 0.0, 59.0, 0.0)),
+        ],
+    ),
+    # count_denied: false -- only admitted hits count
+    "fixed_window_admitted": (
+        Limit("fixed_window_admitted", 3, 10),
+        [
+            (12.0, 1, (True, 3, 2, 0.0, 8.0, 0.0)),
+            (13.0, 2, (True, 3, 0, 0.0, 7.0, 0.0)),
+            (14.0, 1, (False, 3, 0, 6.0, 6.0, 0.0)),
+            (14.5, 0, (True, 3, 0, 0.0, 5.5, 0.0)),
+            (20.0, 2, (True, 3, 1, 0.0, 10.0, 0.0)),
+            (21.0, 3, (False, 3, 1, 9.0, 9.0, 0.0)),
+            (22.0, 1, (True, 3, 0, 0.0, 8.0, 0.0)),
             (25.0, 4, (False, 3, 0, math.inf, 5.0, 0.0)),
         ],
     ),

@@ -121,7 +121,8 @@ def test_every_matching_descriptor_is_charged_and_the_most_constraining_reported
     assert r4.report.rule.name == "per-user"
     assert r4.statuses[0].decision.remaining == 1  # 5 - 4
     assert math.isclose(r4.report.decision.retry_after, 1200.0)  # 1 token at 3/hour
-    assert stats(rules, "per-ip") == {"hits": 4, "within": 4, "over": 0, "near": 1, "shadow": 0}
+    # near as Lyft: past floor(0.8 * limit) used -- 5 of 5 for per-ip (none here), 3 of 3 for per-user
+    assert stats(rules, "per-ip") == {"hits": 4, "within": 4, "over": 0, "near": 0, "shadow": 0}
     assert stats(rules, "per-user") == {"hits": 4, "within": 3, "over": 1, "near": 1, "shadow": 0}
     assert core.latency.count == 4 and sum(core.latency.counts) == 4 and 0 < core.latency.sum < 1
 
@@ -209,7 +210,7 @@ def test_a_zero_limit_denies(rules):
     assert r.code == OVER_LIMIT and r.report.decision.retry_after == math.inf
 
 
-def test_near_limit_at_80_percent(rules):
+def test_near_limit_past_80_percent(rules):
     lim, core = mk(rules, Clock())
 
     async def go():
@@ -217,7 +218,21 @@ def test_near_limit_at_80_percent(rules):
             await check(lim, "api", [[("org", "o")]])
 
     run(go())
-    assert stats(rules, "per-org")["near"] == 3  # used 8, 9, 10 of 10
+    assert stats(rules, "per-org")["near"] == 2  # used 9, 10 of 10: past floor(0.8 * 10), as Lyft
+
+
+def test_near_limit_ratio_is_lyfts_near_limit_ratio():
+    rules = from_loaded(
+        load_string(CONFIG.replace("  domain: api", "  domain: api\n  near_limit_ratio: 0.5"), "r.yaml")
+    )
+    lim, core = mk(rules, Clock())
+
+    async def go():
+        for _ in range(10):
+            await check(lim, "api", [[("org", "o")]])
+
+    run(go())
+    assert stats(rules, "per-org")["near"] == 5  # used 6 to 10 of 10
 
 
 # --- store failures ---------------------------------------------------------------------
@@ -382,3 +397,89 @@ http:
     # one at once, two queued 0.5 s apart (nginx limit_req burst=2 without nodelay), then denied
     assert [r.code for r in rs] == [OK, OK, OK, OVER_LIMIT]
     assert [r.delay for r in rs] == [0.0, 0.5, 1.0, 0.0]  # the shadow rule's queue never delays
+
+
+# --- Lyft's modes: quota_mode, SHADOW_MODE, QUOTA_MODE; several domains -----------------
+
+MODES = """
+version: 1
+http:
+  domain: api
+  {extra}
+  descriptors:
+    - key: plain
+      rate_limit: {{unit: hour, requests_per_unit: 1}}
+    - key: quota
+      quota_mode: true
+      rate_limit: {{unit: hour, requests_per_unit: 1}}
+    - key: detailed
+      detailed_metric: true
+      rate_limit: {{unit: hour, requests_per_unit: 5}}
+"""
+
+
+def modes(extra: str = ""):
+    return from_loaded(load_string(MODES.format(extra=extra), "modes.yaml"))
+
+
+def test_quota_mode_denies_only_when_every_quota_descriptor_is_over():
+    lim, _ = mk(modes(), Clock())
+    q = [("quota", "a")]
+    run(check(lim, "api", [q]))
+    r = run(check(lim, "api", [q, [("quota", "b")]]))
+    assert r.code == OK and [s.code for s in r.statuses] == [OVER_LIMIT, OK]
+    assert r.report.rule.name == "quota"  # the reported status is the passing one
+    r = run(check(lim, "api", [q, [("quota", "b")]]))
+    assert r.code == OVER_LIMIT and r.report.decision.allowed is False
+    r = run(check(lim, "api", [q, [("unknown", "x")]]))  # no other quota descriptor: over
+    assert r.code == OVER_LIMIT
+
+
+def test_global_quota_mode_counts_every_descriptor_and_shadow_mode_never_refuses():
+    lim, _ = mk(modes("quota_mode: true"), Clock())
+    run(check(lim, "api", [[("plain", "a")]]))
+    r = run(check(lim, "api", [[("plain", "a")], [("unknown", "x")]]))  # an unmatched one passes
+    assert r.code == OK and [s.code for s in r.statuses] == [OVER_LIMIT, OK]
+    lim, core = mk(modes("shadow_mode: true"), Clock())
+    run(check(lim, "api", [[("plain", "a")]]))
+    r = run(check(lim, "api", [[("plain", "a")]]))
+    assert r.code == OK and r.statuses[0].code == OVER_LIMIT and r.report is None and core.global_shadow == 1
+
+
+def test_detailed_metric_counts_per_value_on_the_fast_path():
+    rs = modes()
+    lim, _ = mk(rs, Clock())
+    for v in ("a", "a", "b"):
+        assert isinstance(lim.check_fast([[("detailed", v)]]), tuple)  # the HTTP endpoints' path
+    (r,) = [x for x in rs.rules if x.name == "detailed"]
+    values = r.stats.values
+    assert {k: (s.hits, s.within, s.near) for k, s in values.items()} == {
+        "api.detailed_a": (2, 2, 0),
+        "api.detailed_b": (1, 1, 0),
+    }
+    for _ in range(4):
+        lim.check_fast([[("detailed", "b")]])
+    assert (values["api.detailed_b"].hits, values["api.detailed_b"].near, values["api.detailed_b"].over) == (5, 1, 0)
+
+
+def test_requests_are_routed_by_domain(tmp_path):
+    conf = tmp_path / "lyft"
+    conf.mkdir()
+    (conf / "other.yaml").write_text(
+        "domain: other\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+    )
+    (tmp_path / "n.yaml").write_text(MODES.format(extra="lyft_config_dir: lyft"))
+    from netlimit.config.validate import load_file
+
+    rs = from_loaded(load_file(tmp_path / "n.yaml"))
+    lim, _ = mk(rs, Clock())
+    assert run(check(lim, "other", [[("k", "v")]])).code == OK
+    r = run(check(lim, "other", [[("k", "v")]]))
+    assert r.code == OVER_LIMIT and r.report.rule.domain == "other"
+    assert run(check(lim, "api", [[("k", "v")]])).statuses[0].rule is None  # not a rule of "api"
+    assert run(check(lim, "nope", [[("k", "v")]])).code == OK
+    # the counters of every domain survive a reload
+    (r2,) = [x for x in rs.all_rules if x.domain == "other"]
+    rs2 = from_loaded(load_file(tmp_path / "n.yaml"))
+    lim.set_rules(rs2)
+    assert [x.stats for x in rs2.all_rules if x.domain == "other"] == [r2.stats]

@@ -43,6 +43,7 @@ LIMITS = {
     "token_bucket": Limit("token_bucket", 10, 1, burst=20),
     "leaky_bucket": Limit("leaky_bucket", 5, 2, burst=3, delay=True),
     "fixed_window": Limit("fixed_window", 7, 30),
+    "fixed_window_admitted": Limit("fixed_window_admitted", 7, 30),
     "sliding_window_counter": Limit("sliding_window_counter", 9, 20),
     "sliding_window_log": Limit("sliding_window_log", 6, 10),
 }
@@ -622,8 +623,11 @@ def test_a_client_passed_in_is_left_open(redis_server):
 def test_limit_zero_needs_no_round_trip():
     async def main():
         store = RedisStore("redis://127.0.0.1:1/0", timeout_ms=50)  # nothing listens there
-        d = await store.hit("k", Limit("fixed_window", 0, 60))
+        d = await store.hit("k", Limit("fixed_window_admitted", 0, 60))
         assert not d.allowed and d.retry_after == math.inf
+        # Lyft's fixed window counts the hits of a limit of 0 as well: it asks the store
+        with pytest.raises(StoreError):
+            await store.hit("k", Limit("fixed_window", 0, 60))
         await store.close()
 
     arun(main())

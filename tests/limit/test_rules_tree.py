@@ -181,10 +181,10 @@ def test_rule_names_default_to_the_lyft_stat_path(rs):
     assert rs.domain == "api"
 
 
-def test_near_threshold_is_80_percent_used(rs):
-    r = rs.match([("remote_address", "1.2.3.4")])  # 10/s: near when used >= 8
-    assert r.near_threshold == 2
-    assert rs.match([("path", "/api/exact")]).near_threshold == 0  # 3: used >= 2.4 -> 3
+def test_near_threshold_is_lyfts(rs):
+    r = rs.match([("remote_address", "1.2.3.4")])  # 10/s: near when used > floor(0.8 * 10), as Lyft
+    assert r.near_threshold == 1
+    assert rs.match([("path", "/api/exact")]).near_threshold == 0  # 3: used > 2 -> 3
 
 
 def test_store_keys_count_each_concrete_value_apart(rs):
@@ -254,9 +254,9 @@ def test_duplicate_siblings_are_reported_with_position():
               rate_limit: {unit: second, requests_per_unit: 2}
         """)
     with pytest.raises(ConfigError) as ei:
-        from_loaded(load_string(text, "dup.yaml"))
+        load_string(text, "dup.yaml")  # the file's validation: netlimit validate and the sidecar alike
     assert [str(p) for p in ei.value.problems] == [
-        "dup.yaml:8:12: http: duplicate descriptor: key 'path' value '/a' already appears as sibling #1 at this level"
+        "dup.yaml:8:12: http: duplicate descriptor composite key 'api.path_/a' (first at line 5)"
     ]
 
 
@@ -280,9 +280,75 @@ def test_algorithm_limits_surface_as_config_errors():
         from_loaded(load_string(text, "fast.yaml"))
     (p,) = ei.value.problems
     assert (p.file, p.line) == ("fast.yaml", 7)
-    assert "limit must be between 0 and" in p.message
+    assert "'requests_per_unit' input should be less than or equal to 4294967295" in p.message
 
 
 def test_sf_string_escapes_and_replaces():
     assert sf_string('a"b\\c') == '"a\\"b\\\\c"'
     assert sf_string("caf\u00e9\n") == '"caf??"'
+
+
+# --- Lyft's wildcards: several `*`, anywhere ---------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    parts=st.lists(st.text("ab/", max_size=3), min_size=2, max_size=4),
+    value=st.text("ab/", max_size=10),
+)
+def test_wildcards_match_as_globs(parts, value):
+    """Each `*` matches any text, also none (config_impl.go wildcardMatch): the same
+    as a regular expression of the literal parts joined by `.*`."""
+    import re
+
+    from netlimit.limit.rules import wild_match, wildcard
+
+    pattern = "*".join(parts)
+    first, rest = wildcard(pattern)
+    want = re.fullmatch(".*".join(map(re.escape, parts)), value, re.DOTALL) is not None
+    assert wild_match(first, rest, value) == want, (pattern, value)
+
+
+WILD = """
+version: 1
+http:
+  domain: w
+  descriptors:
+    - key: path
+      value: /api/*/users/*
+      rate_limit: {unit: minute, requests_per_unit: 1, name: users}
+    - key: path
+      value: "*.png"
+      rate_limit: {unit: minute, requests_per_unit: 2, name: png}
+    - key: path
+      value: /a*b*c
+      share_threshold: true
+      rate_limit: {unit: minute, requests_per_unit: 3, name: abc}
+    - key: path
+      rate_limit: {unit: minute, requests_per_unit: 4, name: any}
+"""
+
+
+def test_wildcards_in_the_middle_and_several():
+    rs = from_loaded(load_string(WILD, "w.yaml"))
+    assert name(rs, ("path", "/api/v1/users/42")) == "users"
+    assert name(rs, ("path", "/api/v1/users/")) == "users"  # the last * matches nothing
+    assert name(rs, ("path", "/api/v1/groups/42")) == "any"
+    assert name(rs, ("path", "/img/logo.png")) == "png"
+    assert name(rs, ("path", "/abc")) == "abc" and name(rs, ("path", "/a-b-c")) == "abc"
+    assert name(rs, ("path", "/ab")) == "any"  # prefix and suffix may not overlap ("/ab" has no "c")
+
+
+def test_share_threshold_values_share_one_store_key():
+    rs = from_loaded(load_string(WILD, "w.yaml"))
+    r = rs.match([("path", "/a1b2c")])
+    k1 = rs.store_key(r, [("path", "/a1b2c")])
+    assert k1 == rs.store_key(r, [("path", "/aXbYc")]) == rs.store_key(r, [("path", "/a*b*c")])
+    other = rs.match([("path", "/img/x.png")])
+    assert rs.store_key(other, [("path", "/img/x.png")]) != rs.store_key(other, [("path", "/img/y.png")])
+
+
+def test_stat_keys_are_lyfts():
+    rs = from_loaded(load_string(WILD, "w.yaml"))
+    r = rs.match([("path", "/img/x.png")])
+    assert rs.stat_key(r, [("path", "/img/x.png")]) == "w.path_*.png" and r.steps is None

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from rls_helpers import OK, OVER_LIMIT, U32_MAX, UNIT, serving
+from rls_helpers import OK, OVER_LIMIT, U32_MAX, UNIT, desc, serving
 
 from netlimit.config.validate import load_file, load_string
 from netlimit.limit.limiter import Limiter
@@ -313,6 +313,110 @@ def test_example_9_wildcard_values_count_each_value_apart():
     run(go())
 
 
+def test_example_9_wildcards_in_the_middle_and_several():
+    """Upstream README's example 9 as it now reads: each `*` matches any text,
+    wherever it stands."""
+    lim = lyft("""
+        domain: example9
+        descriptors:
+          - key: path
+            value: /api/*/action
+            rate_limit:
+              unit: minute
+              requests_per_unit: 20
+          - key: route
+            value: /api/*/resource/*/action
+            rate_limit:
+              unit: minute
+              requests_per_unit: 20
+    """)
+
+    async def go():
+        async with serving(lim) as s:
+            for v in ("/api/123/action", "/api/user-id/action"):
+                assert await hits(s, 2, "example9", [("path", v)], cost=20) == [OK, OVER_LIMIT]
+            r = await s.call("example9", [("path", "/api/123/other")], hits=100)
+            assert r.overall_code == OK and not r.statuses[0].HasField("current_limit")
+            for v in ("/api/v1/resource/123/action", "/api/v2/resource/456/action"):
+                assert await hits(s, 2, "example9", [("route", v)], cost=20) == [OK, OVER_LIMIT]
+
+    run(go())
+
+
+# --- Lyft's counting: every hit counts, admitted or not ---------------------------------------
+
+COUNTING = """
+    domain: counting
+    descriptors:
+      - key: per_minute
+        rate_limit: {unit: minute, requests_per_unit: 20}
+      - key: per_hour
+        rate_limit: {unit: hour, requests_per_unit: 1}
+      - key: tokens
+        rate_limit: {unit: minute, requests_per_unit: 100}
+      - key: admitted
+        count_denied: false
+        rate_limit: {unit: minute, requests_per_unit: 20}
+"""
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def counting(request):
+    text = "version: 1\nhttp:\n" + textwrap.indent(textwrap.dedent(COUNTING).strip() + "\n", "  ")
+    rules = from_loaded(load_string(text, "counting.yaml"))
+    if request.param == "memory":
+        return Limiter(rules, MemoryStore(clock=lambda: NOW))
+    from lyft_replay import ClockedRedis
+
+    return Limiter(rules, ClockedRedis(request.getfixturevalue("redis_server").url, lambda: NOW))
+
+
+def test_denied_hits_count_as_lyft_counts_them(counting):
+    """3, 16, 3 hits on 20/minute: the last is over with nothing left (22 > 20);
+    after a denied request on 1/hour, a check-only request is over too."""
+
+    async def go():
+        async with serving(counting) as s:
+            got = []
+            for n in (3, 16, 3):
+                r = await s.call("counting", desc(("per_minute", "a"), hits=n))
+                got.append((r.overall_code, r.statuses[0].limit_remaining))
+            assert got == [(OK, 17), (OK, 1), (OVER_LIMIT, 0)]
+            r = await s.call("counting", desc(("per_minute", "a"), hits=1))
+            assert (r.overall_code, r.statuses[0].limit_remaining) == (OVER_LIMIT, 0)
+            # count_denied: false keeps netlimit's earlier counting: the 3 did not count
+            got = []
+            for n in (3, 16, 3, 1):
+                r = await s.call("counting", desc(("admitted", "a"), hits=n))
+                got.append((r.overall_code, r.statuses[0].limit_remaining))
+            assert got == [(OK, 17), (OK, 1), (OVER_LIMIT, 1), (OK, 0)]
+
+            assert (await s.call("counting", [("per_hour", "b")])).overall_code == OK
+            assert (await s.call("counting", [("per_hour", "b")])).overall_code == OVER_LIMIT
+            r = await s.call("counting", desc(("per_hour", "b"), hits=0))
+            assert (r.overall_code, r.statuses[0].code, r.statuses[0].limit_remaining) == (OVER_LIMIT, OVER_LIMIT, 0)
+            assert r.statuses[0].duration_until_reset.seconds == 3600 - int(NOW) % 3600
+
+    run(go())
+
+
+def test_the_token_quota_pattern_is_enforced(counting):
+    """Upstream's token quota: check with 0 hits before the work, charge what it
+    used when the response ends.  A final charge that overshoots still counts,
+    so the next check is refused until the window ends."""
+
+    async def go():
+        async with serving(counting) as s:
+            for used in (60, 70):  # 60 fits; 70 more overshoots the 100
+                r = await s.call("counting", desc(("tokens", "user-1"), hits=0))
+                assert r.overall_code == OK
+                await s.call("counting", desc(("tokens", "user-1"), hits=used))
+            r = await s.call("counting", desc(("tokens", "user-1"), hits=0))
+            assert (r.overall_code, r.statuses[0].limit_remaining) == (OVER_LIMIT, 0)
+
+    run(go())
+
+
 def test_descriptor_without_limit_or_children_allows_everything():
     lim = lyft("""
         domain: allow
@@ -340,7 +444,7 @@ def test_descriptor_without_limit_or_children_allows_everything():
               unit: second
               requests_per_unit: 5
      """,
-            "'unlimited: true' and 'rate_limit' exclude each other",
+            "should not specify rate limit unit when unlimited",
         ),
         (
             """

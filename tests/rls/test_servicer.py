@@ -163,7 +163,10 @@ def test_hits_addend_is_the_cost(limiter_factory):
             assert r.overall_code == OK and r.statuses[0].limit_remaining == 1
             r = await s.call("api", [("remote_address", "h1")], hits=2)
             assert r.overall_code == OVER_LIMIT  # 2 more do not fit in the 1 left
+            # the 2 denied hits counted all the same (Lyft's INCRBY): 1 more is over too
             r = await s.call("api", [("remote_address", "h1")], hits=0)  # unset: 1
+            assert r.overall_code == OVER_LIMIT and r.statuses[0].limit_remaining == 0
+            r = await s.call("api", [("remote_address", "h4")], hits=3)
             assert r.overall_code == OK and r.statuses[0].limit_remaining == 0
             # a descriptor's own hits_addend wins over the request's
             r = await s.call("api", desc(("remote_address", "h2"), hits=3), [("remote_address", "h3")], hits=1)

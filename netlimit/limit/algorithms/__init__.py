@@ -1,4 +1,5 @@
-"""The five L7 rate-limit algorithms as small pure functions.
+"""The L7 rate-limit algorithms (five, the fixed window in two countings) as
+small pure functions.
 
 One module per algorithm (its decide function, its state packing, its Lua
 script's name); :mod:`.base` holds what they share.  Every algorithm has the
@@ -12,16 +13,21 @@ identical inputs (``tests/limit/test_conformance.py``).
 
 Common rules
 ------------
-* ``cost`` is an int >= 0.  ``cost == 0`` is a free probe: allowed, state unchanged.
+* ``cost`` is an int >= 0.  ``cost == 0`` is a free probe: allowed (unless the
+  window is already over its limit, in ``fixed_window``), state unchanged.
 * A rejected request never changes the state (the function returns the *same*
-  state object it was given) and never consumes quota.
+  state object it was given) and never consumes quota -- except in
+  ``fixed_window``, which counts every request as envoyproxy/ratelimit does
+  (``Algorithm.counts_denied``; ``fixed_window_admitted`` is the same window
+  following this rule).
 * A cost larger than the most the algorithm can ever admit at once (bucket
   capacity, window limit) is always rejected with ``retry_after = inf``.
 * ``retry_after`` (when rejected) is the time after which the same request is
   admitted if nothing else is admitted meanwhile.  It is computed in floating
   point, so retrying at exactly ``now + retry_after`` may land one ulp early;
   callers rounding up to whole seconds (``Retry-After``) are always safe.
-* ``limit == 0`` denies every request of cost >= 1 (``retry_after = inf``).
+* ``limit == 0`` denies every request of cost >= 1 (``retry_after = inf``);
+  ``fixed_window`` also reports its window's ``reset`` and counts the hits.
 * A clock that steps backwards is treated conservatively (state is never
   "refilled" by going back in time).
 
@@ -33,9 +39,11 @@ State records (kept tiny: the memory store holds one per key)
   exact: a full bucket holds exactly ``capacity`` tokens and integer costs
   subtract exactly, so "20 requests at t=0" never turns into 19 through float
   rounding, and ``remaining`` is exact.
-* fixed_window: one int, ``window_index << b | count`` with ``b =
-  limit.bit_length()`` (a stored count never exceeds the limit): below 2**60,
-  a 32-byte int, for limits up to 2**29 - 1 at period 1 s (window index 31 bits).
+* fixed_window / fixed_window_admitted: one int, ``window_index << b | count``
+  with ``b = (limit + 1).bit_length()`` (the count saturates at ``limit + 1``)
+  / ``limit.bit_length()`` (a stored count never exceeds the limit): below
+  2**60, a 32-byte int, for limits up to 2**29 - 2 at period 1 s (window index
+  31 bits).
 * sliding_window_counter: one int, ``window_index << 2b | previous << b | current``
   where ``b = limit.bit_length()`` (both counts are <= limit, see
   :func:`swc_pack`).  The field width follows the limit so that the int stays
@@ -57,7 +65,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import ALGORITHMS, REGISTRY, Algorithm, Decision, Limit
-from .fixed_window import fixed_window
+from .fixed_window import fixed_window, fixed_window_admitted
 from .leaky_bucket import leaky_bucket
 from .sliding_window_counter import sliding_window_counter, swc_pack, swc_unpack
 from .sliding_window_log import sliding_window_log
@@ -72,6 +80,7 @@ __all__ = [
     "Limit",
     "decide",
     "fixed_window",
+    "fixed_window_admitted",
     "is_idle",
     "leaky_bucket",
     "sliding_window_counter",
@@ -99,6 +108,6 @@ def decide(limit: Limit, state: Any, now: float, cost: int = 1) -> tuple[Decisio
 def is_idle(limit: Limit, state: Any, now: float) -> bool:
     """True when ``state`` decides exactly like no state at all at ``now`` (and at
     any later time), so a store may forget it."""
-    if state is None or limit.limit == 0:
+    if state is None or limit._deny0:
         return True
     return REGISTRY[limit.algorithm].is_idle(limit, state, now)

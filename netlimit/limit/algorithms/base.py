@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 #: the algorithms, in the order messages list them
-ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
+ALGORITHMS = (
+    "token_bucket",
+    "leaky_bucket",
+    "fixed_window",
+    "fixed_window_admitted",
+    "sliding_window_log",
+    "sliding_window_counter",
+)
 
 _MAX_COUNT = 0xFFFFFFFF  # counters are packed into 32-bit fields
 _INF = math.inf
@@ -41,6 +48,10 @@ class Algorithm:
     lua_now_string: bool
     #: capacity is ``burst`` (token and leaky bucket); burst (and delay) allowed
     bucket: bool = False
+    #: a denied request is counted too (Lyft's fixed window): a denial may change
+    #: the state, and a limit of 0 is decided by the algorithm (with a state: a
+    #: probe after a denied hit is denied), not answered without one
+    counts_denied: bool = False
 
 
 #: name -> Algorithm; each algorithm module registers itself on import (the
@@ -91,15 +102,16 @@ class Limit(_LimitFields):
     only the six real fields.
     """
 
-    __slots__ = ("_ns", "_sig", "_fn", "_fw", "_bk", "_cap", "_rate", "_cb", "_cm")
+    __slots__ = ("_ns", "_sig", "_fn", "_fw", "_bk", "_deny0", "_cap", "_rate", "_cb", "_cm")
     _ns: str  # process-local namespace id, e.g. "3:" (memory store)
     _sig: str  # stable text of every field (Redis key names)
     _fn: Callable[..., tuple[Decision, Any]]
-    _fw: bool  # fixed window with limit > 0 (MemoryStore.hit_sync inlines it)
+    _fw: bool  # Lyft's fixed window (MemoryStore.hit_sync inlines it)
     _bk: bool  # token or leaky bucket with limit > 0 (hit_sync inlines its admit path)
+    _deny0: bool  # limit 0 decided without a state: every cost >= 1 denied, a probe allowed
     _cap: int
     _rate: float
-    _cb: int  # window algorithms: bits per count field (limit.bit_length())
+    _cb: int  # window algorithms: bits per count field (limit.bit_length(); (limit + 1) for fixed_window)
     _cm: int  # the mask of one count field, (1 << _cb) - 1
 
     def __reduce__(self):
@@ -151,11 +163,14 @@ class Limit(_LimitFields):
                 cap += 1
         object.__setattr__(self, "_cap", cap)
         object.__setattr__(self, "_rate", self.limit / period)
-        object.__setattr__(self, "_cb", self.limit.bit_length())
+        # a count saturated at limit + 1 (counts_denied) needs one more value
+        object.__setattr__(self, "_cb", (self.limit + alg.counts_denied).bit_length())
         object.__setattr__(self, "_cm", (1 << self._cb) - 1)
-        fn = alg.decider(self) if self.limit else _deny_all_decider
+        deny0 = self.limit == 0 and not alg.counts_denied
+        fn = _deny_all_decider if deny0 else alg.decider(self)
         object.__setattr__(self, "_fn", fn)
-        object.__setattr__(self, "_fw", self.algorithm == "fixed_window" and self.limit > 0)
+        object.__setattr__(self, "_deny0", deny0)
+        object.__setattr__(self, "_fw", self.algorithm == "fixed_window")
         object.__setattr__(self, "_bk", bucket and self.limit > 0)
 
     @property

@@ -118,8 +118,10 @@ class MemoryStore:
                     d.delay = 0.0
                     if new > lim:
                         d.allowed = False
-                        d.remaining = lim - count if count < lim else 0
+                        d.remaining = 0
                         d.retry_after = _INF if cost > lim else reset
+                        if count <= lim:  # the hits count: saturate at lim + 1 (once per window)
+                            table[key] = (w << b) | (lim + 1)
                         return d
                     if cost:
                         table[key] = (w << b) | new

@@ -206,7 +206,7 @@ class RedisStore:
         try:
             async with asyncio.timeout(budget):
                 for limit in limits:
-                    if not limit.limit:
+                    if limit._deny0:
                         continue
                     if self._lean:
                         await self._client.script_load(limit_lua(limit), timeout=budget)
@@ -228,7 +228,7 @@ class RedisStore:
             return await self._call(key, limit, cost, now, _dry)
         if cost < 0:
             raise ValueError(f"cost must be >= 0, got {cost}")
-        if limit.limit == 0:
+        if limit._deny0:  # a limit of 0 needs no state (unless its algorithm counts denied hits)
             return _deny_all(cost)
         la = self._lean_args.get(limit._ns)
         if la is None:
@@ -293,7 +293,7 @@ class RedisStore:
         """The decision through redis-py (a client passed in, or a URL the lean client does not handle)."""
         if cost < 0:
             raise ValueError(f"cost must be >= 0, got {cost}")
-        if limit.limit == 0:
+        if limit._deny0:  # a limit of 0 needs no state (unless its algorithm counts denied hits)
             return _deny_all(cost)
         keys = self.redis_keys(key, limit)
         src, sha, pack = _limit_script(limit)
