@@ -27,6 +27,25 @@ if str(HELPERS) not in sys.path:
 from netns_topo import REQUIRED, Topo, _seq, _setup, _sh, require  # noqa: E402 - after the sys.path entry
 from redis_proc import RedisServer, _free_port, _require_redis_server  # noqa: E402 - after the sys.path entry
 
+# --- markers from fixtures -----------------------------------------------------------------
+
+# What a fixture needs from the environment is the test's marker too, so `-m "not redis"`
+# deselects every test that starts a redis-server, whether it asks for the fixture by
+# name or gets it through a parametrised factory (a "redis" parameter).
+ENV_FIXTURES = {"redis_server": "redis", "redis_factory": "redis", "topo": "netns"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in ENV_FIXTURES.items():
+            if fixture in names:
+                item.add_marker(marker)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and any(isinstance(v, str) and v == "redis" for v in callspec.params.values()):
+            item.add_marker("redis")
+
+
 # --- Redis ---------------------------------------------------------------------------------
 
 

@@ -233,12 +233,11 @@ class ActionPlan:
                     entries.append((key, method))
                 elif kind == _HEADER:
                     v = headers.get(arg)
-                    if v is None:
-                        entries = None  # type: ignore[assignment]
+                    if v is None:  # a header action without its header: no descriptor (as Envoy does)
                         break
                     entries.append((key, v))
                 else:
                     entries.append((key, arg))
-            if entries is not None:
+            else:
                 out.append(entries)
         return out

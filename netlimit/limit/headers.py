@@ -33,6 +33,7 @@ _isnan = math.isnan
 
 def retry_seconds(st: DescriptorStatus) -> int:
     """Whole seconds until a retry can succeed, rounded up, at least 1."""
+    # a reported status always carries its decision (limiter.py); no None check per request
     ra = st.decision.retry_after  # type: ignore[union-attr]
     if ra == _inf or _isnan(ra):
         p = st.rule.period if st.rule is not None else 0
@@ -56,6 +57,8 @@ def rate_headers(result: CheckResult) -> dict[str, str]:
     st = result.report
     if st is None:
         return {}
+    # a reported status always carries its decision and rule (limiter.py): the ignores
+    # below spare a None check per request on the hot path
     d = st.decision
     rule = st.rule
     rem = d.remaining  # type: ignore[union-attr]

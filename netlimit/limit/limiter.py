@@ -409,6 +409,7 @@ class Limiter:
         ok_report: DescriptorStatus | None = None  # the allowed enforced status with the fewest remaining
         deny_report: DescriptorStatus | None = None  # the enforced denial with the longest retry_after
         quota_report: DescriptorStatus | None = None  # the same among quota_mode denials
+        deny_ra = quota_ra = -1.0  # their retry_after (every decision's is >= 0: the first denial wins)
         over = 0  # enforced denials that make the answer OVER_LIMIT
         quotas = quota_over = 0  # quota descriptors, and those over their limit
         all_quota = rs.quota_mode
@@ -469,12 +470,12 @@ class Limiter:
             statuses.append(st)
             if quota:
                 quota_over += 1
-                if quota_report is None or dec.retry_after > quota_report.decision.retry_after:  # type: ignore[union-attr]
-                    quota_report = st
+                if dec.retry_after > quota_ra:
+                    quota_report, quota_ra = st, dec.retry_after
             else:
                 over += 1
-                if deny_report is None or dec.retry_after > deny_report.decision.retry_after:  # type: ignore[union-attr]
-                    deny_report = st
+                if dec.retry_after > deny_ra:
+                    deny_report, deny_ra = st, dec.retry_after
         if over:
             code, report = OVER_LIMIT, deny_report
         elif quotas and quota_over == quotas:

@@ -30,7 +30,7 @@ from typing import Any
 from ..errors import BadRequest
 from ..limit.headers import reset_seconds, retry_seconds
 from ..limit.limiter import CODE_NAMES, SRC_NONE, CheckResult
-from ..limit.request import CheckRequest, DescriptorIn, Override, build_request
+from ..limit.request import MAX_COST, CheckRequest, DescriptorIn, Override, build_request
 
 _EXAMPLE = '{"domain": "api", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.0.0.1"}]}]}'
 _UNITS = {"SECOND": "second", "MINUTE": "minute", "HOUR": "hour", "DAY": "day", "MONTH": "month", "YEAR": "year"}
@@ -112,7 +112,7 @@ def parse_json_request(raw: bytes) -> CheckRequest:
         out.append(DescriptorIn(es, hits, ov))
     hits_addend = _field(obj, "hitsAddend", "hits_addend", 0)
     if isinstance(hits_addend, bool) or not isinstance(hits_addend, int):
-        raise BadRequest(f"'hits_addend' must be a whole number from 0 to 1000000, got {hits_addend!r:.40}")
+        raise BadRequest(f"'hits_addend' must be a whole number from 0 to {MAX_COST}, got {hits_addend!r:.40}")
     return build_request(domain, out, hits_addend)
 
 
