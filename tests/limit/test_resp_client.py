@@ -439,14 +439,17 @@ def test_killed_server_fails_in_flight_commands_at_once_and_the_client_reconnect
 
             srv.start()  # same port; empty data set, no scripts
             deadline = time.monotonic() + 3
+            timed_out = 0  # calls that gave up at their 50 ms deadline: the server may still have run them
             while True:
                 try:
                     d = await store.hit("k", limit)
                     break
-                except StoreError:
+                except StoreError as e:
+                    timed_out += isinstance(e.__cause__, TimeoutError)
                     assert time.monotonic() < deadline, "no reconnect after the restart"
                     await asyncio.sleep(0.01)
-            assert d.allowed and d.remaining == 9
+            # a fresh bucket: this hit, and at most the hits that timed out on a busy box
+            assert d.allowed and 9 - timed_out <= d.remaining <= 9, (d, timed_out)
             assert await c.ping()
         finally:
             await store.close()
