@@ -43,7 +43,7 @@ from typing import Any
 
 from ..config.model import redis_url_problem
 from ..config.validate import load_file
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreError
 from ..limit.actions import ActionPlan, path_of_uri
 from ..limit.headers import PROBLEM_HEADER, problem_body, rate_headers
 from ..limit.limiter import OVER_LIMIT, CheckResult, Limiter
@@ -263,6 +263,12 @@ class Sidecar:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        store = self.limiter.store
+        if isinstance(store, RedisStore):  # the cluster map, the sentinels' primary, a cluster behind redis://
+            try:
+                await store.start()
+            except StoreError as exc:
+                raise SystemExit(str(exc)) from None
         self._watch_task = asyncio.create_task(self.watch())
 
     async def stop(self) -> None:
@@ -353,6 +359,7 @@ class Sidecar:
             "rules": len(lim.rules.rules),
             "store": "memory" if self.storage == "memory" else "redis",
             "store_available": lim.store_available,
+            "store_topology": lim.store.topology() if isinstance(lim.store, RedisStore) else None,
             "on_store_failure": lim.on_store_failure,
             "config": self.config_path,
             "config_sha256": self.loaded.sha256,
