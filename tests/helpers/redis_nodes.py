@@ -197,3 +197,21 @@ def wait_for(pred, timeout: float, what: str, interval: float = 0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout} s" + (f" (last error: {last})" if last else ""))
         time.sleep(interval)
+
+
+async def await_for(pred, timeout: float, what: str, interval: float = 0.05):
+    """:func:`wait_for` inside an event loop (the loop runs while it waits)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while True:
+        try:
+            v = pred()
+            if v:
+                return v
+        except (redis.RedisError, OSError) as e:
+            last = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s" + (f" (last error: {last})" if last else ""))
+        await asyncio.sleep(interval)
