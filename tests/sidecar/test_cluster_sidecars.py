@@ -267,7 +267,7 @@ def test_killed_sentinel_primary_under_load(tmp_path):
             assert tally.errors == [] and tally.five_xx() == 0 and probe.errors == []
             assert set(probe.sources_after(t_kill)) >= {"closed", "store"}
             # +switch-master moves the sidecars at once; the breaker's next probe uses it
-            assert resumed - t_switched < RETRY_INTERVAL + 0.7, (resumed - t_switched)
+            assert resumed - t_switched < RETRY_INTERVAL + 0.7, resumed - t_switched
             print(f"sentinels named the new primary {t_switched - t_kill:.2f} s after the kill")
             for sc in scs:
                 sc.wait_line(r"redis sentinel 'mymaster': the primary is now " + s.replica.address)
