@@ -172,6 +172,15 @@ class ClusterClient:
             c = self.nodes[key] = RespClient(self.seeds[0].at(host, port), timeout=self.timeout)
         return c
 
+    @property
+    def commands_sent(self) -> int:
+        """Commands handed to the primaries' connections (the benchmark reads it)."""
+        return sum(c.commands_sent for c in self.nodes.values())
+
+    @property
+    def writes(self) -> int:
+        return sum(c.writes for c in self.nodes.values())
+
     def primaries(self) -> list[RespClient]:
         return [self.node_at(s.primary.host, s.primary.port) for s in self.shards if s.primary is not None]
 
