@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot as redispy_key_slot
 from redis_cluster import RedisCluster, wait_role
@@ -509,6 +509,32 @@ def test_wait_role_helper_and_replicas_follow(redis_cluster):
                 wait_for(lambda: c.execute_command("GET", rk) is not None, 5, "the key on the replica")
             finally:
                 c.close()
+        finally:
+            await store.close()
+
+    arun(main())
+
+
+BRACES = st.text(alphabet="ab{}:|é", max_size=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prefix=BRACES, name=BRACES, keys=st.lists(BRACES, min_size=1, max_size=4))
+def test_the_hot_path_routes_every_key_to_its_slot_braces_anywhere(redis_cluster, prefix, name, keys):
+    """The store continues the CRC16 of the hash tag from the key head (or, when a
+    brace in the prefix or the rule's name moves the tag, computes it whole): a
+    wrong slot would show as a MOVED redirect."""
+    limit = Limit("fixed_window", 100, 60, name=name)
+
+    async def main():
+        store = RedisStore(redis_cluster.url, timeout_ms=2000, key_prefix="p" + prefix)
+        try:
+            await store.start()
+            for k in keys:
+                assert (await store.hit(k, limit)).allowed
+                (rk,) = store.redis_keys(k, limit)
+                assert store.client.slots[key_slot(rk.encode())] is not None
+            assert store.stats.redirects == {"moved": 0, "ask": 0}
         finally:
             await store.close()
 

@@ -150,3 +150,29 @@ def test_unknown_service_and_a_dead_sentinel(sentinels):
             await store.close()
 
     arun(main())
+
+
+def test_a_demoted_primary_answers_readonly_and_the_sentinels_are_asked_again(sentinels):
+    """The primary turned into a replica behind the sentinels' back (as a failover
+    does to the old one): the script's write is refused with -READONLY, which is a
+    store error (the policy decides) and makes the client ask the sentinels again;
+    a named server that is not a primary is not used (ROLE check)."""
+    limit = Limit("fixed_window", 5, 60)
+
+    async def main():
+        store = RedisStore(sentinels.url, timeout_ms=500, key_prefix=prefix())
+        try:
+            await store.start()
+            assert (await store.hit("a", limit)).allowed
+            asked = store.stats.refreshes
+            sentinels.primary.call("REPLICAOF", "127.0.0.1", sentinels.replica.port)
+            with pytest.raises(StoreError, match="READONLY"):
+                await store.hit("a", limit)
+            assert store.stats.node_errors[sentinels.primary.address] == 1
+            await await_for(lambda: store.stats.refreshes > asked, 5, "the sentinels asked again")
+            # they still name the demoted server for now: ROLE says slave, so it is not taken
+            await await_for(lambda: "not a primary" in (store.topology()["last_error"] or ""), 5, "the ROLE check")
+        finally:
+            await store.close()
+
+    arun(main())

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import logging
 import math
+from binascii import crc_hqx
 from dataclasses import replace
 from importlib import resources
 from time import monotonic as _monotonic
@@ -228,8 +229,11 @@ class RedisStore:
             self._client = url_or_client
             self._owns_client = False
         # lean client, by Limit._ns: (key head "<prefix>:{<sig>:", the script's SHA1,
-        # its pack, {(cost, dry): the EVALSHA's RESP before and after the key (_evalsha_frame)})
-        self._lean_args: dict[str, tuple[str, bytes, int | None, dict[tuple[int, bytes], tuple[bytes, bytes]]]] = {}
+        # its pack, {(cost, dry): the EVALSHA's RESP before and after the key (_evalsha_frame)},
+        # the head's length in bytes, the CRC16 of the hash tag's part in the head or -1)
+        self._lean_args: dict[
+            str, tuple[str, bytes, int | None, dict[tuple[int, bytes], tuple[bytes, bytes]], int, int]
+        ] = {}
 
     @property
     def client(self) -> Any:
@@ -377,10 +381,8 @@ class RedisStore:
             return _deny_all(cost)
         la = self._lean_args.get(limit._ns)
         if la is None:
-            _, sha, pack = _limit_script(limit)
-            la = (f"{self._prefix}:{{{limit._sig}:", sha, pack, {})
-            self._lean_args[limit._ns] = la
-        head, sha, pack, frames = la
+            la = self._lean_args[limit._ns] = _lean(self._prefix, limit)
+        head, sha, pack, frames, hlen, seed = la
         rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}").encode(
             "utf-8", "surrogatepass"
         )
@@ -397,7 +399,9 @@ class RedisStore:
         data = b"%b$%d\r\n%b\r\n%b" % (frame[0], len(rkey), rkey, frame[1])
         slots = self._slots
         if slots is not None:
-            node = slots[key_slot(rkey)]
+            # the hash tag runs from the head's "{" to the first "}" of the key (or
+            # the one closing the key): CRC16 goes on from the head's part of it
+            node = slots[crc_hqx(rkey[hlen : rkey.find(b"}", hlen)], seed) & 0x3FFF if seed >= 0 else key_slot(rkey)]
         elif self._sentinel is not None:
             node = self._sentinel.primary
         else:
@@ -544,6 +548,19 @@ class RedisStore:
             return _decode(res, limit, pack)
         except (TypeError, ValueError, IndexError, KeyError) as e:
             raise StoreError(f"redis {limit.algorithm} for {key!r}: unexpected reply {res!r:.200}") from e
+
+
+def _lean(prefix: str, limit: Limit) -> tuple[str, bytes, int | None, dict, int, int]:
+    """What the lean path keeps per limit (RedisStore._lean_args).  The seed is the
+    CRC16 of the head's part of the hash tag (after its "{"), so a key's slot is
+    that CRC continued over the key up to its first "}"; -1 when a "{" or "}" in
+    the prefix or the rule's name puts the tag elsewhere (key_slot decides then)."""
+    _, sha, pack = _limit_script(limit)
+    head = f"{prefix}:{{{limit._sig}:"
+    hb = head.encode("utf-8", "surrogatepass")
+    i = hb.find(b"{")
+    seed = crc_hqx(hb[i + 1 :], 0) if i == len(prefix.encode("utf-8", "surrogatepass")) + 1 and b"}" not in hb else -1
+    return head, sha, pack, {}, len(hb), seed
 
 
 def _sentinel_client(u: RedisURL, timeout: float, stats: TopologyStats) -> SentinelClient:
