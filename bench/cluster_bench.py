@@ -115,6 +115,62 @@ def _cpu(pids: list[int]) -> float:
     return total / tick
 
 
+class _Run:
+    """What one configuration measured over its rounds."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.rates: dict[str, list[float]] = {n: [] for n in names}
+        self.lats: dict[str, list[float]] = {n: [] for n in names}
+        self.client_us: dict[str, list[float]] = {n: [] for n in names}
+        self.server_us: dict[str, list[float]] = {n: [] for n in names}
+        self.errors = dict.fromkeys(names, 0)
+        self.trips: list[float] = []
+        self.writes: list[float] = []
+        self.cmds: dict[str, dict[str, float]] = {}
+
+    def p(self, name: str) -> tuple[float, float]:
+        return _pct(self.lats[name], 50) * 1e3, _pct(self.lats[name], 99) * 1e3
+
+    def cpu(self, name: str) -> tuple[float, float]:
+        return median(self.client_us[name]), median(self.server_us[name])
+
+    def note(self, a: str, b: str) -> str:
+        pa, pb, ca, cb = self.p(a), self.p(b), self.cpu(a), self.cpu(b)
+        return (
+            f"p50/p99 ms {pa[0]:.2f}/{pa[1]:.2f} vs {pb[0]:.2f}/{pb[1]:.2f}; CPU us/decision client+servers "
+            f"{ca[0]:.1f}+{ca[1]:.1f} vs {cb[0]:.1f}+{cb[1]:.1f}"
+        )
+
+
+async def _measure(sides: dict, servers: dict, stores: dict, cports: list[int], stream: list[str], clients: int,
+                   rounds: int) -> _Run:  # fmt: skip
+    run = _Run(list(sides))
+    names = list(sides)
+    cl = stores["cluster"].client
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            before = _commandstats(cports) if name in ("cluster", "redispy") else None
+            c0, w0 = cl.commands_sent, cl.writes
+            s0, p0 = _cpu(servers[name]), time.process_time()
+            n, secs, lat, err = await _drive(sides[name], stream, clients, 0.25)
+            run.client_us[name].append((time.process_time() - p0) / n * 1e6)
+            run.server_us[name].append((_cpu(servers[name]) - s0) / n * 1e6)
+            run.rates[name].append(n / secs)
+            run.lats[name].extend(lat)
+            run.errors[name] += err
+            if before is not None:
+                after = _commandstats(cports)
+                run.cmds[name] = {
+                    k: round((after.get(k, 0) - before.get(k, 0)) / n, 3)
+                    for k in after
+                    if after.get(k, 0) - before.get(k, 0) > 0 and k != "info"
+                }
+            if name == "cluster":
+                run.trips.append((cl.commands_sent - c0) / n)
+                run.writes.append((cl.writes - w0) / n)
+    return run
+
+
 async def _bench(single: tuple[int, int], one: tuple[int, int], three: list[tuple[int, int]], mode: Mode,
                  sec: Section) -> None:  # fmt: skip
     """``single``, ``one`` (a one-primary cluster) and ``three`` are (port, pid)."""
@@ -140,8 +196,6 @@ async def _bench(single: tuple[int, int], one: tuple[int, int], three: list[tupl
         await stores[name].load_scripts(*limits)
     _, stream = key_stream(10_000, mode.pick(20_000, 100_000), seed=3)
     rounds = mode.pick(2, 30)
-    budget = 0.25
-    clients = 16
     try:
         for lim in limits[: mode.pick(1, len(limits))]:
             sides = {}
@@ -152,125 +206,109 @@ async def _bench(single: tuple[int, int], one: tuple[int, int], three: list[tupl
 
                 await decide("warm")
                 sides[name] = decide
-            rates: dict[str, list[float]] = {n: [] for n in sides}
-            lats: dict[str, list[float]] = {n: [] for n in sides}
-            client_us: dict[str, list[float]] = {n: [] for n in sides}
-            server_us: dict[str, list[float]] = {n: [] for n in sides}
-            errors = dict.fromkeys(sides, 0)
-            trips: list[float] = []
-            writes: list[float] = []
-            cmds: dict[str, dict[str, float]] = {}
-            names = list(sides)
-            cl = stores["cluster"].client
-            for r in range(rounds):
-                for name in names if r % 2 == 0 else names[::-1]:
-                    before = _commandstats(cports) if name in ("cluster", "redispy") else None
-                    c0, w0 = cl.commands_sent, cl.writes
-                    s0, p0 = _cpu(servers[name]), time.process_time()
-                    n, secs, lat, err = await _drive(sides[name], stream, clients, budget)
-                    client_us[name].append((time.process_time() - p0) / n * 1e6)
-                    server_us[name].append((_cpu(servers[name]) - s0) / n * 1e6)
-                    rates[name].append(n / secs)
-                    lats[name].extend(lat)
-                    errors[name] += err
-                    if before is not None:
-                        after = _commandstats(cports)
-                        cmds[name] = {
-                            k: round((after.get(k, 0) - before.get(k, 0)) / n, 3)
-                            for k in after
-                            if after.get(k, 0) - before.get(k, 0) > 0 and k != "info"
-                        }
-                    if name == "cluster":
-                        trips.append((cl.commands_sent - c0) / n)
-                        writes.append((cl.writes - w0) / n)
-            p = {name: (_pct(v, 50) * 1e3, _pct(v, 99) * 1e3) for name, v in lats.items()}
-            cpu = {name: (median(client_us[name]), median(server_us[name])) for name in sides}
-            rt = median(trips)
-            evalsha = cmds.get("cluster", {}).get("evalsha", 0.0)
-            one_trip = abs(rt - 1) < 0.01 and abs(evalsha - 1) < 0.01
-            case = f"{lim.algorithm}, {clients} clients"
-
-            def note(a: str, b: str) -> str:
-                return (
-                    f"p50/p99 ms {p[a][0]:.2f}/{p[a][1]:.2f} vs {p[b][0]:.2f}/{p[b][1]:.2f}; CPU us/decision "
-                    f"client+servers {cpu[a][0]:.1f}+{cpu[a][1]:.1f} vs {cpu[b][0]:.1f}+{cpu[b][1]:.1f}"
+            run = await _measure(sides, servers, stores, cports, stream, 16, rounds)
+            _rows(sec, run, f"{lim.algorithm}, 16 clients")
+            if not mode.quick:
+                # the same at 64 clients: bigger batches per server (a reference row)
+                two = {n: sides[n] for n in ("cluster", "single")}
+                run64 = await _measure(two, servers, stores, cports, stream, 64, rounds)
+                ratio = round_ratio(run64.rates, "cluster", "single")
+                sec.rows.append(
+                    row(
+                        f"{lim.algorithm}, 64 clients: 3-primary cluster vs one server",
+                        median(run64.rates["cluster"]),
+                        median(run64.rates["single"]),
+                        unit="decisions/s",
+                        peer_name="netlimit RedisStore on one redis-server",
+                        ratio=ratio,
+                        goal="reference",
+                        met=None,
+                        note=run64.note("cluster", "single"),
+                    )
                 )
-
-            vs_single = round_ratio(rates, "cluster", "single")
-            sec.rows.append(
-                row(
-                    f"{case}: 3-primary cluster vs one server",
-                    median(rates["cluster"]),
-                    median(rates["single"]),
-                    unit="decisions/s",
-                    peer_name="netlimit RedisStore on one redis-server",
-                    ratio=vs_single,
-                    goal=f">= {GOAL_SINGLE:g}x, 1 round trip",
-                    met=vs_single >= GOAL_SINGLE and one_trip,
-                    note=f"{note('cluster', 'single')}; round trips/decision {rt:.2f} ({evalsha:.2f} EVALSHA; "
-                    f"commands on the primaries per decision {cmds.get('cluster')}); socket writes/decision "
-                    f"{median(writes):.2f}",
-                    p50_ms=p["cluster"][0],
-                    p99_ms=p["cluster"][1],
-                    peer_p50_ms=p["single"][0],
-                    peer_p99_ms=p["single"][1],
-                    round_trips=rt,
-                    client_us=cpu["cluster"][0],
-                    server_us=cpu["cluster"][1],
-                    peer_client_us=cpu["single"][0],
-                    peer_server_us=cpu["single"][1],
-                )
-            )
-            vs_single1 = round_ratio(rates, "cluster1", "single")
-            sec.rows.append(
-                row(
-                    f"{case}: 1-primary cluster (routing by slot alone) vs one server",
-                    median(rates["cluster1"]),
-                    median(rates["single"]),
-                    unit="decisions/s",
-                    peer_name="netlimit RedisStore on one redis-server",
-                    ratio=vs_single1,
-                    goal=f">= {GOAL_SINGLE:g}x",
-                    met=vs_single1 >= GOAL_SINGLE,
-                    note=note("cluster1", "single"),
-                    client_us=cpu["cluster1"][0],
-                    server_us=cpu["cluster1"][1],
-                    peer_client_us=cpu["single"][0],
-                    peer_server_us=cpu["single"][1],
-                )
-            )
-            vs_redispy = round_ratio(rates, "cluster", "redispy")
-            sec.rows.append(
-                row(
-                    f"{case}: netlimit cluster client vs redis-py RedisCluster",
-                    median(rates["cluster"]),
-                    median(rates["redispy"]),
-                    unit="decisions/s",
-                    peer_name="redis.asyncio.cluster.RedisCluster, the same Lua",
-                    ratio=vs_redispy,
-                    goal=f">= {GOAL_REDISPY:g}x",
-                    met=vs_redispy >= GOAL_REDISPY,
-                    note=f"{note('cluster', 'redispy')}; redis-py's commands on the primaries per decision "
-                    f"{cmds.get('redispy')}",
-                    p50_ms=p["cluster"][0],
-                    p99_ms=p["cluster"][1],
-                    peer_p50_ms=p["redispy"][0],
-                    peer_p99_ms=p["redispy"][1],
-                )
-            )
-            sec.details[case] = {
-                "rates": {k: [round(x) for x in v] for k, v in rates.items()},
-                "cpu_us_per_decision": {
-                    k: {"client": round(v[0], 2), "servers": round(v[1], 2)} for k, v in cpu.items()
-                },
-                "errors": errors,
-                "commands_per_decision": cmds,
-            }
     finally:
         for name, store in stores.items():
             if name != "redispy":
                 await store.close()
         await rp_client.aclose()
+
+
+def _rows(sec: Section, run: _Run, case: str) -> None:
+    rt = median(run.trips)
+    evalsha = run.cmds.get("cluster", {}).get("evalsha", 0.0)
+    one_trip = abs(rt - 1) < 0.01 and abs(evalsha - 1) < 0.01
+    ps, pc = run.p("single"), run.p("cluster")
+    vs_single = round_ratio(run.rates, "cluster", "single")
+    sec.rows.append(
+        row(
+            f"{case}: 3-primary cluster vs one server",
+            median(run.rates["cluster"]),
+            median(run.rates["single"]),
+            unit="decisions/s",
+            peer_name="netlimit RedisStore on one redis-server",
+            ratio=vs_single,
+            goal=f">= {GOAL_SINGLE:g}x, 1 round trip",
+            met=vs_single >= GOAL_SINGLE and one_trip,
+            note=f"{run.note('cluster', 'single')}; round trips/decision {rt:.2f} ({evalsha:.2f} EVALSHA; "
+            f"commands on the primaries per decision {run.cmds.get('cluster')}); socket writes/decision "
+            f"{median(run.writes):.2f}",
+            p50_ms=pc[0],
+            p99_ms=pc[1],
+            peer_p50_ms=ps[0],
+            peer_p99_ms=ps[1],
+            round_trips=rt,
+            client_us=run.cpu("cluster")[0],
+            server_us=run.cpu("cluster")[1],
+            peer_client_us=run.cpu("single")[0],
+            peer_server_us=run.cpu("single")[1],
+        )
+    )
+    vs_one = round_ratio(run.rates, "cluster1", "single")
+    sec.rows.append(
+        row(
+            f"{case}: 1-primary cluster (routing by slot alone) vs one server",
+            median(run.rates["cluster1"]),
+            median(run.rates["single"]),
+            unit="decisions/s",
+            peer_name="netlimit RedisStore on one redis-server",
+            ratio=vs_one,
+            goal=f">= {GOAL_SINGLE:g}x",
+            met=vs_one >= GOAL_SINGLE,
+            note=run.note("cluster1", "single"),
+            client_us=run.cpu("cluster1")[0],
+            server_us=run.cpu("cluster1")[1],
+            peer_client_us=run.cpu("single")[0],
+            peer_server_us=run.cpu("single")[1],
+        )
+    )
+    vs_redispy = round_ratio(run.rates, "cluster", "redispy")
+    pr = run.p("redispy")
+    sec.rows.append(
+        row(
+            f"{case}: netlimit cluster client vs redis-py RedisCluster",
+            median(run.rates["cluster"]),
+            median(run.rates["redispy"]),
+            unit="decisions/s",
+            peer_name="redis.asyncio.cluster.RedisCluster, the same Lua",
+            ratio=vs_redispy,
+            goal=f">= {GOAL_REDISPY:g}x",
+            met=vs_redispy >= GOAL_REDISPY,
+            note=f"{run.note('cluster', 'redispy')}; redis-py's commands on the primaries per decision "
+            f"{run.cmds.get('redispy')}",
+            p50_ms=pc[0],
+            p99_ms=pc[1],
+            peer_p50_ms=pr[0],
+            peer_p99_ms=pr[1],
+        )
+    )
+    sec.details[case] = {
+        "rates": {k: [round(x) for x in v] for k, v in run.rates.items()},
+        "cpu_us_per_decision": {
+            k: {"client": round(run.cpu(k)[0], 2), "servers": round(run.cpu(k)[1], 2)} for k in run.rates
+        },
+        "errors": run.errors,
+        "commands_per_decision": run.cmds,
+    }
 
 
 def run(mode: Mode) -> Section:

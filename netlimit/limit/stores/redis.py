@@ -275,7 +275,13 @@ class RedisStore:
                         self._sentinel.last_error,
                     )
             elif self._node is not None:
-                info = await self._node.execute_command(b"INFO", b"cluster", timeout=budget)
+                try:
+                    info = await self._node.execute_command(b"INFO", b"cluster", timeout=budget)
+                except ReplyError as e:  # e.g. an ACL user without +info
+                    log.info(
+                        "redis %s: INFO cluster refused (%s); a cluster node is recognised at its first MOVED", where, e
+                    )
+                    return
                 if b"cluster_enabled:1" in info:
                     self._follow_cluster("INFO cluster says cluster_enabled:1")
                     assert self._cluster is not None
