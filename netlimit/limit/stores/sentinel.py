@@ -177,7 +177,11 @@ class SentinelClient:
                 await client.aclose()
             return f"{key} is a {_s(role[0]) if role else '?'}, not a primary (a failover is under way)"
         if not mine:
-            self._switch(client, why)
+            now = self.primary
+            if now is not None and str(now.address) == key:  # another resolve got there first
+                await client.aclose()
+            else:
+                self._switch(client, why)
         return None
 
     async def _list_replicas(self, client: RespClient, deadline: float) -> None:
