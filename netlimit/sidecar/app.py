@@ -352,14 +352,13 @@ class Sidecar:
 
     def health(self) -> dict[str, Any]:
         lim = self.limiter
-        return {
+        doc: dict[str, Any] = {
             "status": "ok",
             "mode": "proxy" if self.upstream is not None else "decision",
             "domain": lim.rules.domain,
             "rules": len(lim.rules.rules),
             "store": "memory" if self.storage == "memory" else "redis",
             "store_available": lim.store_available,
-            "store_topology": lim.store.topology() if isinstance(lim.store, RedisStore) else None,
             "on_store_failure": lim.on_store_failure,
             "config": self.config_path,
             "config_sha256": self.loaded.sha256,
@@ -367,6 +366,9 @@ class Sidecar:
             "connections": len(self.state.conns),
             "connections_shed": self.state.shed,
         }
+        if isinstance(lim.store, RedisStore):  # nodes, their role, whether they answer
+            doc["store_topology"] = lim.store.topology()
+        return doc
 
     def rules_doc(self) -> dict[str, Any]:
         rs = self.limiter.rules
