@@ -26,6 +26,7 @@ Only the standard library: the config package imports no engine.
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote
 
@@ -242,3 +243,11 @@ def _check_tls(options: dict[str, str]) -> None:
             raise ValueError(f"{name} {f!r}: no such readable file")
     if "ssl_keyfile" in options and "ssl_certfile" not in options:
         raise ValueError("ssl_keyfile without ssl_certfile")
+    # load them as the store will: a file that is not PEM is an error here, with its line
+    try:
+        ctx = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+        if "ssl_certfile" in options:
+            ctx.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+    except (ssl.SSLError, OSError) as exc:
+        names = [n for n in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile") if n in options]
+        raise ValueError(f"{', '.join(names)}: cannot load them ({exc})") from None

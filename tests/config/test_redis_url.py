@@ -76,6 +76,13 @@ def test_problems_known_without_connecting(url, words):
     assert problem is not None and words in problem, problem
 
 
+def test_files_that_are_not_pem_are_refused_when_validating(tmp_path):
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    assert "ssl_ca_certs: cannot load them" in redis_url_problem(f"rediss://a/?ssl_ca_certs={junk}")
+    assert "ssl_certfile: cannot load them" in redis_url_problem(f"rediss+cluster://a/?ssl_certfile={junk}")
+
+
 @given(st.text(max_size=80))
 def test_any_text_is_a_url_or_a_message_never_a_crash(text):
     try:

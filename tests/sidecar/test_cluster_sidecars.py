@@ -280,3 +280,21 @@ def test_killed_sentinel_primary_under_load(tmp_path):
                 probe.stop()
             for sc in scs:
                 sc.stop()
+
+
+def test_a_cluster_node_behind_a_redis_py_url_refuses_to_start(cluster, tmp_path):
+    """A URL with options only redis-py takes gets redis-py's single-server client,
+    which cannot follow a cluster: the sidecar says so and does not start (rather
+    than decide locally while looking shared)."""
+    import subprocess
+
+    from sidecar_proc import netlimit_cmd
+
+    cfg = write_config(tmp_path / "r.yaml", config(3, domain="refuse"))
+    p = subprocess.run(
+        [*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "127.0.0.1:0",
+         "--redis", f"redis://{cluster.nodes[0].address}/0?protocol=2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert "is a Redis Cluster node" in p.stderr and "use redis+cluster://" in p.stderr, p.stderr[-2000:]
