@@ -17,8 +17,6 @@ import pytest
 from redis_nodes import Auth, RedisNode, free_ports, wait_for
 from tls_certs import TlsFiles
 
-from netlimit.limit.stores.cluster import key_slot
-
 
 @dataclass
 class ShardView:
@@ -204,14 +202,6 @@ def cluster_info(node: RedisNode) -> dict:
         return {k: str(v) for k, v in raw.items()}
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
     return dict(line.split(":", 1) for line in text.split("\r\n") if ":" in line)
-
-
-def keys_by_primary(cluster_slots_of, names: list[str]) -> dict:
-    """Group ``names`` (store keys, bytes-able) by the slot owner ``cluster_slots_of(slot)`` returns."""
-    out: dict = {}
-    for k in names:
-        out.setdefault(cluster_slots_of(key_slot(k.encode())), []).append(k)
-    return out
 
 
 def wait_role(node: RedisNode, role: bytes, timeout: float) -> float:

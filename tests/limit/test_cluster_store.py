@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.crc import key_slot as redispy_key_slot
-from redis_cluster import RedisCluster, wait_role
+from redis_cluster import RedisCluster, cluster_info, wait_role
 from redis_nodes import Auth, RedisNode, free_ports, wait_for
 from tls_certs import make_certs
 
@@ -340,7 +340,7 @@ def test_clusterdown_is_a_store_error_and_the_map_is_looked_at_again(tmp_path):
                 )
                 assert (await store.hit(key, limit)).allowed
                 dead.primary.kill()
-                wait_for(lambda: "cluster_state:fail" in _cluster_info_text(alive.primary), 15, "cluster_state:fail")
+                wait_for(lambda: cluster_info(alive.primary).get("cluster_state") == "fail", 15, "cluster_state:fail")
                 with pytest.raises(StoreError, match="CLUSTERDOWN"):
                     await store.hit(key, limit)
                 assert store.stats.node_errors.get(alive.primary.address, 0) >= 1
@@ -351,13 +351,6 @@ def test_clusterdown_is_a_store_error_and_the_map_is_looked_at_again(tmp_path):
                 await store.close()
 
         arun(main())
-
-
-def _cluster_info_text(node: RedisNode) -> str:
-    raw = node.call("CLUSTER", "INFO")
-    if isinstance(raw, dict):
-        return "\n".join(f"{k}:{v}" for k, v in raw.items())
-    return raw.decode()
 
 
 def test_tls_cluster_with_an_acl_user(tmp_path):

@@ -193,7 +193,6 @@ class RedisStore:
         self._slots: list[RespClient | None] | None = None  # self._cluster.slots
         self._sentinel: SentinelClient | None = None
         self._node: RespClient | None = None
-        self.url = url_or_client if isinstance(url_or_client, str) else None
         if isinstance(url_or_client, str):
             u = parse_redis_url(url_or_client)
             self._owns_client = True
