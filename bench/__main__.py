@@ -2,7 +2,7 @@
 
     python -m bench --quick            # small sizes, about a minute (results in bench/results/quick/)
     python -m bench                    # the full sizes (about 15 minutes)
-    python -m bench --only redis,http  # some sections (merged into the existing results)
+    python -m bench --only redis,cluster  # some sections (merged into the existing results)
 
 Writes ``<out>/latest.json``, ``<out>/latest.md`` and, when matplotlib is
 installed, ``<out>/kernel_apply.png`` (default out: bench/results, or bench/results/quick with --quick).  Needs
@@ -26,10 +26,11 @@ from pathlib import Path
 
 from .common import REPO, Mode, Section
 
-SECTIONS = ("inproc", "redis", "http", "memory", "kernel", "accuracy")
+SECTIONS = ("inproc", "redis", "cluster", "http", "memory", "kernel", "accuracy")
 MODULES = {
     "inproc": "inproc",
     "redis": "redis_bench",
+    "cluster": "cluster_bench",
     "http": "http_bench",
     "memory": "memory",
     "kernel": "kernel_apply",

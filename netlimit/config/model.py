@@ -409,7 +409,11 @@ class HttpConfig(Strict):
     domain: str = Field(
         "", description="Lyft domain of the descriptors (required unless lyft_config_dir holds the domains)"
     )
-    storage: str = Field("memory", description="memory | redis://host:6379/0")
+    storage: str = Field(
+        "memory",
+        description="memory | redis://host:6379/0 | redis+cluster://host:port,host:port/ | "
+        "redis+sentinel://host:26379,host:26379/service[/db] (rediss... for TLS)",
+    )
     actions: list[ActionList] = Field(
         default_factory=list,
         description="how a request becomes descriptor lists: remote_address, path, method, "
@@ -473,26 +477,14 @@ class LyftFile(LyftText):
 
 
 def redis_url_problem(url: str) -> str | None:
-    """What is wrong with a Redis URL, as a message; None when it can be used."""
-    from urllib.parse import urlsplit
+    """What is wrong with a storage URL (redis_url.py lists the forms), as a
+    message; None when it can be used."""
+    from .redis_url import parse_redis_url
 
-    example = "expected 'memory' or a URL like redis://127.0.0.1:6379/0"
-    if not re.match(r"^(redis|rediss|unix)://", url):
-        return example
     try:
-        u = urlsplit(url)
-        port = u.port
-    except ValueError as exc:  # a port out of range or not a number, an unclosed [IPv6
-        return f"{exc}; {example}"
-    if u.scheme == "unix":
-        return None if u.path else "a unix:// URL needs the socket's path, e.g. unix:///run/redis/redis.sock"
-    if not u.hostname:
-        return f"no host; {example}"
-    if port == 0:
-        return "port 0 is not a Redis port"
-    db = u.path.lstrip("/")
-    if db and not (db.isascii() and db.isdigit()):
-        return f"the database {db!r} must be a number, e.g. redis://host:6379/0"
+        parse_redis_url(url)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 

@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 
 from .limiter import Limiter
 from .rules import OTHER, RuleStats
+from .stores import RedisStore
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -128,6 +129,8 @@ class Metrics:
             "1 when the shared store is used, 0 while it is bypassed",
             value=1 if lim.store_available else 0,
         )
+        if isinstance(lim.store, RedisStore):
+            yield from _topology(lim.store)
         h = st.latency
         buckets = []
         acc = 0
@@ -156,3 +159,44 @@ class Metrics:
             "netlimit_http_config_last_reload_successful", "1 when the last reload succeeded", value=fr.last_reload_ok
         )
         yield GaugeMetricFamily("netlimit_http_rules", "Rules loaded", value=len(rules))
+
+
+def _topology(store: RedisStore):
+    """The Redis store's routing: redirects, failovers, map look-ups, errors and
+    reachability per node (labels: the topology's addresses, at most 64)."""
+    ts = store.stats
+    f = CounterMetricFamily(
+        "netlimit_http_store_redirects",
+        "Redis Cluster redirects followed (kind: moved, ask)",
+        labels=["kind"],
+    )
+    for kind, n in ts.redirects.items():
+        f.add_metric([kind], n)
+    yield f
+    yield CounterMetricFamily(
+        "netlimit_http_store_failovers",
+        "Times the store saw a new primary (Sentinel switch, a promoted cluster replica)",
+        value=ts.failovers,
+    )
+    yield CounterMetricFamily(
+        "netlimit_http_store_topology_refreshes",
+        "Topology look-ups (CLUSTER SHARDS, SENTINEL get-master-addr-by-name)",
+        value=ts.refreshes,
+    )
+    f = CounterMetricFamily(
+        "netlimit_http_store_node_errors",
+        "Failed commands per Redis node (connection, timeout, error replies)",
+        labels=["node"],
+    )
+    for node, n in ts.node_errors.items():
+        f.add_metric([node], n)
+    yield f
+    g = GaugeMetricFamily(
+        "netlimit_http_store_node_up",
+        "1 while the store's connection to a primary is up, 0 when it is down or refused",
+        labels=["node", "role"],
+    )
+    for n in store.topology().get("nodes", [])[:64]:
+        if n.get("reachable") is not None:
+            g.add_metric([n["address"], n["role"]], 1 if n["reachable"] else 0)
+    yield g

@@ -43,7 +43,7 @@ from typing import Any
 
 from ..config.model import redis_url_problem
 from ..config.validate import load_file, lyft_dir_path
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreError
 from ..limit.actions import ActionPlan, path_of_uri
 from ..limit.headers import PROBLEM_HEADER, problem_body, rate_headers
 from ..limit.limiter import OVER_LIMIT, CheckResult, Limiter
@@ -303,6 +303,12 @@ class Sidecar:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        store = self.limiter.store
+        if isinstance(store, RedisStore):  # the cluster map, the sentinels' primary, a cluster behind redis://
+            try:
+                await store.start()
+            except StoreError as exc:
+                raise SystemExit(str(exc)) from None
         self._watch_task = asyncio.create_task(self.watch())
 
     async def stop(self) -> None:
@@ -386,7 +392,7 @@ class Sidecar:
 
     def health(self) -> dict[str, Any]:
         lim = self.limiter
-        return {
+        doc: dict[str, Any] = {
             "status": "ok",
             "mode": "proxy" if self.upstream is not None else "decision",
             "domain": lim.rules.domain,
@@ -400,6 +406,9 @@ class Sidecar:
             "connections": len(self.state.conns),
             "connections_shed": self.state.shed,
         }
+        if isinstance(lim.store, RedisStore):  # nodes, their role, whether they answer
+            doc["store_topology"] = lim.store.topology()
+        return doc
 
     def rules_doc(self) -> dict[str, Any]:
         rs = self.limiter.rules

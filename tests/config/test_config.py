@@ -411,7 +411,8 @@ def test_http_section_errors():
               burst: 3
               rate_limit: {unit: second, requests_per_unit: 5}
     """) == [
-        "f.yaml:4:12: http: storage 'mysql://x': expected 'memory' or a URL like redis://127.0.0.1:6379/0",
+        "f.yaml:4:12: http: storage 'mysql://x': expected 'memory' or a URL like redis://127.0.0.1:6379/0, "
+        "redis+cluster://10.0.0.1:6379,10.0.0.2:6379/ or redis+sentinel://10.0.0.1:26379/mymaster",
         "f.yaml:6:24: http: unknown action 'cookie': expected remote_address, path, method, header:<Name> "
         "or generic:<key>=<value>",
         "f.yaml:7:7: http: 'actions' needs at least 1 item, got an empty list",

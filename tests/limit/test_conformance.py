@@ -3,9 +3,11 @@
 Every case drives the same (time, key, cost) sequence through a store with an
 injected clock and compares each Decision with the pure reference
 (``algorithms.decide`` over a dict of states): ``allowed``, ``limit`` and
-``remaining`` exactly, floats to 1e-6.  Parametrised over store = memory | redis
-and over every algorithm (and their modes), so the Lua scripts and the
-Python functions cannot drift apart.  MemoryStore-specific behaviour (bounds,
+``remaining`` exactly, floats to 1e-6.  Parametrised over store = memory |
+redis | cluster and over every algorithm (and their modes), so the Lua scripts
+and the Python functions cannot drift apart; the cluster store routes each key
+to its slot's primary (the keys include a ``{`` and ``}`` of their own).
+MemoryStore-specific behaviour (bounds,
 eviction, hashing) is at the end.
 """
 
@@ -49,19 +51,23 @@ def arun(coro):
     return asyncio.run(coro)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "cluster"])
 def make_store(request):
-    """An async factory of fresh stores of the parametrised kind."""
+    """An async factory of fresh stores of the parametrised kind: in memory, one
+    redis-server, a Redis Cluster of three primaries (redis+cluster://)."""
     if request.param == "memory":
 
         async def make():
             return MemoryStore(max_keys=10_000, clock=lambda: pytest.fail("the injected now must be used"))
     else:
-        server = request.getfixturevalue("redis_server")
+        server = request.getfixturevalue("redis_server" if request.param == "redis" else "redis_cluster")
 
         async def make():
             store = RedisStore(server.url, timeout_ms=2000, key_prefix=f"t{uuid.uuid4().hex[:8]}")
+            await store.start()
             await store.load_scripts(*LIMITS.values())
+            if request.param == "cluster":
+                assert store.kind == "cluster"
             return store
 
     make.kind = request.param

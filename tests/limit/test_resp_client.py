@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -196,21 +197,35 @@ def test_urls_the_lean_client_takes(url, addr):
     assert parse_url(url) == addr
 
 
-@pytest.mark.parametrize(
-    "url",
-    [
-        "rediss://127.0.0.1:6380/0",
-        "redis://h:1/0?ssl_cert_reqs=none",
-        "redis://h:1/0?protocol=3",
-        "redis://h:1/x",
-        "http://h:1/",
-    ],
-)
-def test_other_urls_fall_back_to_redis_py(url):
+def test_rediss_is_the_lean_client_with_tls():
+    addr = parse_url("rediss://127.0.0.1:6380/0?ssl_cert_reqs=none&ssl_check_hostname=false")
+    assert addr == Address("127.0.0.1", 6380) and addr.ssl is not None
+    assert addr.ssl.verify_mode == ssl.CERT_NONE and not addr.ssl.check_hostname
+    strict = parse_url("rediss://h:6380")
+    assert strict.ssl.verify_mode == ssl.CERT_REQUIRED and strict.ssl.check_hostname
+    assert isinstance(RedisStore("rediss://h:6380").client, RespClient)
+
+
+@pytest.mark.parametrize("url", ["redis://h:1/0?protocol=3", "redis://h:1/0?socket_keepalive=true"])
+def test_unknown_options_fall_back_to_redis_py(url):
     assert parse_url(url) is None
-    if url.startswith("redis"):
-        store = RedisStore(url)
-        assert isinstance(store.client, aioredis.Redis)
+    store = RedisStore(url)
+    assert isinstance(store.client, aioredis.Redis)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://h:1/x", "http://h:1/", "redis://h:1/0?ssl_cert_reqs=none", "redis+cluster://h:1/2"]
+)
+def test_bad_urls_are_refused(url):
+    with pytest.raises(ValueError):
+        parse_url(url)
+    with pytest.raises(ValueError):
+        RedisStore(url)
+
+
+def test_cluster_and_sentinel_urls_are_not_one_server():
+    assert parse_url("redis+cluster://a:1,b:2/") is None
+    assert parse_url("redis+sentinel://a:1/svc") is None
 
 
 def test_url_stores_use_the_lean_client():

@@ -23,7 +23,8 @@ per command.  This client keeps only what the store needs:
   waits for it;
 * ``AUTH`` / ``SELECT`` from the URL (``redis://[user:password@]host:port/db``,
   ``unix://[user:password@]/path?db=N``) on every new connection, before any
-  queued command.
+  queued command; TLS for ``rediss://`` (an :class:`ssl.SSLContext` in the
+  :class:`Address`, the ``ssl_*`` options of netlimit/config/redis_url.py).
 
 Errors: :class:`ReplyError` (a ``-ERR ...`` reply; :class:`NoScriptError` for
 ``NOSCRIPT``), :class:`RespConnectionError` (also a :class:`ConnectionError`),
@@ -35,13 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
+
+from ...config.redis_url import RedisURL, parse_redis_url
 
 __all__ = [
     "Address",
@@ -55,6 +58,8 @@ __all__ = [
     "bulk",
     "pack",
     "parse_url",
+    "tls_context",
+    "url_addresses",
 ]
 
 
@@ -100,34 +105,50 @@ class Address:
     username: str | None = None
     password: str | None = None
     db: int = 0
+    #: TLS: the context connections are wrapped in (None: plain TCP)
+    ssl: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
 
+    def at(self, host: str, port: int) -> Address:
+        """The same credentials and TLS at another host (a cluster node, a new primary)."""
+        return replace(self, host=host, port=port, path=None)
+
+
+def tls_context(u: RedisURL) -> ssl.SSLContext:
+    """The client TLS context of a ``rediss...`` URL's options (redis_url.py):
+    certificates checked against ``ssl_ca_certs`` (else the system's CAs) and the
+    host name checked unless the URL says otherwise."""
+    opts = u.options
+    reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}[
+        opts.get("ssl_cert_reqs", "required").lower()
+    ]
+    ctx = ssl.create_default_context(cafile=opts.get("ssl_ca_certs"))
+    ctx.check_hostname = reqs != ssl.CERT_NONE and u.check_hostname
+    ctx.verify_mode = reqs
+    if "ssl_certfile" in opts:
+        ctx.load_cert_chain(opts["ssl_certfile"], opts.get("ssl_keyfile"))
+    return ctx
+
+
+def url_addresses(u: RedisURL) -> list[Address]:
+    """One :class:`Address` per host of a parsed URL (its credentials, db and TLS)."""
+    ctx = tls_context(u) if u.tls else None
+    if u.kind == "unix":
+        return [Address(path=u.path, username=u.username, password=u.password, db=u.db)]
+    return [Address(host=h, port=p, username=u.username, password=u.password, db=u.db, ssl=ctx) for h, p in u.hosts]
+
 
 def parse_url(url: str) -> Address | None:
-    """``redis://`` and ``unix://`` URLs this client handles, else None (TLS, or
-    query options it does not know: the caller falls back to redis-py)."""
-    u = urlsplit(url)
-    if u.scheme not in ("redis", "unix"):
+    """The address of a ``redis://``, ``rediss://`` or ``unix://`` URL this client
+    handles, else None (a cluster or sentinel URL, query options it does not
+    know: the caller falls back to redis-py).  ValueError for a URL that is
+    wrong whoever reads it."""
+    u = parse_redis_url(url)
+    if u.kind not in ("single", "unix") or u.other:
         return None
-    query = parse_qs(u.query, keep_blank_values=True)
-    if set(query) - {"db"}:
-        return None
-    try:
-        db = int(query["db"][0]) if "db" in query else 0
-        if u.scheme == "redis" and u.path not in ("", "/"):
-            db = int(u.path.lstrip("/"))
-        port = u.port
-    except ValueError:
-        return None
-    username = unquote(u.username) if u.username else None
-    password = unquote(u.password) if u.password is not None else None
-    if u.scheme == "unix":
-        if not u.path:
-            return None
-        return Address(path=unquote(u.path), username=username, password=password, db=db)
-    return Address(host=u.hostname or "127.0.0.1", port=port or 6379, username=username, password=password, db=db)
+    return url_addresses(u)[0]
 
 
 # --------------------------------------------------------------------------- encoding
@@ -330,7 +351,9 @@ class RespClient:
         else:
             parsed = parse_url(url_or_address)
             if parsed is None:
-                raise ValueError(f"RespClient cannot handle {url_or_address!r} (TLS or unknown options)")
+                raise ValueError(
+                    f"RespClient cannot handle {url_or_address!r} (a cluster or sentinel URL, or unknown options)"
+                )
             addr = parsed
         if timeout <= 0:
             raise ValueError("timeout must be > 0")
@@ -370,6 +393,21 @@ class RespClient:
     @property
     def connected(self) -> bool:
         return self._conn is not None
+
+    @property
+    def reachable(self) -> bool | None:
+        """True while connected; False after a failed connect or a lost connection;
+        None before the first attempt."""
+        if self._conn is not None:
+            return True
+        if self.connects == 0 and self._fails == 0:
+            return None
+        return False
+
+    @property
+    def last_error(self) -> str | None:
+        """The last connect failure (bounded text), for operators."""
+        return None if self._last_error is None else str(self._last_error)[:200]
 
     # -- commands ------------------------------------------------------------------
     def execute_command(self, *args: Any, timeout: float | None = None) -> asyncio.Future[Any]:
@@ -493,6 +531,10 @@ class RespClient:
                 async with asyncio.timeout(self.connect_timeout):
                     if addr.path:
                         await loop.create_unix_connection(lambda: conn, addr.path)
+                    elif addr.ssl is not None:
+                        await loop.create_connection(
+                            lambda: conn, addr.host, addr.port, ssl=addr.ssl, server_hostname=addr.host
+                        )
                     else:
                         await loop.create_connection(lambda: conn, addr.host, addr.port)
                     if self._handshake:
@@ -572,6 +614,7 @@ class RespClient:
         else:
             self._fails = 0
             self._next_attempt = 0.0
+            self._last_error = err
 
     # -- deadlines -----------------------------------------------------------------------
     def _arm(self, when: float) -> None:

@@ -1,0 +1,253 @@
+"""Redis storage URLs: what ``http.storage`` and ``--redis`` accept, parsed once
+for the config checks (``netlimit validate``) and for the store that connects.
+
+    redis://[user:password@]host[:port][/db]           one server
+    rediss://...                                         one server over TLS
+    unix://[user:password@]/path/to/redis.sock[?db=N]    one server on a unix socket
+    redis+cluster://[user:password@]host:port[,host:port...][/]
+                                                         Redis Cluster: seed nodes (any
+                                                         of them; the rest is learned)
+    redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]
+                                                         Sentinel: the sentinels and
+                                                         the monitored service's name
+    rediss+cluster://..., rediss+sentinel://...          the same over TLS
+
+Query options: ``ssl_ca_certs`` (a PEM file of trusted CAs), ``ssl_certfile`` /
+``ssl_keyfile`` (a client certificate), ``ssl_cert_reqs`` (required, the
+default; optional; none), ``ssl_check_hostname`` (true, the default, or false)
+on TLS URLs; ``sentinel_username`` / ``sentinel_password`` for sentinels that
+require AUTH (user and password of the URL are for the Redis servers).  A
+single-server URL with other options is handed to redis-py as it is; a cluster
+or sentinel URL with other options is an error.
+
+Only the standard library: the config package imports no engine.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, unquote
+
+EXAMPLE = (
+    "expected 'memory' or a URL like redis://127.0.0.1:6379/0, "
+    "redis+cluster://10.0.0.1:6379,10.0.0.2:6379/ or redis+sentinel://10.0.0.1:26379/mymaster"
+)
+
+SCHEMES = {
+    "redis": ("single", False),
+    "rediss": ("single", True),
+    "unix": ("unix", False),
+    "redis+cluster": ("cluster", False),
+    "rediss+cluster": ("cluster", True),
+    "redis+sentinel": ("sentinel", False),
+    "rediss+sentinel": ("sentinel", True),
+}
+TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+CERT_REQS = ("none", "optional", "required")
+BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+#: the most hosts one URL may name (seeds or sentinels)
+MAX_HOSTS = 64
+
+
+@dataclass(frozen=True)
+class RedisURL:
+    """A parsed storage URL.  ``hosts`` are (host, port) pairs: one for a single
+    server, the seeds of a cluster, the sentinels of a sentinel set-up."""
+
+    kind: str  # single | unix | cluster | sentinel
+    tls: bool
+    hosts: tuple[tuple[str, int], ...] = ()
+    path: str | None = None  # unix socket
+    username: str | None = None
+    password: str | None = None
+    db: int = 0
+    service: str | None = None  # sentinel: the monitored primary's name
+    options: dict[str, str] = field(default_factory=dict, compare=False)  # the ones above
+    other: tuple[str, ...] = ()  # names of options netlimit does not know (single server only)
+
+    @property
+    def check_hostname(self) -> bool:
+        return BOOLS.get(self.options.get("ssl_check_hostname", "true").lower(), True)
+
+
+def _port(text: str, where: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"port {text!r} of {where!r} is not a number")
+    port = int(text)
+    if port == 0:
+        raise ValueError("port 0 is not a Redis port")
+    if port > 65535:
+        raise ValueError(f"port {port} of {where!r} is out of range 1-65535")
+    return port
+
+
+def _host_port(item: str, default: int) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``."""
+    if not item:
+        raise ValueError("an empty host")
+    if item.startswith("["):
+        end = item.find("]")
+        if end < 0:
+            raise ValueError(f"unclosed '[' in {item!r}")
+        host, rest = item[1:end], item[end + 1 :]
+        if not host:
+            raise ValueError(f"an empty IPv6 address in {item!r}")
+        if not rest:
+            return host, default
+        if not rest.startswith(":"):
+            raise ValueError(f"expected ':port' after ']' in {item!r}")
+        return host, _port(rest[1:], item)
+    if item.count(":") > 1:
+        raise ValueError(f"an IPv6 address needs brackets: [{item}]")
+    host, sep, port = item.partition(":")
+    if not host:
+        raise ValueError(f"no host in {item!r}")
+    return host, _port(port, item) if sep else default
+
+
+def parse_redis_url(url: str) -> RedisURL:
+    """Parse a storage URL; ValueError with a message saying what is wrong."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in SCHEMES:
+        raise ValueError(EXAMPLE)
+    scheme = scheme.lower()
+    kind, tls = SCHEMES[scheme]
+    rest, _, query = rest.partition("?")
+    rest, _, _fragment = rest.partition("#")
+    netloc, slash, path = rest.partition("/")
+    path = slash + path
+    username = password = None
+    if "@" in netloc:
+        userinfo, _, netloc = netloc.rpartition("@")
+        user, colon, pw = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(pw) if colon else None
+    try:
+        opts = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=32)
+    except ValueError as exc:
+        raise ValueError(f"bad query string: {exc}") from None
+    options: dict[str, str] = {}
+    other: list[str] = []
+    for name, values in opts.items():
+        if len(values) > 1:
+            raise ValueError(f"option {name!r} given {len(values)} times")
+        if name in TLS_OPTIONS or name in SENTINEL_OPTIONS or name == "db":
+            options[name] = values[0]
+        else:
+            other.append(name)
+
+    if kind == "unix":
+        if netloc:
+            raise ValueError(f"a unix:// URL has no host ({netloc!r}): unix:///run/redis/redis.sock")
+        if not path or path == "/":
+            raise ValueError("a unix:// URL needs the socket's path, e.g. unix:///run/redis/redis.sock")
+        db = _db(options.pop("db", "0"), "?db=")
+        _no_options(options, TLS_OPTIONS + SENTINEL_OPTIONS, "a unix:// URL")
+        return RedisURL(
+            "unix", False, path=unquote(path), username=username, password=password, db=db, other=tuple(other)
+        )
+
+    if not netloc:
+        raise ValueError(f"no host; {EXAMPLE}")
+    items = netloc.split(",")
+    if len(items) > MAX_HOSTS:
+        raise ValueError(f"{len(items)} hosts; at most {MAX_HOSTS}")
+    default = 26379 if kind == "sentinel" else 6379
+    hosts = tuple(_host_port(item, default) for item in items)
+    if tls:
+        _check_tls(options)
+    else:
+        _no_options(options, TLS_OPTIONS, f"a {scheme}:// URL (TLS options need rediss{scheme[5:]}://)")
+    if kind != "sentinel":
+        _no_options(options, SENTINEL_OPTIONS, f"a {scheme}:// URL")
+
+    if kind == "single":
+        if len(hosts) > 1:
+            raise ValueError(
+                f"{len(hosts)} hosts in a {scheme}:// URL: for a Redis Cluster use "
+                f"{scheme}+cluster://{netloc}/, for Sentinel {scheme}+sentinel://{netloc}/<service>"
+            )
+        db = _db(path.strip("/") or options.get("db", "0"), f"{scheme}://host:6379/")
+        options.pop("db", None)
+        return RedisURL(
+            "single",
+            tls,
+            hosts,
+            username=username,
+            password=password,
+            db=db,
+            options=options,
+            other=tuple(other),
+        )
+
+    if other:
+        raise ValueError(
+            f"unknown option{'s' if len(other) > 1 else ''} {', '.join(map(repr, sorted(other)))} "
+            f"(known: {', '.join(TLS_OPTIONS + (SENTINEL_OPTIONS if kind == 'sentinel' else ()))})"
+        )
+    if "db" in options:
+        raise ValueError(
+            "a Redis Cluster has only database 0: remove ?db="
+            if kind == "cluster"
+            else "the database of a sentinel URL goes in its path: .../<service>/<db>"
+        )
+    if kind == "cluster":
+        if path.strip("/"):
+            raise ValueError(f"a Redis Cluster has only database 0: remove {path!r} ({scheme}://{netloc}/)")
+        return RedisURL("cluster", tls, hosts, username=username, password=password, options=options)
+
+    parts = [unquote(p) for p in path.strip("/").split("/")] if path.strip("/") else []
+    if not parts:
+        raise ValueError(
+            f"no service name: {scheme}://{netloc}/<service>[/db], the name the sentinels monitor "
+            "(sentinel monitor <service> ...)"
+        )
+    if len(parts) > 2:
+        raise ValueError(f"{path!r}: expected /<service>[/db]")
+    service = parts[0]
+    if not service or any(c.isspace() for c in service):
+        raise ValueError(f"service name {service!r} must be non-empty and without spaces")
+    db = _db(parts[1], f"{scheme}://host:26379/{service}/") if len(parts) == 2 else 0
+    return RedisURL(
+        "sentinel", tls, hosts, username=username, password=password, db=db, service=service, options=options
+    )
+
+
+def _db(text: str, example: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"the database {text!r} must be a number, e.g. {example}0")
+    return int(text)
+
+
+def _no_options(options: dict[str, str], names: tuple[str, ...], what: str) -> None:
+    bad = sorted(set(options) & set(names))
+    if bad:
+        raise ValueError(f"{', '.join(map(repr, bad))} {'has' if len(bad) == 1 else 'have'} no meaning in {what}")
+
+
+def _check_tls(options: dict[str, str]) -> None:
+    reqs = options.get("ssl_cert_reqs", "required").lower()
+    if reqs not in CERT_REQS:
+        raise ValueError(f"ssl_cert_reqs {reqs!r}: expected one of {', '.join(CERT_REQS)}")
+    check = options.get("ssl_check_hostname", "true").lower()
+    if check not in BOOLS:
+        raise ValueError(f"ssl_check_hostname {check!r}: expected true or false")
+    if BOOLS[check] and reqs == "none":
+        raise ValueError("ssl_check_hostname=true needs certificates checked: with ssl_cert_reqs=none set it false")
+    for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        f = options.get(name)
+        if f is not None and not os.access(f, os.R_OK):
+            raise ValueError(f"{name} {f!r}: no such readable file")
+    if "ssl_keyfile" in options and "ssl_certfile" not in options:
+        raise ValueError("ssl_keyfile without ssl_certfile")
+    # load them as the store will: a file that is not PEM is an error here, with its line
+    try:
+        ctx = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
+        if "ssl_certfile" in options:
+            ctx.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
+    except (ssl.SSLError, OSError) as exc:
+        names = [n for n in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile") if n in options]
+        raise ValueError(f"{', '.join(names)}: cannot load them ({exc})") from None
