@@ -32,7 +32,14 @@ from redis_proc import RedisServer, _free_port, _require_redis_server  # noqa: E
 # What a fixture needs from the environment is the test's marker too, so `-m "not redis"`
 # deselects every test that starts a redis-server, whether it asks for the fixture by
 # name or gets it through a parametrised factory (a "redis" parameter).
-ENV_FIXTURES = {"redis_server": "redis", "redis_factory": "redis", "topo": "netns"}
+ENV_FIXTURES = {
+    "redis_server": "redis",
+    "redis_factory": "redis",
+    "redis_cluster": "redis",
+    "sentinels": "redis",
+    "cluster": "redis",
+    "topo": "netns",
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -42,7 +49,9 @@ def pytest_collection_modifyitems(config, items):
             if fixture in names:
                 item.add_marker(marker)
         callspec = getattr(item, "callspec", None)
-        if callspec is not None and any(isinstance(v, str) and v == "redis" for v in callspec.params.values()):
+        if callspec is not None and any(
+            isinstance(v, str) and v in ("redis", "cluster") for v in callspec.params.values()
+        ):
             item.add_marker("redis")
 
 
