@@ -40,7 +40,7 @@ import ssl
 import threading
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 
@@ -237,7 +237,7 @@ class _Conn(asyncio.Protocol):
 
     # asyncio callbacks ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's transport
 
     def data_received(self, data: bytes) -> None:
         reader = self.reader
@@ -295,6 +295,7 @@ class _Conn(asyncio.Protocol):
             buf.clear()
             self.client.writes += 1
             try:
+                # flush() is scheduled only on a connected _Conn: its transport is set (no check per write)
                 self.transport.write(data)  # type: ignore[union-attr]
             except Exception as e:
                 self.abort(RespConnectionError(f"cannot write to redis at {self.client.address}: {e!r}"))
@@ -438,6 +439,7 @@ class RespClient:
                 # nothing outstanding: write now (lowest latency for a lone caller)
                 self.writes += 1
                 try:
+                    # self._conn is set only once connected: its transport exists (no check per command)
                     conn.transport.write(data)  # type: ignore[union-attr]
                 except Exception as e:
                     conn.abort(RespConnectionError(f"cannot write to redis at {self.address}: {e!r}"))
@@ -621,6 +623,7 @@ class RespClient:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = when
+        # deadlines are armed by commands, which bind the client to their loop first (_bind)
         self._timer = self._loop.call_at(when, self._sweep)  # type: ignore[union-attr]
 
     def _sweep(self) -> None:
