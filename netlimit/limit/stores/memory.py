@@ -85,8 +85,19 @@ class MemoryStore:
         """Every key (as stored: long ones hashed) holding state; for tests/ops."""
         return [k for gen in (self._young, self._old) for t in gen.values() for k in t]
 
+    def _prepare(self, key: str, cost: int, now: float | None) -> tuple[str, float]:
+        """The key as stored (long ones hashed) and the time of a call; a negative cost refused."""
+        if now is None:
+            now = self._clock()
+        if len(key) > self._max_key_length:
+            key = hash_key(key)
+        if cost < 0:
+            raise ValueError(f"cost must be >= 0, got {cost}")
+        return key, now
+
     def hit_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> Decision:
         """Decide for ``key`` under ``limit`` and consume ``cost`` when allowed."""
+        # _prepare, written out: a call and a tuple per decision show on this path
         if now is None:
             now = self._clock()
         if len(key) > self._max_key_length:
@@ -183,12 +194,7 @@ class MemoryStore:
 
     def peek_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> Decision:
         """The decision ``hit_sync`` would return, without changing anything."""
-        if now is None:
-            now = self._clock()
-        if len(key) > self._max_key_length:
-            key = hash_key(key)
-        if cost < 0:
-            raise ValueError(f"cost must be >= 0, got {cost}")
+        key, now = self._prepare(key, cost, now)
         state = self._young.get(limit._ns, {}).get(key)
         if state is None:
             state = self._old.get(limit._ns, {}).get(key)

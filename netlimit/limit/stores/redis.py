@@ -378,12 +378,12 @@ class RedisStore:
         once per limit, cost and dry run (:func:`_evalsha_frame`).  Anything but a
         reply (NOSCRIPT, a redirect, a failure) goes to :meth:`_slow`.  Written
         out here, not in a helper, to save a coroutine per decision."""
-        if not self._lean:
-            return await self._call(key, limit, cost, now, _dry)
         if cost < 0:
             raise ValueError(f"cost must be >= 0, got {cost}")
         if limit._deny0:  # a limit of 0 needs no state (unless its algorithm counts denied hits)
             return _deny_all(cost)
+        if not self._lean:
+            return await self._call(key, limit, cost, now, _dry)
         la = self._lean_args.get(limit._ns)
         if la is None:
             la = self._lean_args[limit._ns] = _lean(self._prefix, limit)
@@ -532,11 +532,8 @@ class RedisStore:
             self.stats.node_error(str(node.address))
 
     async def _call(self, key: str, limit: Limit, cost: int, now: float | None, dry: bytes) -> Decision:
-        """The decision through redis-py (a client passed in, or a URL the lean client does not handle)."""
-        if cost < 0:
-            raise ValueError(f"cost must be >= 0, got {cost}")
-        if limit._deny0:  # a limit of 0 needs no state (unless its algorithm counts denied hits)
-            return _deny_all(cost)
+        """The decision through redis-py (a client passed in, or a URL the lean client does not
+        handle); :meth:`hit` checked the cost and decided limits of 0."""
         keys = self.redis_keys(key, limit)
         src, sha, pack = _limit_script(limit)
         argv = _argv(cost, now, dry)
