@@ -56,9 +56,11 @@ def _tz(name: str) -> Any:
 
 def _replay(loaded: Any, logs: list[str], fmt: str, field: list[str], tz: Any, **kw: Any) -> Any:
     from ..cli import EXIT_INVALID, EXIT_USAGE
-    from .logs import LogError, parse_fields
+    from .logs import FORMATS, LogError, parse_fields
     from .run import replay
 
+    if fmt != "auto" and fmt not in FORMATS:
+        raise _fail(EXIT_USAGE, [f"--format {fmt!r}: expected auto, {', '.join(FORMATS)}"])
     try:
         fields = parse_fields(field)
     except LogError as exc:
@@ -202,7 +204,7 @@ def register(app: typer.Typer) -> None:
             if spool is not None:
                 os.unlink(spool)
         text = finish(loaded, proposals, second)
-        source = str(config) if config is not None else "one limit per remote_address"
+        source = str(config) if config is not None else f"one limit per remote_address and {unit}"
         typer.echo(header(source, list(log), target, proposals, first) + text, nl=False)
         for line in what_it_denies(proposals):
             typer.echo(line, err=True)

@@ -25,6 +25,7 @@ read in chunks and bounded (:data:`MAX_LINE`).
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
 import gzip
 import io
@@ -36,7 +37,7 @@ import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, cast
+from typing import Any, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import NetlimitError
@@ -450,35 +451,39 @@ def _text(v: Any) -> str | None:
 
 
 class _JsonParser:
-    """JSON lines: roles resolved from ``fields`` and, for the rest, from the first
-    object read (the usual names, :data:`JSON_CANDIDATES`)."""
+    """JSON lines.  A role named by ``fields`` reads that field; any other role takes
+    the first of the usual names (:data:`JSON_CANDIDATES`) an object holds, and
+    keeps it from then on (a role not found yet is looked for again on the next
+    line: the first lines may lack an optional field).  A header the actions read
+    comes from its mapped field, else ``http_<name>`` (nginx's variable) or a
+    usual alias (``user_agent``, ``x_forwarded_for``...)."""
 
     def __init__(self, fields: Mapping[str, str], needs: Needs, tz: dt.tzinfo):
-        self.fields = dict(fields)
         self.needs = needs
         self.clock = AnyTime(tz)
-        self.resolved = False
-        self.get: dict[str, Callable[[dict[str, Any]], Any]] = {}
-        self.headers: list[tuple[str, Callable[[dict[str, Any]], Any]]] = []
+        self.names: dict[str, str] = {r: n for r, n in fields.items() if not r.startswith("h:")}
+        self.get: dict[str, Callable[[dict[str, Any]], Any]] = {r: _getter(n) for r, n in self.names.items()}
+        wanted = ("ts", "ip", "method", "path", "request") if needs.request else ("ts", "ip")
+        self.pending = [r for r in wanted if r not in self.get]
+        # header -> the fields it may be in, in order
+        explicit = {r[2:]: n for r, n in fields.items() if r.startswith("h:")}
+        aliases: dict[str, list[str]] = {}
+        for field_name, h in _HEADER_FIELDS.items():
+            aliases.setdefault(h, []).append(field_name)
+        self.headers: list[tuple[str, list[Callable[[dict[str, Any]], Any]]]] = []
+        self.seen: set[str] = set()
+        for h in sorted(needs.headers):
+            cands = [explicit[h]] if h in explicit else ["http_" + h.replace("-", "_"), *aliases.get(h, [])]
+            self.headers.append((h, [_getter(c) for c in cands]))
 
     def _resolve(self, obj: dict[str, Any]) -> None:
-        names = dict(self.fields)
-        for role in JSON_ROLES:
-            if role not in names:
-                for cand in JSON_CANDIDATES[role]:
-                    if cand in obj:
-                        names[role] = cand
-                        break
-        self.names = names
-        self.get = {role: _getter(n) for role, n in names.items() if not role.startswith("h:")}
-        wanted = self.needs.headers
-        hdrs = {r[2:]: n for r, n in names.items() if r.startswith("h:")}
-        for key in obj:
-            h = key[5:].replace("_", "-") if key.startswith("http_") else _HEADER_FIELDS.get(key)
-            if h is not None and h not in hdrs:
-                hdrs[h] = key
-        self.headers = [(h, _getter(n)) for h, n in hdrs.items() if h in wanted]
-        self.resolved = True
+        for role in list(self.pending):
+            for cand in JSON_CANDIDATES[role]:
+                if cand in obj:
+                    self.names[role] = cand
+                    self.get[role] = _getter(cand)
+                    self.pending.remove(role)
+                    break
 
     def __call__(self, line: str) -> Parsed:
         s = line.strip()
@@ -490,7 +495,7 @@ class _JsonParser:
             return f"not JSON ({exc.args[0].split(':')[0] if exc.args else 'invalid'})"
         if not isinstance(obj, dict):
             return "not a JSON object"
-        if not self.resolved:
+        if self.pending:
             self._resolve(obj)
         get = self.get
         g = get.get("ts")
@@ -532,11 +537,18 @@ class _JsonParser:
         headers = _NO_HEADERS
         if self.headers:
             headers = {}
-            for h, gh in self.headers:
-                hv = _text(gh(obj))
-                if hv is not None:
-                    headers[h] = hv
+            for h, getters in self.headers:
+                for gh in getters:
+                    hv = _text(gh(obj))
+                    if hv is not None:
+                        headers[h] = hv
+                        self.seen.add(h)
+                        break
         return (t, peer, method, target, headers)
+
+    def found_headers(self) -> set[str]:
+        """The headers some line held (for the warning about the ones none did)."""
+        return set(self.seen)
 
 
 def make_parser(
@@ -611,8 +623,9 @@ class OpenLog:
     def __init__(self, source: Source, binary: io.BufferedIOBase, raw: io.BufferedReader, size: int | None):
         self.source = source
         self._raw = raw
-        # (typeshed's TextIOWrapper wants a BinaryIO-like protocol GzipFile's stub lacks; it works)
-        self.text = io.TextIOWrapper(cast(BinaryIO, binary), encoding="utf-8", errors="replace", newline=None)
+        self._binary = binary
+        self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+        self._cr = False  # the last chunk ended in "\r" (its "\n" may open the next one)
         self.size = size
         self.head: list[str] = []
         self.error: str | None = None
@@ -635,16 +648,28 @@ class OpenLog:
         return self.head
 
     def _read(self) -> str:
-        if self._eof:
-            return ""
-        try:
-            data = self.text.read(self.CHUNK)
-        except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt .gz
-            self.error = f"{self.source.label}: the file ends early or is corrupt ({exc}); read up to there"
-            data = ""
-        if not data:
-            self._eof = True
-        return data
+        """The next piece of text, newlines made "\n" ("\r\n" and "\r" too); "" at the end."""
+        while not self._eof:
+            try:
+                raw = self._binary.read1(self.CHUNK)
+            except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupt .gz
+                self.error = f"{self.source.label}: the file ends early or is corrupt ({exc}); read up to there"
+                raw = b""
+            final = not raw
+            if final:
+                self._eof = True
+            data = self._decode(raw, final)
+            if self._cr:
+                data = "\r" + data
+                self._cr = False
+            if "\r" in data:
+                if data.endswith("\r") and not final:
+                    data = data[:-1]
+                    self._cr = True
+                data = data.replace("\r\n", "\n").replace("\r", "\n")
+            if data:
+                return data
+        return ""
 
     def _read_chunk(self) -> list[str] | None:
         """The next whole lines, or None at the end of the file."""
@@ -692,10 +717,10 @@ class OpenLog:
 
     def close(self) -> None:
         if self.source.name == "-":
-            self.text.detach()  # leave stdin open
-            return
+            return  # stdin stays open
         try:
-            self.text.close()
+            self._binary.close()
+            self._raw.close()
         except OSError:
             pass
 

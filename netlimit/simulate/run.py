@@ -80,9 +80,10 @@ def replay(
                 rp.feed(log, parse, f)
         else:
             _with_progress(rp, logs)
-        for log, parse, f in logs:
-            if f == "json":
-                missing = set(rp.plan.header_names) - {h for h, _ in getattr(parse, "headers", ())}
+        for log, parse, _ in logs:
+            found = getattr(parse, "found_headers", None)
+            if found is not None:  # JSON: the headers no line held
+                missing = set(rp.plan.header_names) - found()
                 for h in sorted(missing):
                     rp.warnings.append(
                         f"{log.source.label}: the actions read header {h!r}, and no field of the log holds it "
