@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .common import REPO, Mode, Section
 
-SECTIONS = ("inproc", "redis", "http", "memory", "kernel", "accuracy")
+SECTIONS = ("inproc", "redis", "http", "memory", "kernel", "accuracy", "simulate")
 MODULES = {
     "inproc": "inproc",
     "redis": "redis_bench",
@@ -34,6 +34,7 @@ MODULES = {
     "memory": "memory",
     "kernel": "kernel_apply",
     "accuracy": "accuracy",
+    "simulate": "simulate_bench",
 }
 
 

@@ -20,6 +20,10 @@ FIELD_HELP = (
     "JSON logs: ROLE=FIELD, comma-separated or repeated; roles ts, ip, method, path, request, or a header name "
     "(user-agent=ua, header:X-Api-Key=key). The usual nginx/Envoy names are found without it."
 )
+JOBS_HELP = (
+    "Processes: 2 (the default with two cores or more) works out the per-client figures in a helper "
+    "process beside the replay; 1 does everything in one."
+)
 TZ_HELP = "The zone of times written without one (UTC, local, +02:00, Europe/Paris); others keep their own."
 
 
@@ -100,6 +104,7 @@ def register(app: typer.Typer) -> None:
             help="A progress bar on stderr (default: on a terminal).",
             show_default=False,
         ),
+        jobs: int | None = typer.Option(None, "--jobs", min=1, max=2, help=JOBS_HELP, show_default=False),
     ) -> None:
         """Replay access logs through the file's http: rules -- the sidecar's engine, in the
         log's time -- and show per rule whom they would have denied, the clients' peak
@@ -109,7 +114,7 @@ def register(app: typer.Typer) -> None:
         """
         loaded = _load(config)
         tz = _tz(timezone)
-        res = _replay(loaded, logs, fmt, field, tz, top=top, max_clients=max_clients, progress=progress)
+        res = _replay(loaded, logs, fmt, field, tz, top=top, max_clients=max_clients, progress=progress, jobs=jobs)
         from .report import print_summary, to_json, unreadable_lines
 
         for line in unreadable_lines(res) + [f"warning: {w}" for w in res.warnings]:
@@ -172,6 +177,7 @@ def register(app: typer.Typer) -> None:
             help="A progress bar on stderr (default: on a terminal).",
             show_default=False,
         ),
+        jobs: int | None = typer.Option(None, "--jobs", min=1, max=2, help=JOBS_HELP, show_default=False),
     ) -> None:
         """Propose rate_limit, burst and algorithm per descriptor from a log and a target;
         print the whole rules file (YAML) on stdout and, on stderr, what it would have
@@ -197,9 +203,9 @@ def register(app: typer.Typer) -> None:
                 with os.fdopen(fd, "wb") as out:
                     shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
                 logs = [spool if n == "-" else n for n in logs]
-            first = _replay(loaded, logs, fmt, field, tz, top=10, progress=progress)
+            first = _replay(loaded, logs, fmt, field, tz, top=10, progress=progress, jobs=jobs)
             cand, proposals = candidate(loaded, first, target)
-            second = _replay(cand, logs, fmt, field, tz, top=10, progress=progress)
+            second = _replay(cand, logs, fmt, field, tz, top=10, progress=progress, jobs=jobs)
         finally:
             if spool is not None:
                 os.unlink(spool)

@@ -268,21 +268,34 @@ def _clf_parser(regex: re.Pattern[str], fmt: str, needs: Needs, tz: dt.tzinfo) -
     want_xff = "x-forwarded-for" in want
     no_headers = _NO_HEADERS
 
+    last_ts = [""]  # the last time text and its value: most lines repeat it
+    last_t = [0.0]
+
     def parse(line: str) -> Parsed:
         m = match(line)
         if m is None:
             return _clf_why(line, fmt)
         peer, ts, req = m.group(1, 2, 3)
-        try:
-            t = clock(ts)
-        except ValueError:
-            return f"bad time [{ts}]"
+        if ts == last_ts[0]:
+            t = last_t[0]
+        else:
+            try:
+                t = clock(ts)
+            except ValueError:
+                return f"bad time [{ts}]"
+            last_ts[0] = ts
+            last_t[0] = t
         method = target = ""
         if want_req:
-            rq = split_request(req)
-            if rq is None:
-                return f"the request {req[:60]!r} is not 'METHOD TARGET PROTOCOL'"
-            method, target = rq
+            parts = req.split(" ")
+            method = parts[0]
+            if len(parts) == 3 and parts[1] and method.isalpha() and method.isascii():
+                target = parts[1]
+            else:
+                rq = split_request(req)
+                if rq is None:
+                    return f"the request {req[:60]!r} is not 'METHOD TARGET PROTOCOL'"
+                method, target = rq
         headers = no_headers
         if want and combined:
             headers = {}

@@ -12,7 +12,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from .replay import RuleResult, SimResult, Timeline
+from .results import RuleResult, SimResult, Timeline
 
 #: offenders drawn per rule
 DRAWN_OFFENDERS = 5

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..config.validate import Loaded
 from .logs import DETECT_LINES, FORMATS, LogError, Needs, OpenLog, Source, detect, make_parser, open_log
-from .replay import Replay, SimResult
+from .replay import Replay
+from .results import SimResult
 
 
 def open_logs(
@@ -65,12 +66,15 @@ def replay(
     top: int = 10,
     max_clients: int = 500_000,
     progress: bool | None = None,
+    jobs: int | None = None,
 ) -> SimResult:
     """Replay the logs through the file's ``http:`` rules.  ``progress``: a bar on
-    stderr (None: when stderr is a terminal)."""
-    rp = Replay(loaded, max_clients=max_clients, top=top)
-    logs = open_logs(names, fmt, rp.needs, tz, fields)
+    stderr (None: when stderr is a terminal); ``jobs``: see :class:`Replay`."""
+    needs = Replay.needs_of(loaded)
+    logs = open_logs(names, fmt, needs, tz, fields)
+    rp = None
     try:
+        rp = Replay(loaded, max_clients=max_clients, top=top, jobs=jobs)
         if progress is None:
             progress = sys.stderr.isatty()
         for log, _, f in logs:
@@ -89,10 +93,12 @@ def replay(
                         f"{log.source.label}: the actions read header {h!r}, and no field of the log holds it "
                         f"(say --field {h}=NAME): descriptors with it were never made"
                     )
+        return rp.result()
     finally:
+        if rp is not None:
+            rp.close()
         for log, _, _ in logs:
             log.close()
-    return rp.result()
 
 
 def _warn_headers(rp: Replay, fmt: str, label: str) -> None:

@@ -34,7 +34,7 @@ import yaml
 from ..config.validate import Loaded, load_string
 from ..limit.algorithms import REGISTRY
 from .logs import LogError
-from .replay import RuleResult, SimResult
+from .results import RuleResult, SimResult
 
 #: above this limit the sliding log is not proposed (memory per key grows with the limit)
 LOG_MAX_LIMIT = 1000

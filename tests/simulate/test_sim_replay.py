@@ -21,7 +21,8 @@ from netlimit.limit.limiter import OVER_LIMIT, Limiter
 from netlimit.limit.request import CheckRequest
 from netlimit.limit.rules import from_loaded
 from netlimit.limit.stores import MemoryStore
-from netlimit.simulate.replay import MAX_BUCKETS, Replay
+from netlimit.simulate.figures import MAX_BUCKETS
+from netlimit.simulate.replay import Replay
 from netlimit.simulate.run import replay
 
 TEN_PER_SECOND = """\
@@ -202,7 +203,7 @@ def test_the_replay_decides_as_the_limiter(tmp_path, evs, params):
         lines.append(json.dumps(obj))
         reqs.append((t, ip, path, key))
     log = write(tmp_path / "l.jsonl", lines)
-    res = replay(loaded, [str(log)], progress=False)
+    res = replay(loaded, [str(log)], progress=False, jobs=1)
 
     rules = from_loaded(loaded)
     now = [0.0]
@@ -275,7 +276,7 @@ def test_quiet_sessions_change_no_answer(tmp_path, alg, limit, unit, burst, dela
         t += gap
         ev.append((t - 0.7 if back else t, f"10.0.0.{ord(who)}"))
     lines = [json.dumps({"time": x, "remote_addr": ip}) for x, ip in ev]
-    res = replay(loaded, [str(write(tmp_path / "q.jsonl", lines))], progress=False)
+    res = replay(loaded, [str(write(tmp_path / "q.jsonl", lines))], progress=False, jobs=1)
     (r,) = res.rules
     period = 1.0 if unit == "second" else 60.0
     for c in r.compare:
@@ -283,7 +284,8 @@ def test_quiet_sessions_change_no_answer(tmp_path, alg, limit, unit, burst, dela
             c.algorithm,
             limit,
             period,
-            burst=burst if REGISTRY[c.algorithm].bucket else None,
+            # the file's burst (set only on a bucket) sizes both buckets of the comparison
+            burst=burst if REGISTRY[c.algorithm].bucket and bucket else None,
             delay=delay and c.algorithm == alg == "leaky_bucket",
         )
         fn = DECIDERS[c.algorithm]
@@ -380,5 +382,19 @@ def test_the_replay_uses_the_sidecars_actions(tmp_path):
     r = res.rules[0]
     assert r.clients == 4  # three behind the trusted proxy, and 10.7.0.2 itself (its header is not believed)
     assert sorted(c.key for c in r.top) == []  # 10 each and 5: none over 10
-    rp = Replay(load_file(tmp_path / "rules.yaml"))
-    assert "x-forwarded-for" in rp.needs.headers
+    assert "x-forwarded-for" in Replay.needs_of(load_file(tmp_path / "rules.yaml")).headers
+
+
+def test_the_helper_process_gives_the_same_figures(tmp_path):
+    """jobs=2 (the figures in a forked helper) and jobs=1 (in process) agree on everything."""
+    body = TEN_PER_SECOND % "token_bucket" + "      burst: 15\n"
+    ev = three_abusers(40)
+    ev += [(T0 + 5 + i / 7, "10.8.0.1") for i in range(300)]  # a busy client, sometimes over
+    ev.sort(key=lambda e: e[0])
+    cfg = load_file(config(tmp_path / "rules.yaml", body))
+    log = write(tmp_path / "access.log", [combined(ip, t) for t, ip in ev])
+    one = replay(cfg, [str(log)], progress=False, jobs=1)
+    two = replay(cfg, [str(log)], progress=False, jobs=2)
+    one.seconds = two.seconds = 0.0
+    assert one == two
+    assert one.rules[0].denied > 0 and one.rules[0].offenders
