@@ -80,8 +80,24 @@ def _replay(loaded: Any, logs: list[str], fmt: str, field: list[str], tz: Any, *
     return res
 
 
+def _interruptible(fn: Any) -> Any:
+    """Ctrl-C ends a long replay with exit 130 and a line, not a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
+
+    return run
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
+    @_interruptible
     def simulate(
         logs: list[str] = typer.Argument(..., help="Access logs (.gz too; - for stdin).", show_default=False),
         config: Path = typer.Option(
@@ -140,6 +156,7 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"report: {report}")
 
     @app.command()
+    @_interruptible
     def suggest(
         log: list[str] = typer.Option(
             ..., "--log", "-l", help="An access log (repeatable; .gz too; - for stdin).", show_default=False

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import pickle
+import signal
 import traceback
 from array import array
 from bisect import insort
@@ -453,7 +454,9 @@ class Figures:
 
 
 def _serve(conn: Any, specs: list[RuleSpec], top: int) -> None:
-    """The helper process: batches in, the figures out (or the error, as text)."""
+    """The helper process: batches in, the figures out (or the error, as text).  Ctrl-C
+    is the replay's to handle: it closes the pipe, which ends this."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     figures = Figures(specs, top)
     try:
         while True:
@@ -471,7 +474,10 @@ def _serve(conn: Any, specs: list[RuleSpec], top: int) -> None:
     except EOFError:  # the replay went away
         return
     except BaseException:  # a bug: tell the replay, which raises it
-        conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        try:
+            conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
+        except OSError:
+            pass
     finally:
         conn.close()
 

@@ -18,6 +18,14 @@ from .results import RuleResult, SimResult, Timeline
 DRAWN_OFFENDERS = 5
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """A client key or a name as text safe to print or draw: control characters
+    escaped (keys come from requests: a header value may hold anything), bounded."""
+    if not text.isprintable():
+        text = text.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _iso(t: float | None) -> str | None:
     if t is None:
         return None
@@ -138,10 +146,11 @@ def unreadable_lines(res: SimResult) -> list[str]:
 
 def print_summary(res: SimResult, console: Any) -> None:
     """The rich tables of ``netlimit simulate``."""
+    from rich.markup import escape
     from rich.table import Table
 
     files = ", ".join(f"{f} ({fmt})" for f, fmt in zip(res.files, res.formats))
-    console.print(f"[bold]{res.config}[/] replayed over {files}")
+    console.print(f"[bold]{escape(shown(res.config, 200))}[/] replayed over {escape(shown(files, 400))}")
     console.print(
         f"{res.lines:,} lines, {res.requests:,} requests, {_span(res)}; "
         f"[bold]{res.denied:,}[/] denied ({_pct(res.denied, res.requests):g}%), "
@@ -156,8 +165,8 @@ def print_summary(res: SimResult, console: Any) -> None:
         limit = "unlimited" if r.unlimited else r.description + (" [shadow]" if r.shadow else "")
         peaks = " / ".join(str(r.peaks.get(k, "-")) for k in ("p50", "p90", "p99", "p99.9", "max"))
         t.add_row(
-            r.name,
-            limit,
+            escape(shown(r.name)),
+            escape(limit),
             f"{r.requests:,}",
             f"{r.denied:,} ({r.denied_pct:.2f}%)",
             f"{r.clients:,}",
@@ -168,7 +177,8 @@ def print_summary(res: SimResult, console: Any) -> None:
     for r in res.rules:
         if r.unlimited or not r.requests:
             continue
-        a = Table(title=f"{r.name}: the same limit under each algorithm", title_justify="left")
+        name = escape(shown(r.name))
+        a = Table(title=f"{name}: the same limit under each algorithm", title_justify="left")
         for col in ("algorithm", "denied", "denied clients"):
             a.add_column(col, justify="left" if col == "algorithm" else "right")
         for c in r.compare:
@@ -176,15 +186,16 @@ def print_summary(res: SimResult, console: Any) -> None:
             a.add_row(name, f"{c.denied:,} ({_pct(c.denied, r.requests):.2f}%)", f"{c.clients_denied:,}")
         console.print(a)
         if r.top:
-            o = Table(title=f"{r.name}: most denied clients", title_justify="left")
-            for col in (", ".join(r.keys), "requests", "denied", f"peak per {_per(r)}"):
-                o.add_column(col, justify="left" if col == ", ".join(r.keys) else "right")
+            o = Table(title=f"{name}: most denied clients", title_justify="left")
+            o.add_column(escape(", ".join(r.keys)))
+            for col in ("requests", "denied", f"peak per {_per(r)}"):
+                o.add_column(col, justify="right")
             for cl in r.top:
-                o.add_row(cl.key, f"{cl.requests:,}", f"{cl.denied:,}", f"{cl.peak:,}")
+                o.add_row(escape(shown(cl.key)), f"{cl.requests:,}", f"{cl.denied:,}", f"{cl.peak:,}")
             console.print(o)
         if r.untracked:
             console.print(
-                f"[yellow]{r.name}: {r.untracked:,} requests of clients beyond --max-clients are counted but "
+                f"[yellow]{name}: {r.untracked:,} requests of clients beyond --max-clients are counted but "
                 "not in the per-client figures[/]"
             )
 
@@ -192,12 +203,22 @@ def print_summary(res: SimResult, console: Any) -> None:
 # --------------------------------------------------------------------------- HTML
 
 
+def _pyplot() -> Any:
+    """matplotlib's pyplot, drawing off screen (Agg), with text drawn as written
+    (names and client keys: a "$" starts no formula)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _png(fig: Any) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    _pyplot().close(fig)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
@@ -217,8 +238,9 @@ def _width_label(w: float) -> str:
 def figure_cdf(r: RuleResult) -> Any:
     """Per-client peak rate as a CDF: log x axis, logit y axis (p50, p90, p99, p99.9
     evenly apart, so the tail where limits bite is visible), the limit drawn."""
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator
+
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     total = sum(n for _, n in r.peak_counts)
@@ -257,7 +279,7 @@ def figure_cdf(r: RuleResult) -> Any:
     ax.yaxis.set_minor_locator(NullLocator())
     ax.set_xlabel(f"the client's peak: most requests in one {r.unit or 'period'} (log scale)")
     ax.set_ylabel("share of clients at or below")
-    ax.set_title(f"{r.name}: per-client peak rate")
+    ax.set_title(f"{shown(r.name, 60)}: per-client peak rate")
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -267,7 +289,8 @@ def figure_cdf(r: RuleResult) -> Any:
 def figure_timeline(r: RuleResult) -> Any:
     """Admitted and denied requests over time."""
     import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
+
+    plt = _pyplot()
 
     tl = r.timeline
     assert tl is not None
@@ -276,7 +299,7 @@ def figure_timeline(r: RuleResult) -> Any:
     ax.stackplot(x, tl.admitted, tl.denied, labels=["admitted", "denied"], colors=["#2ca02c", "#d62728"], step="mid")
     ax.xaxis_date(dt.UTC)
     ax.set_ylabel(f"requests per {_width_label(tl.width)}")
-    ax.set_title(f"{r.name}: admitted and denied over time (UTC)")
+    ax.set_title(f"{shown(r.name, 60)}: admitted and denied over time (UTC)")
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left")
@@ -287,7 +310,8 @@ def figure_timeline(r: RuleResult) -> Any:
 def figure_offenders(r: RuleResult) -> Any | None:
     """The most denied clients' requests over time, one row each."""
     import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
+
+    plt = _pyplot()
 
     drawn = [o for o in r.offenders if o.timeline is not None][:DRAWN_OFFENDERS]
     if not drawn:
@@ -301,7 +325,7 @@ def figure_offenders(r: RuleResult) -> Any | None:
         ax.xaxis_date(dt.UTC)
         ax.set_ylabel(f"per {_width_label(tl.width)}", fontsize=8)
         ax.set_title(
-            f"{o.client.key}: {o.client.requests:,} requests, {o.client.denied:,} denied, "
+            f"{shown(o.client.key, 60)}: {o.client.requests:,} requests, {o.client.denied:,} denied, "
             f"peak {o.client.peak:,}/{_per(r)}",
             fontsize=9,
             loc="left",
@@ -309,14 +333,16 @@ def figure_offenders(r: RuleResult) -> Any | None:
         ax.grid(True, alpha=0.3)
     last = axes[-1, 0]
     last.xaxis.set_major_formatter(mdates.ConciseDateFormatter(last.xaxis.get_major_locator()))
-    fig.suptitle(f"{r.name}: top offenders (green admitted, red denied; from their first busy session)", fontsize=10)
+    fig.suptitle(
+        f"{shown(r.name, 60)}: top offenders (green admitted, red denied; from their first busy session)", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
 
 def figure_algorithms(r: RuleResult) -> Any:
     """Denied requests and clients under each of the five algorithms at the same limit."""
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 2.8), sharey=True)
     names = [c.algorithm + (" *" if c.configured else "") for c in r.compare]
@@ -337,7 +363,9 @@ def figure_algorithms(r: RuleResult) -> Any:
     for a in (a1, a2):
         a.set_xlim(0, (max(den if a is a1 else cl) or 1) * 1.3)
         a.grid(True, axis="x", alpha=0.3)
-    fig.suptitle(f"{r.name}: {r.requests_per_unit} per {r.unit} under each algorithm (* configured)", fontsize=10)
+    fig.suptitle(
+        f"{shown(r.name, 60)}: {r.requests_per_unit} per {r.unit} under each algorithm (* configured)", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
@@ -372,9 +400,6 @@ def _img(fig: Any, alt: str) -> str:
 
 def render_html(res: SimResult) -> str:
     """The report page (every plot embedded)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',

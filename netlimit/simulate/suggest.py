@@ -34,6 +34,7 @@ import yaml
 from ..config.validate import Loaded, load_string
 from ..limit.algorithms import REGISTRY
 from .logs import LogError
+from .report import shown
 from .results import RuleResult, SimResult
 
 #: above this limit the sliding log is not proposed (memory per key grows with the limit)
@@ -279,5 +280,7 @@ def what_it_denies(proposals: list[Proposal]) -> list[str]:
         )
         out.append(f"  the same limit under the others: {others}")
         for c in r.top[:5]:
-            out.append(f"  denied: {c.key}: {c.denied:,} of {c.requests:,} requests, peak {c.peak:,} per {p.unit}")
+            out.append(
+                f"  denied: {shown(c.key)}: {c.denied:,} of {c.requests:,} requests, peak {c.peak:,} per {p.unit}"
+            )
     return out

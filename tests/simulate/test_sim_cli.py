@@ -253,3 +253,27 @@ def test_suggest_from_stdin_and_bad_targets(tmp_path):
     for args in (["--deny-clients", "150%"], ["--headroom", "0.5x"], ["--over", "p0"], ["--unit", "fortnight"]):
         p = run("suggest", "--log", "-", *args, stdin=data)
         assert p.returncode == 64, (args, p.stderr_text)
+
+
+def test_hostile_keys_are_shown_not_interpreted(tmp_path):
+    """Counter keys come from requests: rich markup, formulas, escape codes and long
+    values in them reach the table, the report and JSON intact and harmless."""
+    body = """\
+  actions: [["header:X-Api-Key"]]
+  descriptors:
+    - key: "header:X-Api-Key"
+      rate_limit: {unit: second, requests_per_unit: 1}
+"""
+    cfg = config(tmp_path / "rules.yaml", body)
+    keys = ["[/]", "[bold]x", "$\\\\frac{1}{0}$ $x", "\x1b[31mred\x1b[0m", "k" * 5000, "<script>alert(1)</script>"]
+    lines = [json.dumps({"time": T0, "remote_addr": "10.0.0.1", "http_x_api_key": k}) for k in keys for _ in range(3)]
+    log = write(tmp_path / "h.jsonl", lines)
+    p = run("simulate", "-c", str(cfg), "--report", str(tmp_path / "h.html"), str(log))
+    assert p.returncode == 0, p.stderr_text
+    assert "[/]" in p.stdout_text and "[bold]x" in p.stdout_text
+    assert "\x1b" not in p.stdout_text and "\\x1b[31mred" in p.stdout_text
+    page = (tmp_path / "h.html").read_text()
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    p = run("simulate", "-c", str(cfg), "--json", str(log))
+    doc = json.loads(p.stdout_text)
+    assert sorted(c["client"] for c in doc["rules"][0]["top_denied"]) == sorted(keys)
