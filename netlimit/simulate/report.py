@@ -86,6 +86,7 @@ def to_json(res: SimResult) -> dict[str, Any]:
                         "denied": a.denied,
                         "denied_pct": _pct(a.denied, r.requests),
                         "clients_denied": a.clients_denied,
+                        "clients_denied_within_limit": a.within_denied,
                     }
                     for a in r.compare
                 ],
@@ -179,11 +180,17 @@ def print_summary(res: SimResult, console: Any) -> None:
             continue
         name = escape(shown(r.name))
         a = Table(title=f"{name}: the same limit under each algorithm", title_justify="left")
-        for col in ("algorithm", "denied", "denied clients"):
-            a.add_column(col, justify="left" if col == "algorithm" else "right")
+        a.add_column("algorithm")
+        for col in ("denied", "denied clients", "of them never over the limit"):
+            a.add_column(col, justify="right")
         for c in r.compare:
-            name = c.algorithm + (f" (burst {c.burst})" if c.burst else "") + (" ← configured" if c.configured else "")
-            a.add_row(name, f"{c.denied:,} ({_pct(c.denied, r.requests):.2f}%)", f"{c.clients_denied:,}")
+            alg = c.algorithm + (f" (burst {c.burst})" if c.burst else "") + (" ← configured" if c.configured else "")
+            a.add_row(
+                alg,
+                f"{c.denied:,} ({_pct(c.denied, r.requests):.2f}%)",
+                f"{c.clients_denied:,}",
+                f"{c.within_denied:,}",
+            )
         console.print(a)
         if r.top:
             o = Table(title=f"{name}: most denied clients", title_justify="left")
@@ -446,7 +453,7 @@ def render_html(res: SimResult) -> str:
             parts.append(_img(figure_algorithms(r), f"{r.name}: five algorithms compared"))
             parts.append(
                 _table(
-                    ["algorithm", "burst", "denied", "denied %", "denied clients"],
+                    ["algorithm", "burst", "denied", "denied %", "denied clients", "of them never over the limit"],
                     [
                         [
                             c.algorithm + (" (configured)" if c.configured else ""),
@@ -454,6 +461,7 @@ def render_html(res: SimResult) -> str:
                             c.denied,
                             _pct(c.denied, r.requests),
                             c.clients_denied,
+                            c.within_denied,
                         ]
                         for c in r.compare
                     ],
