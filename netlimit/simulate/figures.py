@@ -1,8 +1,10 @@
-"""The per-client figures of every rule, from the replay's decisions.
+"""The decisions, and the per-client figures of every rule.
 
-The replay (replay.py) sends, per rule and per batch of log lines, each
-charged descriptor as ``(key id, time, denied?)``; :class:`Figures` turns them
-into what report.py shows:
+The replay (replay.py) sends, per batch of log lines, each charged descriptor
+as ``(rule, key id, time)`` in log order; :class:`Figures` decides it with the
+engine (the rule's Limit on a MemoryStore, the time as ``now``), counts the
+lines an enforced rule denied, and turns the decisions into what report.py
+shows:
 
 * requests and denials over time (a timeline whose bucket width doubles
   whenever the log's span would need more than :data:`MAX_BUCKETS`);
@@ -25,8 +27,8 @@ into what report.py shows:
   over every key's whole history.
 
 :class:`FiguresProcess` runs the same in a forked helper process fed through
-a pipe (bounded: the replay waits when the helper lags), so parsing and
-deciding, and the figures, use two cores.
+a pipe (bounded: the replay waits when the helper lags), so reading and
+parsing, and deciding and counting, use two cores.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..limit.algorithms import ALGORITHMS, DECIDERS, REGISTRY, Limit, is_idle
+from ..limit.stores import MemoryStore
 from .results import AlgorithmResult, Client, Offender, Timeline
 
 #: the timeline's bucket width doubles past this many buckets
@@ -65,6 +68,7 @@ class RuleSpec:
     period: float
     burst: int | None
     delay: bool
+    shadow: bool = False
 
 
 class KeyStats:
@@ -422,19 +426,58 @@ def _timeline(tl: dict[int, list[int]], width: float) -> Timeline | None:
     return Timeline(lo * width, width, adm, den)
 
 
-class Figures:
-    """The figures of every rule, fed in batches (:meth:`add`), in this process."""
+class Batch:
+    """The charged descriptors of some log lines, in log order, as the replay
+    sends them: ``rules[i]`` = rule index * 2 + 1 if it is its line's first;
+    ``kids[i]`` the key's id in its rule (-1: a key beyond max_clients, whose
+    store key is the next of ``untracked``); ``times[i]`` the line's time;
+    ``new_keys`` the keys first seen, (rule index, store key, text), in id order."""
 
-    def __init__(self, specs: list[RuleSpec], top: int):
+    __slots__ = ("rules", "kids", "times", "new_keys", "untracked")
+
+    def __init__(self) -> None:
+        self.rules = array("l")
+        self.kids = array("q")
+        self.times = array("d")
+        self.new_keys: list[tuple[int, str, str]] = []
+        self.untracked: list[str] = []
+
+    def clear(self) -> None:
+        del self.rules[:]
+        del self.kids[:]
+        del self.times[:]
+        self.new_keys = []
+        self.untracked = []
+
+
+class Figures:
+    """Decides every charged descriptor with the engine -- the rule's :class:`Limit`
+    on a :class:`MemoryStore` of the file's ``max_keys``, the line's time as
+    ``now`` -- and gathers the figures; fed in batches (:meth:`add`), in this process."""
+
+    def __init__(self, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int):
+        self.specs = specs
         self.rules = [RuleFigures(s) for s in specs]
+        # the rules' Limits as the engine builds them (netlimit.limit.rules: equal fields, equal Limit)
+        self.limits = [Limit(s.algorithm, s.limit, s.period, s.burst, s.delay, s.name) for s in specs]
+        self.shadow = [s.shadow for s in specs]
+        self.skeys: list[list[str]] = [[] for _ in specs]
+        self.store = MemoryStore(max_keys=max_keys, max_key_length=max_key_length)
         self.top = top
         self.width = 1.0
         self.tmin = math.inf
         self.tmax = -math.inf
+        self.denied = 0  # lines an enforced rule denied
+        self.delayed = [0] * len(specs)  # leaky bucket queue mode: admitted with a delay
 
-    def add(self, idx: int, codes: Any, times: Any, texts: list[str]) -> None:
+    def add(self, batch: Batch) -> None:
+        times = batch.times
         if not len(times):
             return
+        new_texts: list[list[str]] = [[] for _ in self.specs]
+        for ri, skey, text in batch.new_keys:
+            self.skeys[ri].append(skey)
+            new_texts[ri].append(text)
         lo, hi = min(times), max(times)
         if lo < self.tmin:
             self.tmin = lo
@@ -444,30 +487,69 @@ class Figures:
             for r in self.rules:
                 r.coarsen()
             self.width *= 2
-        self.rules[idx].add(codes, times, texts, self.width)
+        # the decisions, in log order; split per rule for the figures
+        hit = self.store.hit_sync
+        limits = self.limits
+        shadow = self.shadow
+        skeys = self.skeys
+        delayed = self.delayed
+        n = len(self.specs)
+        codes = [array("q") for _ in range(n)]
+        per_t = [array("d") for _ in range(n)]
+        untracked = iter(batch.untracked)
+        line_denied = False
+        denied = 0
+        for code, kid, t in zip(batch.rules, batch.kids, times):
+            ri = code >> 1
+            if code & 1 and line_denied:  # a new line: the last one was denied
+                denied += 1
+                line_denied = False
+            lim = limits[ri]
+            dec = hit(skeys[ri][kid] if kid >= 0 else next(untracked), lim, 1, t)
+            if dec.allowed:
+                codes[ri].append(kid + kid)
+                if lim.delay and dec.delay > 0.0:
+                    delayed[ri] += 1
+            else:
+                codes[ri].append(kid + kid + 1)
+                if not shadow[ri]:
+                    line_denied = True
+            per_t[ri].append(t)
+        if line_denied:
+            denied += 1
+        self.denied += denied
+        for ri in range(n):
+            if len(per_t[ri]):
+                self.rules[ri].add(codes[ri], per_t[ri], new_texts[ri], self.width)
 
-    def finish(self) -> list[dict[str, Any]]:
-        return [r.finish(self.width, self.top) for r in self.rules]
+    def finish(self) -> dict[str, Any]:
+        return {
+            "rules": [r.finish(self.width, self.top) for r in self.rules],
+            "denied": self.denied,
+            "delayed": self.delayed,
+            "evictions": self.store.evictions,
+        }
 
     def close(self) -> None:
         pass
 
 
-def _serve(conn: Any, specs: list[RuleSpec], top: int) -> None:
+def _serve(conn: Any, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int) -> None:
     """The helper process: batches in, the figures out (or the error, as text).  Ctrl-C
     is the replay's to handle: it closes the pipe, which ends this."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    figures = Figures(specs, top)
+    figures = Figures(specs, top, max_keys, max_key_length)
+    batch = Batch()
     try:
         while True:
             msg = pickle.loads(conn.recv_bytes())
             if msg[0] == "add":
-                _, idx, codes, times, texts = msg
-                c = array("q")
-                c.frombytes(codes)
-                t = array("d")
-                t.frombytes(times)
-                figures.add(idx, c, t, texts)
+                _, rules, kids, times, batch.new_keys, batch.untracked = msg
+                batch.rules.frombytes(rules)
+                batch.kids.frombytes(kids)
+                batch.times.frombytes(times)
+                figures.add(batch)
+                batch.clear()
             else:
                 conn.send_bytes(pickle.dumps(("ok", figures.finish()), protocol=pickle.HIGHEST_PROTOCOL))
                 return
@@ -485,23 +567,32 @@ def _serve(conn: Any, specs: list[RuleSpec], top: int) -> None:
 class FiguresProcess:
     """:class:`Figures` in a forked helper process (same results)."""
 
-    def __init__(self, specs: list[RuleSpec], top: int):
+    def __init__(self, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int):
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, specs, top), name="netlimit-figures", daemon=True)
+        self.proc = ctx.Process(
+            target=_serve, args=(child, specs, top, max_keys, max_key_length), name="netlimit-figures", daemon=True
+        )
         self.proc.start()
         child.close()
 
-    def add(self, idx: int, codes: array, times: array, texts: list[str]) -> None:
-        if not len(times):
+    def add(self, batch: Batch) -> None:
+        if not len(batch.times):
             return
-        msg = ("add", idx, codes.tobytes(), times.tobytes(), texts)
+        msg = (
+            "add",
+            batch.rules.tobytes(),
+            batch.kids.tobytes(),
+            batch.times.tobytes(),
+            batch.new_keys,
+            batch.untracked,
+        )
         try:
             self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
         except OSError as exc:
             raise RuntimeError(f"the figures' helper process ended ({exc}); {self._why()}") from None
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> dict[str, Any]:
         try:
             self.conn.send_bytes(pickle.dumps(("finish",)))
             kind, payload = pickle.loads(self.conn.recv_bytes())

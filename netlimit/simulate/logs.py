@@ -579,7 +579,7 @@ def make_parser(
     raise LogError(f"unknown log format {fmt!r}; expected one of {', '.join(FORMATS)} (or auto)")
 
 
-def recorded_headers(fmt: str, fields: Mapping[str, str] | None = None) -> frozenset[str] | None:
+def recorded_headers(fmt: str) -> frozenset[str] | None:
     """The headers a format records (None: JSON, it depends on the fields of the file)."""
     if fmt == "json":
         return None

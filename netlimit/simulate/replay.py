@@ -2,21 +2,24 @@
 
 Each request goes the way the sidecar takes it: :class:`ActionPlan` makes its
 descriptors, :meth:`RuleSet.match` finds each one's rule (``replaces`` applied
-as :class:`Limiter` applies it), :meth:`RuleSet.store_key` names its counter and
-:meth:`MemoryStore.hit_sync` decides, with the request's logged time as
-``now`` and the file's ``max_keys`` (so the store forgets what the sidecar's
-would).  ``tests/simulate`` holds the result to ``Limiter.check_nowait`` on a
-store whose clock is set per line.
+as :class:`Limiter` applies it) and :meth:`RuleSet.store_key` names its
+counter; the decision itself -- :meth:`MemoryStore.hit_sync` with the line's
+logged time as ``now`` and the file's ``max_keys``, so the store forgets what
+the sidecar's would -- is taken where the figures are gathered (figures.py),
+in log order.  ``tests/simulate`` holds the result to ``Limiter.check_nowait``
+on a store whose clock is set per line.
 
 The descriptors of a request depend only on the fields the actions read, so
 they are computed once per distinct combination (bounded cache); a path that
 no top-level ``path`` descriptor matches is not told apart from another such
-path.  Each decision goes to the figures (figures.py) as ``(key id, time,
-denied)``, in batches -- to a helper process when there are two cores.
+path.  The charged descriptors go to the figures as ``(rule, key id, time)`` in
+batches -- to a helper process when there are two cores, so parsing and
+deciding run side by side.
 
-Memory: the store holds state per active key (bounded by ``max_keys``); a key
-id per distinct counter key (at most ``max_clients`` per rule; beyond that,
-requests are counted but not attributed); the figures a small record per key.
+Memory: a key id per distinct counter key (at most ``max_clients`` per rule;
+beyond that, requests are counted but not attributed); the figures' side holds
+the store (state per active key, bounded by ``max_keys``) and a small record
+per key.
 """
 
 from __future__ import annotations
@@ -24,15 +27,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from array import array
 from collections.abc import Callable
 from typing import Any
 
 from ..config.validate import Loaded
 from ..limit.actions import ActionPlan, path_of_uri
 from ..limit.rules import Rule, RuleSet, from_loaded
-from ..limit.stores import MemoryStore
-from .figures import Figures, FiguresProcess, RuleSpec
+from .figures import Batch, Figures, FiguresProcess, RuleSpec
 from .logs import MAX_LINE, OVERLONG, Needs, OpenLog
 from .results import RuleResult, SimResult, Unreadable
 
@@ -43,34 +44,31 @@ CACHE_MAX = 200_000
 
 
 class RuleFront:
-    """One rule as the replay charges it: key ids and the batch for the figures."""
+    """One rule as the replay charges it: its key ids."""
 
-    __slots__ = ("rule", "limit", "index", "ids", "texts", "codes", "times", "max_clients", "delayed", "matched")
+    __slots__ = ("rule", "limit", "index", "ids", "max_clients", "matched")
 
     def __init__(self, rule: Rule, index: int, max_clients: int):
         self.rule = rule
         self.limit = rule.limit
         self.index = index  # in the figures (rules with a limit), -1 for unlimited rules
         self.ids: dict[str, int] = {}
-        self.texts: list[str] = []  # the new keys' texts, sent with the batch
-        self.codes = array("q")  # key id * 2 + denied
-        self.times = array("d")
         self.max_clients = max_clients
-        self.delayed = 0  # leaky bucket queue mode: admitted with a delay
         self.matched = 0  # unlimited rules: requests they exempted
 
-    def new_id(self, skey: str, text: str) -> int:
+    def new_id(self, skey: str, text: str, batch: Batch) -> int:
         """The id of a new key, or -1 past max_clients (then it is counted, not tracked)."""
         n = len(self.ids)
         if n >= self.max_clients:
+            batch.untracked.append(skey)
             return -1
         self.ids[skey] = n
-        self.texts.append(text)
+        batch.new_keys.append((self.index, skey, text))
         return n
 
 
-#: (rule, store key, key text, limit, the rule's key ids, append to codes, append to times, shadow)
-Entry = tuple[RuleFront, str, str, Any, dict[str, int], Callable[[int], None], Callable[[float], None], bool]
+#: (rule, store key, key text, rule index * 2, the rule's key ids); rule None: unlimited
+Entry = tuple[RuleFront, str, str, int, dict[str, int]]
 
 
 class Replay:
@@ -84,7 +82,6 @@ class Replay:
         assert http is not None
         self.loaded = loaded
         self.plan = ActionPlan(http.actions, http.trusted_proxies)
-        self.store = MemoryStore(max_keys=http.max_keys, max_key_length=http.max_key_length)
         self.fronts: dict[str, RuleFront] = {}
         specs: list[RuleSpec] = []
         self.max_keys = http.max_keys
@@ -93,11 +90,13 @@ class Replay:
             if r.limit is not None:
                 idx = len(specs)
                 lm = r.limit
-                specs.append(RuleSpec(r.name, lm.algorithm, lm.limit, lm.period, lm.burst, lm.delay))
+                specs.append(RuleSpec(r.name, lm.algorithm, lm.limit, lm.period, lm.burst, lm.delay, r.shadow))
             self.fronts[r.path] = RuleFront(r, idx, max_clients)
         if jobs is None:
             jobs = 2 if (os.cpu_count() or 1) >= 2 else 1
-        self.figures: Figures | FiguresProcess = FiguresProcess(specs, top) if jobs >= 2 else Figures(specs, top)
+        store = (specs, top, http.max_keys, http.max_key_length)
+        self.figures: Figures | FiguresProcess = FiguresProcess(*store) if jobs >= 2 else Figures(*store)
+        self.batch = Batch()
         self.needs = self.needs_of(loaded)
         self._header_names = tuple(sorted(self.needs.headers))
         #: the request fields that decide the descriptors are just the client address
@@ -109,7 +108,6 @@ class Replay:
         self.requests = 0
         self.unreadable = 0
         self.examples: list[Unreadable] = []
-        self.denied = 0
         self.unmatched = 0
         self.first = math.inf  # the earliest and latest request times
         self.last = -math.inf
@@ -160,19 +158,15 @@ class Replay:
             text = d[0][1] if len(d) == 1 else ", ".join(v for _, v in d)
             fr = self.fronts[r.path]
             skey = "" if r.limit is None else rs.store_key(r, d)
-            out.append((fr, skey, text, fr.limit, fr.ids, fr.codes.append, fr.times.append, fr.rule.shadow))
+            out.append((fr, skey, text, fr.index * 2, fr.ids))
         return tuple(out)
 
     # -- feeding ------------------------------------------------------------------------
 
     def _flush(self) -> None:
-        """The decisions so far to the figures."""
-        for fr in self.fronts.values():
-            if fr.index >= 0 and len(fr.times):
-                self.figures.add(fr.index, fr.codes, fr.times, fr.texts)
-                del fr.codes[:]
-                del fr.times[:]
-                fr.texts = []
+        """The charged descriptors so far to the figures (decided there)."""
+        self.figures.add(self.batch)
+        self.batch.clear()
 
     def feed(
         self,
@@ -187,7 +181,10 @@ class Replay:
         self.formats.append(fmt)
         lineno = 0
         cache = self._cache
-        hit = self.store.hit_sync
+        batch = self.batch
+        add_rule = batch.rules.append
+        add_kid = batch.kids.append
+        add_time = batch.times.append
         by_peer = self._by_peer
         names = self._header_names
         no_headers = not names
@@ -198,7 +195,6 @@ class Replay:
         gate = self._path_gate
         resolve = self._resolve
         unreadable0 = self.unreadable
-        denied_requests = 0
         unmatched = 0
         first = self.first
         last = self.last
@@ -239,26 +235,18 @@ class Replay:
                 if not ents:
                     unmatched += 1
                     continue
-                req_denied = False
-                for fr, skey, text, lim, ids, add_code, add_time, shadow in ents:
-                    if lim is None:  # unlimited: counted, never charged
+                line_first = 1
+                for fr, skey, text, ri2, ids in ents:
+                    if ri2 < 0:  # unlimited: counted, never charged
                         fr.matched += 1
                         continue
-                    dec = hit(skey, lim, 1, t)
                     kid = ids.get(skey)
                     if kid is None:
-                        kid = fr.new_id(skey, text)
-                    if dec.allowed:
-                        add_code(kid + kid)
-                        if lim.delay and dec.delay > 0.0:
-                            fr.delayed += 1
-                    else:
-                        add_code(kid + kid + 1)
-                        if not shadow:
-                            req_denied = True
+                        kid = fr.new_id(skey, text, batch)
+                    add_rule(ri2 + line_first)
+                    add_kid(kid)
                     add_time(t)
-                if req_denied:
-                    denied_requests += 1
+                    line_first = 0
             self._flush()
             if progress is not None:
                 progress(log.done())
@@ -266,7 +254,6 @@ class Replay:
         self.last = last
         self.lines += lineno
         self.requests += lineno - (self.unreadable - unreadable0)
-        self.denied += denied_requests
         self.unmatched += unmatched
         if log.error:
             self.warnings.append(log.error)
@@ -284,7 +271,8 @@ class Replay:
 
     def result(self) -> SimResult:
         self._flush()
-        figures = self.figures.finish()
+        out = self.figures.finish()
+        figures = out["rules"]
         res = SimResult(
             config=self.loaded.path,
             files=list(self.files),
@@ -295,14 +283,14 @@ class Replay:
             examples=list(self.examples),
             first=self.first if self.requests else None,
             last=self.last if self.requests else None,
-            denied=self.denied,
+            denied=out["denied"],
             unmatched=self.unmatched,
-            evictions=self.store.evictions,
+            evictions=out["evictions"],
             warnings=list(self.warnings),
         )
-        if self.store.evictions:
+        if res.evictions:
             res.warnings.append(
-                f"the memory store was full ({self.store.evictions} states dropped, as the sidecar's would with "
+                f"the memory store was full ({res.evictions} states dropped, as the sidecar's would with "
                 f"http.max_keys = {self.max_keys}): raise max_keys if that is not what you want"
             )
         for fr in self.fronts.values():
@@ -320,7 +308,7 @@ class Replay:
                 burst=lim.burst if lim is not None else None,
                 shadow=r.shadow,
                 unlimited=lim is None,
-                delayed=fr.delayed,
+                delayed=out["delayed"][fr.index] if fr.index >= 0 else 0,
             )
             if fr.index < 0:
                 rr.requests = fr.matched
