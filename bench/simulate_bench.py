@@ -120,7 +120,7 @@ def run(mode: Mode) -> Section:
     sec = Section("simulate", "Log replay: netlimit simulate (two rules) vs GoAccess parsing the same log")
     goaccess = need("goaccess")
     n = mode.pick(200_000, 1_000_000)
-    rounds = mode.pick(1, 3)
+    rounds = mode.pick(1, 5)
     with tempfile.TemporaryDirectory(prefix="netlimit-bench-sim-") as d:
         tmp = Path(d)
         log = write_log(tmp / "access.log", n)

@@ -1,10 +1,11 @@
 """The decisions, and the per-client figures of every rule.
 
-The replay (replay.py) sends, per batch of log lines, each charged descriptor
-as ``(rule, key id, time)`` in log order; :class:`Figures` decides it with the
-engine (the rule's Limit on a MemoryStore, the time as ``now``), counts the
-lines an enforced rule denied, and turns the decisions into what report.py
-shows:
+The replay (replay.py) sends, per batch of log lines and per rule, each
+charged descriptor as ``(key id, time, line)`` in log order; :class:`Figures`
+decides it with the engine (the rule's Limit on a MemoryStore, the time as
+``now``; the rules' decisions are independent of each other, as in the
+Limiter), counts the lines an enforced rule denied, and turns the decisions
+into what report.py shows:
 
 * requests and denials over time (a timeline whose bucket width doubles
   whenever the log's span would need more than :data:`MAX_BUCKETS`);
@@ -118,8 +119,12 @@ class RuleFigures:
 
     def __init__(self, spec: RuleSpec):
         self.spec = spec
+        # the rule's Limit as the engine builds it (netlimit.limit.rules: equal fields, equal Limit)
+        self.limit = Limit(spec.algorithm, spec.limit, spec.period, spec.burst, spec.delay, spec.name)
+        self.skeys: list[str] = []  # store key by key id
         self.recs: list[KeyStats] = []
         self.untracked = 0
+        self.delayed = 0  # leaky bucket queue mode: admitted with a delay
         self.tl: dict[int, list[int]] = {}
         #: keys with a timeline: offenders, and keys in an active session (one may become one)
         self.timelined: set[KeyStats] = set()
@@ -173,20 +178,35 @@ class RuleFigures:
 
     # -- the batch ---------------------------------------------------------------------
 
-    def add(self, codes: Any, times: Any, texts: list[str], width: float) -> None:
-        """``codes[i]`` is ``key id * 2 + denied`` (a negative id: a key beyond
-        max_clients, counted only), ``times[i]`` its time; ``texts`` are the new keys'."""
+    def add(self, part: BatchPart, width: float, hit: Callable[..., Any]) -> set[int]:
+        """Decide a batch's requests of this rule (``hit``: the store's ``hit_sync``) and
+        count them; the line numbers an enforced denial fell on."""
         recs = self.recs
-        for text in texts:
+        skeys = self.skeys
+        for skey, text in part.new_keys:
+            skeys.append(skey)
             recs.append(KeyStats(text))
+        untracked_keys = iter(part.untracked)
+        lim = self.limit
+        queue = lim.delay
+        enforced = not self.spec.shadow
+        denied_lines: set[int] = set()
         tl = self.tl
         idle_gap = self.G
         quiet_max = self.K
         cb = None
         ca = cd = 0
         untracked = 0
-        for code, t in zip(codes, times):
-            den = code & 1
+        for kid, t, ln in zip(part.kids, part.times, part.lines):
+            dec = hit(skeys[kid] if kid >= 0 else next(untracked_keys), lim, 1, t)
+            if dec.allowed:
+                den = 0
+                if queue and dec.delay > 0.0:
+                    self.delayed += 1
+            else:
+                den = 1
+                if enforced:
+                    denied_lines.add(ln)
             b = int(t // width)
             if b != cb:
                 if cb is not None:
@@ -202,7 +222,6 @@ class RuleFigures:
                 cd += 1
             else:
                 ca += 1
-            kid = code >> 1
             if kid < 0:
                 untracked += 1
                 continue
@@ -249,6 +268,7 @@ class RuleFigures:
                 cell[0] += ca
                 cell[1] += cd
         self.untracked += untracked
+        return denied_lines
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -426,26 +446,25 @@ def _timeline(tl: dict[int, list[int]], width: float) -> Timeline | None:
     return Timeline(lo * width, width, adm, den)
 
 
-class Batch:
-    """The charged descriptors of some log lines, in log order, as the replay
-    sends them: ``rules[i]`` = rule index * 2 + 1 if it is its line's first;
-    ``kids[i]`` the key's id in its rule (-1: a key beyond max_clients, whose
-    store key is the next of ``untracked``); ``times[i]`` the line's time;
-    ``new_keys`` the keys first seen, (rule index, store key, text), in id order."""
+class BatchPart:
+    """One rule's requests in a batch, in log order: ``kids[i]`` the key's id
+    (-1: a key beyond max_clients, whose store key is the next of ``untracked``),
+    ``times[i]`` and ``lines[i]`` its line's time and number; ``new_keys`` the keys
+    first seen, (store key, text), in id order."""
 
-    __slots__ = ("rules", "kids", "times", "new_keys", "untracked")
+    __slots__ = ("kids", "times", "lines", "new_keys", "untracked")
 
     def __init__(self) -> None:
-        self.rules = array("l")
         self.kids = array("q")
         self.times = array("d")
-        self.new_keys: list[tuple[int, str, str]] = []
+        self.lines = array("q")
+        self.new_keys: list[tuple[str, str]] = []
         self.untracked: list[str] = []
 
     def clear(self) -> None:
-        del self.rules[:]
         del self.kids[:]
         del self.times[:]
+        del self.lines[:]
         self.new_keys = []
         self.untracked = []
 
@@ -453,80 +472,45 @@ class Batch:
 class Figures:
     """Decides every charged descriptor with the engine -- the rule's :class:`Limit`
     on a :class:`MemoryStore` of the file's ``max_keys``, the line's time as
-    ``now`` -- and gathers the figures; fed in batches (:meth:`add`), in this process."""
+    ``now`` -- and gathers the figures; fed in batches (:meth:`add`: one
+    :class:`BatchPart` per rule), in this process."""
 
     def __init__(self, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int):
-        self.specs = specs
         self.rules = [RuleFigures(s) for s in specs]
-        # the rules' Limits as the engine builds them (netlimit.limit.rules: equal fields, equal Limit)
-        self.limits = [Limit(s.algorithm, s.limit, s.period, s.burst, s.delay, s.name) for s in specs]
-        self.shadow = [s.shadow for s in specs]
-        self.skeys: list[list[str]] = [[] for _ in specs]
         self.store = MemoryStore(max_keys=max_keys, max_key_length=max_key_length)
         self.top = top
         self.width = 1.0
         self.tmin = math.inf
         self.tmax = -math.inf
         self.denied = 0  # lines an enforced rule denied
-        self.delayed = [0] * len(specs)  # leaky bucket queue mode: admitted with a delay
 
-    def add(self, batch: Batch) -> None:
-        times = batch.times
-        if not len(times):
-            return
-        new_texts: list[list[str]] = [[] for _ in self.specs]
-        for ri, skey, text in batch.new_keys:
-            self.skeys[ri].append(skey)
-            new_texts[ri].append(text)
-        lo, hi = min(times), max(times)
-        if lo < self.tmin:
-            self.tmin = lo
-        if hi > self.tmax:
-            self.tmax = hi
+    def add(self, parts: list[BatchPart]) -> None:
+        for part in parts:
+            if len(part.times):
+                lo, hi = min(part.times), max(part.times)
+                if lo < self.tmin:
+                    self.tmin = lo
+                if hi > self.tmax:
+                    self.tmax = hi
         while (self.tmax - self.tmin) / self.width > MAX_BUCKETS:
             for r in self.rules:
                 r.coarsen()
             self.width *= 2
-        # the decisions, in log order; split per rule for the figures
+        # a batch holds whole lines: the lines any rule denied are counted once
+        denied: set[int] = set()
         hit = self.store.hit_sync
-        limits = self.limits
-        shadow = self.shadow
-        skeys = self.skeys
-        delayed = self.delayed
-        n = len(self.specs)
-        codes = [array("q") for _ in range(n)]
-        per_t = [array("d") for _ in range(n)]
-        untracked = iter(batch.untracked)
-        line_denied = False
-        denied = 0
-        for code, kid, t in zip(batch.rules, batch.kids, times):
-            ri = code >> 1
-            if code & 1 and line_denied:  # a new line: the last one was denied
-                denied += 1
-                line_denied = False
-            lim = limits[ri]
-            dec = hit(skeys[ri][kid] if kid >= 0 else next(untracked), lim, 1, t)
-            if dec.allowed:
-                codes[ri].append(kid + kid)
-                if lim.delay and dec.delay > 0.0:
-                    delayed[ri] += 1
-            else:
-                codes[ri].append(kid + kid + 1)
-                if not shadow[ri]:
-                    line_denied = True
-            per_t[ri].append(t)
-        if line_denied:
-            denied += 1
-        self.denied += denied
-        for ri in range(n):
-            if len(per_t[ri]):
-                self.rules[ri].add(codes[ri], per_t[ri], new_texts[ri], self.width)
+        for r, part in zip(self.rules, parts):
+            if len(part.times):
+                lines = r.add(part, self.width, hit)
+                if lines:
+                    denied |= lines
+        self.denied += len(denied)
 
     def finish(self) -> dict[str, Any]:
         return {
             "rules": [r.finish(self.width, self.top) for r in self.rules],
             "denied": self.denied,
-            "delayed": self.delayed,
+            "delayed": [r.delayed for r in self.rules],
             "evictions": self.store.evictions,
         }
 
@@ -539,17 +523,20 @@ def _serve(conn: Any, specs: list[RuleSpec], top: int, max_keys: int, max_key_le
     is the replay's to handle: it closes the pipe, which ends this."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     figures = Figures(specs, top, max_keys, max_key_length)
-    batch = Batch()
+    parts = [BatchPart() for _ in specs]
     try:
         while True:
             msg = pickle.loads(conn.recv_bytes())
             if msg[0] == "add":
-                _, rules, kids, times, batch.new_keys, batch.untracked = msg
-                batch.rules.frombytes(rules)
-                batch.kids.frombytes(kids)
-                batch.times.frombytes(times)
-                figures.add(batch)
-                batch.clear()
+                for part, (kids, times, lines, new_keys, untracked) in zip(parts, msg[1]):
+                    part.kids.frombytes(kids)
+                    part.times.frombytes(times)
+                    part.lines.frombytes(lines)
+                    part.new_keys = new_keys
+                    part.untracked = untracked
+                figures.add(parts)
+                for part in parts:
+                    part.clear()
             else:
                 conn.send_bytes(pickle.dumps(("ok", figures.finish()), protocol=pickle.HIGHEST_PROTOCOL))
                 return
@@ -576,16 +563,10 @@ class FiguresProcess:
         self.proc.start()
         child.close()
 
-    def add(self, batch: Batch) -> None:
-        if not len(batch.times):
-            return
+    def add(self, parts: list[BatchPart]) -> None:
         msg = (
             "add",
-            batch.rules.tobytes(),
-            batch.kids.tobytes(),
-            batch.times.tobytes(),
-            batch.new_keys,
-            batch.untracked,
+            [(p.kids.tobytes(), p.times.tobytes(), p.lines.tobytes(), p.new_keys, p.untracked) for p in parts],
         )
         try:
             self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))

@@ -12,8 +12,8 @@ on a store whose clock is set per line.
 The descriptors of a request depend only on the fields the actions read, so
 they are computed once per distinct combination (bounded cache); a path that
 no top-level ``path`` descriptor matches is not told apart from another such
-path.  The charged descriptors go to the figures as ``(rule, key id, time)`` in
-batches -- to a helper process when there are two cores, so parsing and
+path.  The charged descriptors go to the figures as ``(key id, time, line)`` per
+rule in batches -- to a helper process when there are two cores, so parsing and
 deciding run side by side.
 
 Memory: a key id per distinct counter key (at most ``max_clients`` per rule;
@@ -33,7 +33,7 @@ from typing import Any
 from ..config.validate import Loaded
 from ..limit.actions import ActionPlan, path_of_uri
 from ..limit.rules import Rule, RuleSet, from_loaded
-from .figures import Batch, Figures, FiguresProcess, RuleSpec
+from .figures import BatchPart, Figures, FiguresProcess, RuleSpec
 from .logs import MAX_LINE, OVERLONG, Needs, OpenLog
 from .results import RuleResult, SimResult, Unreadable
 
@@ -56,19 +56,20 @@ class RuleFront:
         self.max_clients = max_clients
         self.matched = 0  # unlimited rules: requests they exempted
 
-    def new_id(self, skey: str, text: str, batch: Batch) -> int:
+    def new_id(self, skey: str, text: str, part: BatchPart) -> int:
         """The id of a new key, or -1 past max_clients (then it is counted, not tracked)."""
         n = len(self.ids)
         if n >= self.max_clients:
-            batch.untracked.append(skey)
+            part.untracked.append(skey)
             return -1
         self.ids[skey] = n
-        batch.new_keys.append((self.index, skey, text))
+        part.new_keys.append((skey, text))
         return n
 
 
-#: (rule, store key, key text, rule index * 2, the rule's key ids); rule None: unlimited
-Entry = tuple[RuleFront, str, str, int, dict[str, int]]
+#: (rule, store key, key text, the rule's key ids, its batch part (None: unlimited),
+#: and that part's kids.append, times.append, lines.append)
+Entry = tuple[RuleFront, str, str, dict[str, int], BatchPart | None, Any, Any, Any]
 
 
 class Replay:
@@ -96,7 +97,7 @@ class Replay:
             jobs = 2 if (os.cpu_count() or 1) >= 2 else 1
         store = (specs, top, http.max_keys, http.max_key_length)
         self.figures: Figures | FiguresProcess = FiguresProcess(*store) if jobs >= 2 else Figures(*store)
-        self.batch = Batch()
+        self.parts = [BatchPart() for _ in specs]
         self.needs = self.needs_of(loaded)
         self._header_names = tuple(sorted(self.needs.headers))
         #: the request fields that decide the descriptors are just the client address
@@ -157,16 +158,22 @@ class Replay:
                 continue
             text = d[0][1] if len(d) == 1 else ", ".join(v for _, v in d)
             fr = self.fronts[r.path]
-            skey = "" if r.limit is None else rs.store_key(r, d)
-            out.append((fr, skey, text, fr.index * 2, fr.ids))
+            if r.limit is None:
+                out.append((fr, "", text, fr.ids, None, None, None, None))
+            else:
+                part = self.parts[fr.index]
+                skey = rs.store_key(r, d)
+                entry = (fr, skey, text, fr.ids, part, part.kids.append, part.times.append, part.lines.append)
+                out.append(entry)
         return tuple(out)
 
     # -- feeding ------------------------------------------------------------------------
 
     def _flush(self) -> None:
         """The charged descriptors so far to the figures (decided there)."""
-        self.figures.add(self.batch)
-        self.batch.clear()
+        self.figures.add(self.parts)
+        for part in self.parts:
+            part.clear()
 
     def feed(
         self,
@@ -181,10 +188,6 @@ class Replay:
         self.formats.append(fmt)
         lineno = 0
         cache = self._cache
-        batch = self.batch
-        add_rule = batch.rules.append
-        add_kid = batch.kids.append
-        add_time = batch.times.append
         by_peer = self._by_peer
         names = self._header_names
         no_headers = not names
@@ -235,18 +238,16 @@ class Replay:
                 if not ents:
                     unmatched += 1
                     continue
-                line_first = 1
-                for fr, skey, text, ri2, ids in ents:
-                    if ri2 < 0:  # unlimited: counted, never charged
+                for fr, skey, text, ids, part, add_kid, add_time, add_line in ents:
+                    if part is None:  # unlimited: counted, never charged
                         fr.matched += 1
                         continue
                     kid = ids.get(skey)
                     if kid is None:
-                        kid = fr.new_id(skey, text, batch)
-                    add_rule(ri2 + line_first)
+                        kid = fr.new_id(skey, text, part)
                     add_kid(kid)
                     add_time(t)
-                    line_first = 0
+                    add_line(lineno)
             self._flush()
             if progress is not None:
                 progress(log.done())
