@@ -279,8 +279,10 @@ def what_it_denies(proposals: list[Proposal]) -> list[str]:
             if c.algorithm != p.algorithm
         )
         out.append(f"  the same limit under the others: {others}")
+        # the second replay ran every rule as a token bucket of the proposed size
         for c in r.top[:5]:
             out.append(
-                f"  denied: {shown(c.key)}: {c.denied:,} of {c.requests:,} requests, peak {c.peak:,} per {p.unit}"
+                f"  most denied (as a token bucket of that size): {shown(c.key)}: {c.denied:,} of "
+                f"{c.requests:,} requests, peak {c.peak:,} per {p.unit}"
             )
     return out
