@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .common import REPO, Mode, Section
 
-SECTIONS = ("inproc", "redis", "cluster", "http", "memory", "kernel", "accuracy")
+SECTIONS = ("inproc", "redis", "cluster", "http", "memory", "kernel", "accuracy", "simulate")
 MODULES = {
     "inproc": "inproc",
     "redis": "redis_bench",
@@ -35,6 +35,7 @@ MODULES = {
     "memory": "memory",
     "kernel": "kernel_apply",
     "accuracy": "accuracy",
+    "simulate": "simulate_bench",
 }
 
 

@@ -12,6 +12,8 @@ APT_PACKAGES=(
   iperf3 hping3 netcat-openbsd       # traffic for tests, demo, benchmarks
   redis-server nginx wrk             # the HTTP layer's real peers
   prometheus tmux                    # monitoring: dashboard queries and alert rules (promtool), `netlimit top` in a terminal
+  chromium chromium-driver           # netlimit simulate --report opened in a real headless browser (tests/simulate)
+  goaccess                           # the log analyser the simulate benchmark is measured beside
   systemd systemd-container debootstrap util-linux   # units tested under a real systemd (nspawn)
   python3-venv                       # the package's virtual environment
   # three real VMs (tests/vagrant, vagrant/run.sh): Vagrant with libvirt, QEMU
