@@ -45,7 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..limit.algorithms import ALGORITHMS, DECIDERS, REGISTRY, Limit, is_idle
+from ..config.model import ALGORITHMS
+from ..limit.algorithms import DECIDERS, REGISTRY, Limit, is_idle
 from ..limit.stores import MemoryStore
 from .results import AlgorithmResult, Client, Offender, Timeline
 
@@ -137,8 +138,11 @@ class RuleFigures:
         self.run: list[tuple[Callable[..., Any], Limit, tuple[int, ...]]] = []
         self.main: tuple[int, ...] = ()
         self.main_mask = 0
-        self.cden = [0] * len(ALGORITHMS)
-        for alg in ALGORITHMS:
+        # the five a file can name, and the rule's own engine algorithm where it is another
+        # (fixed_window with count_denied: false runs fixed_window_admitted)
+        algs = ALGORITHMS if spec.algorithm in ALGORITHMS else (*ALGORITHMS, spec.algorithm)
+        self.cden = [0] * len(algs)
+        for alg in algs:
             bucket = REGISTRY[alg].bucket
             lm = Limit(
                 algorithm=alg,
@@ -154,7 +158,7 @@ class RuleFigures:
             # equal signatures decide alike: the buckets in meter mode with one capacity
             sig = ("bucket" if REGISTRY[alg].bucket and not lm.delay else alg, lm.capacity)
             groups.setdefault(sig, []).append(j)
-        j0 = ALGORITHMS.index(spec.algorithm)
+        j0 = algs.index(spec.algorithm)
         for js in groups.values():
             if j0 in js:
                 self.main = tuple(js)

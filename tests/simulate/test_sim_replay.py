@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simlog import T0, combined, config, three_abusers, write
 
+from netlimit.config.model import ALGORITHMS  # the five a file can name
 from netlimit.config.validate import load_file, load_string
 from netlimit.limit.actions import ActionPlan, path_of_uri
-from netlimit.limit.algorithms import ALGORITHMS, DECIDERS, REGISTRY, Limit
+from netlimit.limit.algorithms import DECIDERS, REGISTRY, Limit
 from netlimit.limit.limiter import OVER_LIMIT, Limiter
 from netlimit.limit.request import CheckRequest
 from netlimit.limit.rules import from_loaded
