@@ -17,18 +17,27 @@ Bounds, each with its own answer:
   bytes (431);
 * a body must keep moving: ``body_timeout`` between two reads (408);
 * an idle keep-alive connection is closed after ``keepalive_timeout``;
-* at most ``max_pipeline`` requests wait behind the one being answered, and at
-  most ``max_body_buffer`` bytes of a body are buffered: beyond either, the
-  connection stops being read until they drain;
-* reading stops while the connection's write buffer is above its high-water
-  mark (a client that pipelines and never reads cannot grow our memory);
+* answers must keep leaving: a connection whose unsent answers make no
+  progress for ``send_timeout`` (nginx's ``send_timeout``) is aborted, which
+  frees its descriptor and buffers at once (a plain close would wait for the
+  client to read them);
+* at most ``max_pipeline`` requests are queued on a connection, counting the one
+  being answered: a read is parsed in pieces too short to complete more request
+  heads than there is room for, and what does not fit waits, unparsed, with
+  reading paused, until the queue drains (a hard bound: one read of pipelined
+  requests cannot queue thousands);
+* at most ``max_body_buffer`` bytes of a body are buffered, and reading stops
+  while the connection's write buffer is above its high-water mark (a client
+  that pipelines and never reads cannot grow our memory);
+* at the connection cap the oldest idle connection, else the slowest head in
+  progress, is shed for a new one;
 * requests are answered one after the other by a loop, never by recursion.
 
 The connection hands each complete request head to a handler (the decision
 endpoints, the proxy, the admin endpoints: see :class:`Handler`), which answers
 at once with bytes, or with a coroutine for what must wait (a Redis store, an
 upstream).  Bad requests are counted and logged at most once per interval,
-never with a traceback.
+never with a traceback; so are the sidecar's own failures (500, counted apart).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import asyncio
 import logging
 import socket
 import time
+import traceback
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -54,6 +64,8 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: seconds an unwanted request body is still read (and dropped) after the answer,
 #: so that closing does not reset the connection under the answer (lingering close)
 LINGER = 2.0
+_HEAD_END = b"\r\n\r\n"
+_CR_LF = (b"\r", b"\n")
 _bad_log = LogEvery(10.0)
 _NAMES: dict[bytes, str] = {}  # field names as sent -> lower-case text (names repeat: decode once)
 
@@ -72,6 +84,7 @@ class Limits:
     header_timeout: float = 30.0
     body_timeout: float = 60.0
     keepalive_timeout: float = 75.0
+    send_timeout: float = 60.0
     max_head: int = 64 * 1024
     max_headers: int = 100
     max_pipeline: int = 32
@@ -148,6 +161,7 @@ class Body:
             try:
                 await asyncio.wait_for(self.waiter, conn.limits.body_timeout)
             except TimeoutError:
+                conn.state.timeouts["body"] += 1
                 raise ClientError(408, "the request body stopped arriving") from None
             finally:
                 self.waiter = None
@@ -229,42 +243,78 @@ class Handler(Protocol):
 
 
 class ServerState:
-    """The running server, apart from the config-holding Sidecar: its client
-    connections (swept when idle, the oldest idle one shed at the cap, closed at
-    shutdown) and the answers held back until the end of the current loop
-    iteration (see :meth:`HttpConnection.write`)."""
+    """The running listener, apart from the config-holding Sidecar: its client
+    connections (swept for timeouts, the oldest idle or slowest one shed at the
+    cap, closed at shutdown), what happened to them (counted for /metrics), and
+    the answers held back until the end of the current loop iteration (see
+    :meth:`HttpConnection.write`).  Each listener has its own, so a flood on
+    one cannot take the other's connections."""
 
-    __slots__ = ("conns", "out_batch", "max_connections", "shed")
+    __slots__ = ("conns", "out_batch", "max_connections", "shed", "refused", "timeouts", "queued_max", "errors")
 
     def __init__(self, max_connections: int = 10_000) -> None:
         self.conns: dict[HttpConnection, None] = {}  # insertion order: the oldest first
         self.out_batch: list[tuple[Any, bytes, bool]] | None = None
         self.max_connections = max_connections
         self.shed = 0  # connections closed to make room
+        self.refused = 0  # new connections refused: every one was busy
+        self.timeouts = {"header": 0, "body": 0, "keepalive": 0, "send": 0}
+        self.queued_max = 0  # the most requests one connection had queued at once
+        self.errors = 0  # requests answered 500 because the sidecar failed
 
     def add(self, conn: HttpConnection) -> bool:
-        """Register a new connection; at the cap, close the oldest idle one to make
-        room, and refuse the new one (False) when every connection is busy."""
+        """Register a new connection; at the cap, shed the oldest idle one, else the
+        one whose request head has been arriving the longest (a slow client: a
+        head in progress is not idle, but it has been given nothing yet), and
+        refuse the new one (False) when every connection is busy being answered."""
         if len(self.conns) >= self.max_connections:
-            victim = next((c for c in self.conns if c.idle), None)
+            victim = None
+            slow = None
+            for c in self.conns:
+                if c.cur is None and not c.queue and c.task is None:
+                    victim = c
+                    break
+                if c.in_head and not c.paused and not c.queue and (slow is None or c.head_since < slow.head_since):
+                    slow = c
+            victim = victim or slow
             if victim is None:
+                self.refused += 1
                 return False
             self.shed += 1
-            victim.close()
             self.conns.pop(victim, None)
+            victim.abort()
         self.conns[conn] = None
         return True
 
     def sweep(self, now: float) -> None:
         """Close what overstayed: a request head slower than ``header_timeout`` (408),
-        an idle keep-alive connection older than ``keepalive_timeout``.  Run about
-        twice a second by the server: per-connection clocks, no timer per request."""
+        an idle keep-alive connection older than ``keepalive_timeout``, answers
+        that left nothing for ``send_timeout`` (aborted).  Run about twice a
+        second by the server: per-connection clocks, no timer per request."""
         for c in list(self.conns):
             lim = c.limits
+            t = c.transport
+            if t is None:
+                continue
+            unsent = t.get_write_buffer_size()
+            if unsent:
+                sent = c.out_total - unsent
+                if sent != c.sent_mark:
+                    c.sent_mark, c.send_since = sent, now
+                elif now - c.send_since > lim.send_timeout:
+                    self.timeouts["send"] += 1
+                    c.abort()
+                    continue
+            else:
+                c.send_since = now
+            if c.closing:
+                continue
             if c.in_head:
                 if not c.paused and now - c.head_since > lim.header_timeout:
+                    self.timeouts["header"] += 1
                     c._refuse(ClientError(408, "the request head did not arrive in time"))
-            elif c.idle and c.task is None and not c.closing and now - c.last > lim.keepalive_timeout:
+            elif c.idle and c.task is None and now - c.last > lim.keepalive_timeout:
+                self.timeouts["keepalive"] += 1
                 c.close()
 
     def flush_out(self) -> None:
@@ -298,6 +348,8 @@ class HttpConnection(asyncio.Protocol):
         self.cur: Request | None = None  # the request being parsed
         self.task: asyncio.Task | None = None  # the answer being produced, if it had to wait
         self.paused: set[str] = set()
+        self.reading = True  # whether the transport is reading (pause_reading not in force)
+        self.pending: bytes | None = None  # read but not parsed yet: waits for room (see _feed)
         self.write_paused = False
         self._drained: asyncio.Future | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -308,6 +360,12 @@ class HttpConnection(asyncio.Protocol):
         self.stopped = False  # no more requests are parsed (a parse error, an upgrade, a last answer)
         self.closing = False
         self.last = _monotonic()
+        self.out_total = 0  # bytes handed to the transport (sweep: send_timeout)
+        self.sent_mark = 0
+        self.send_since = self.last
+        self._piece: bytes = b""  # what the parser is being fed (the request line check)
+        self._line: bytearray | None = None  # a request line arriving over several pieces
+        self._crlf_tail = False  # the last piece parsed ended with CR or LF
 
     # -- state -------------------------------------------------------------------------
 
@@ -322,17 +380,39 @@ class HttpConnection(asyncio.Protocol):
         return loop
 
     def pause(self, why: str) -> None:
-        if not self.paused and self.transport is not None:
-            self.transport.pause_reading()
         self.paused.add(why)
+        if self.reading and self.transport is not None:
+            self.reading = False
+            self.transport.pause_reading()
 
     def resume(self, why: str) -> None:
-        if why in self.paused:
-            self.paused.discard(why)
-            if not self.paused and self.transport is not None and not self.closing:
-                self.transport.resume_reading()
-                if self.in_head:  # the time we were not reading is not the client's
-                    self.head_since = _monotonic()
+        if why not in self.paused:
+            return
+        self.paused.discard(why)
+        if self.paused or self.closing or self.transport is None:
+            return
+        if self.pending is not None:  # parse what waited first (not from inside a callback)
+            self._loop().call_soon(self._feed_pending)
+            return
+        self._read_again()
+
+    def _read_again(self) -> None:
+        if not self.reading and not self.closing and not self.paused:
+            self.reading = True
+            self.transport.resume_reading()
+            if self.in_head:  # the time we were not reading is not the client's
+                self.head_since = _monotonic()
+
+    def _feed_pending(self) -> None:
+        data, self.pending = self.pending, None
+        if data is None or self.closing or self.stopped or self.lingering:
+            return
+        if self.paused:  # paused again meanwhile: keep waiting
+            self.pending = data
+            return
+        self._feed(data)
+        if not self.paused:
+            self._read_again()
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -359,6 +439,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.pending = None
         self.state.conns.pop(self, None)
         if self.task is not None:
             self.task.cancel()
@@ -395,7 +476,59 @@ class HttpConnection(asyncio.Protocol):
         if self.stopped or self.lingering:
             return
         self.last = _monotonic()
+        if self.pending is not None:  # a read delivered while paused: keep the order
+            self.pending += data
+            return
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """Parse ``data`` in pieces that cannot complete more request heads than the
+        queue has room for; when it is full (or reading is paused for another
+        reason), the rest waits unparsed in ``pending`` until :meth:`resume`.
+
+        In strict mode llhttp completes a head only at a CR LF CR LF, and the ends
+        of two heads never overlap: a piece holding ``n`` of them (counting one
+        that straddles the previous piece) completes at most ``n`` heads."""
+        limit = self.limits.max_pipeline
+        pos = 0
+        end = len(data)
+        while True:
+            room = limit - len(self.queue)
+            if room <= 0 or self.paused:
+                self.pending = data[pos:]
+                if room <= 0:
+                    self.pause("pipeline")
+                return
+            if self._crlf_tail:  # the previous piece may have ended in the middle of one
+                room -= 1
+            i = pos
+            cur = self.cur
+            if cur is not None and not self.in_head and cur.body is not None and cur.body.length is not None:
+                i += cur.body.length - cur.body.received  # the rest of a body ends no head
+            cut = end
+            if room <= 0:
+                cut = pos + 1
+            else:
+                for _ in range(room):  # just after the room-th end, if one more follows
+                    j = data.find(_HEAD_END, i)
+                    if j < 0:
+                        break
+                    i = j + 4
+                else:
+                    if data.find(_HEAD_END, i) >= 0:
+                        cut = i
+            if pos == 0 and cut == end:
+                self._parse(data)  # the usual case: the whole read at once
+                return
+            self._parse(data[pos:cut])
+            pos = cut
+            if pos >= end or self.stopped or self.closing or self.lingering:
+                return
+
+    def _parse(self, data: bytes) -> None:
         head = self.cur if self.in_head else None  # a head in progress before these bytes
+        self._piece = data
+        self._crlf_tail = data[-1:] in _CR_LF
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -404,19 +537,45 @@ class HttpConnection(asyncio.Protocol):
             self.stopped = True
             if self.queue:
                 req = self.queue[-1]
-                if req.method == "CONNECT":
-                    req.error = ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
-                else:
-                    req.error = ClientError(501, "protocol upgrades (WebSocket) are not supported by the sidecar")
+                if req.error is None:
+                    if req.method == "CONNECT":
+                        req.error = ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
+                    else:
+                        req.error = ClientError(501, "protocol upgrades (WebSocket) are not supported by the sidecar")
+        except httptools.HttpParserCallbackError as exc:  # our own callback failed: not the client's fault
+            self._refuse(self._failed(exc.__context__ or exc))
+            return
         except httptools.HttpParserError as exc:
-            self._refuse(ClientError(400, f"malformed request: {_reason(exc)}"))
+            self._refuse(self._parse_error(exc))
             return
-        if head is not None and self.in_head and self.cur is head:  # one head spanning whole reads
-            self.head_bytes += len(data)
-        if self.in_head and self.head_bytes > self.limits.max_head:
-            self._refuse(ClientError(431, f"the request head is larger than {self.limits.max_head} bytes"))
-            return
+        if self.in_head:
+            if head is not None and self.cur is head:  # one head spanning whole reads
+                self.head_bytes += len(data)
+            if self.head_bytes > self.limits.max_head:
+                self._refuse(ClientError(431, f"the request head is larger than {self.limits.max_head} bytes"))
+                return
+            cur = self.cur
+            if cur is not None and cur._size == 0:  # the request line may go on in the next read
+                line = self._line
+                if line is None:
+                    self._line = bytearray(data[-self.limits.max_head :])
+                elif len(line) + len(data) > self.limits.max_head + 1024:
+                    self._refuse(ClientError(431, f"the request line is longer than {self.limits.max_head} bytes"))
+                    return
+                else:
+                    line += data
         self._process()
+
+    def _parse_error(self, exc: httptools.HttpParserError) -> ClientError:
+        reason = _reason(exc)
+        if "HTTP version" in reason:
+            try:
+                major = int(self.parser.get_http_version().split(".")[0])
+            except ValueError:
+                major = 0
+            if major >= 2:  # as nginx: a version it cannot speak is 505, a malformed one 400
+                return ClientError(505, "HTTP/1.1 and HTTP/1.0 only")
+        return ClientError(400, f"malformed request: {reason}")
 
     # -- llhttp callbacks ----------------------------------------------------------------
 
@@ -426,6 +585,7 @@ class HttpConnection(asyncio.Protocol):
         self.head_bytes = 0
         self.in_head = True
         self.head_since = self.last
+        self._line = None
 
     def on_url(self, url: bytes) -> None:
         cur = self.cur
@@ -436,6 +596,8 @@ class HttpConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         cur = self.cur
         assert cur is not None
+        if cur._size == 0:
+            self._check_line(cur)
         cur._size += 1
         self.head_bytes += len(name) + len(value) + 4
         lname = _NAMES.get(name)
@@ -452,16 +614,33 @@ class HttpConnection(asyncio.Protocol):
         old = cur.fields.get(lname)
         cur.fields[lname] = v if old is None else f"{old}, {v}"  # RFC 9110 §5.3: one list
 
+    def _check_line(self, cur: Request) -> None:
+        """llhttp also takes ``RTSP/1.0`` (and ``ICE/1.0`` after SOURCE) for a
+        protocol, and reports it as HTTP/1.0; nginx refuses both (400), so do
+        we.  The request line is in the bytes fed since the head began."""
+        line = self._line
+        raw = self._piece if line is None else bytes(line) + self._piece
+        if b"RTSP/" not in raw and b"ICE/" not in raw:
+            return
+        start = self.parser.get_method() + b" " + cur._url + b" "
+        if start + b"RTSP/" in raw or start + b"ICE/" in raw or start not in raw:
+            cur.error = ClientError(400, "not an HTTP request (RTSP or ICE protocol)")
+
     def on_headers_complete(self) -> None:
         cur = self.cur
         assert cur is not None
+        if cur._size == 0:
+            self._check_line(cur)
         self.in_head = False
+        self._line = None
         p = self.parser
         cur.method = p.get_method().decode("latin-1")
-        cur.http10 = p.get_http_version() == "1.0"
+        version = p.get_http_version()
+        cur.http10 = version == "1.0"
         cur.keep = p.should_keep_alive()
         f = cur.fields
-        cur.error = _check(cur, self.limits)
+        if cur.error is None:
+            cur.error = _check(cur, self.limits, version)
         if cur.error is None and "expect" in f:
             if f["expect"].lower() == "100-continue":
                 cur.expect_continue = not cur.http10
@@ -471,9 +650,10 @@ class HttpConnection(asyncio.Protocol):
         cl = f.get("content-length")
         if te is not None or (cl is not None and cl != "0"):
             cur.body = Body(self, cur, int(cl) if te is None and cl is not None else None)
-        self.queue.append(cur)
-        if len(self.queue) > self.limits.max_pipeline:
-            self.pause("pipeline")
+        q = self.queue
+        q.append(cur)
+        if len(q) > self.state.queued_max:
+            self.state.queued_max = len(q)
 
     def on_body(self, data: bytes) -> None:
         cur = self.cur
@@ -492,9 +672,10 @@ class HttpConnection(asyncio.Protocol):
         """A request that cannot be parsed (or finish arriving): answered after the
         ones before it, then the connection closes."""
         self.stopped = True
+        self.pending = None
         cur, self.cur = self.cur, None
         self.in_head = False
-        if cur is not None and cur.body is not None:  # refused mid-body: its reader answers
+        if cur is not None and cur.body is not None and cur in self.queue:  # refused mid-body: its reader answers
             cur.keep = False
             cur.body.fail(err)
         else:
@@ -509,10 +690,13 @@ class HttpConnection(asyncio.Protocol):
         while self.queue and self.task is None and not self.closing:
             req = self.queue[0]
             if req.error is not None:
-                if req.error.status != 408:
-                    self._note_bad(req.error)
+                err = req.error
+                if err.status == 500:
+                    pass  # counted and logged where it happened (_failed)
+                elif err.status != 408:
+                    self._note_bad(err)
                 out: bytes | Awaitable[bytes | None] = responses.problem(
-                    req.error.status, responses.REASONS.get(req.error.status, "Error"), req.error.detail, keep=False
+                    err.status, responses.REASONS.get(err.status, "Error"), err.detail, keep=False
                 )
                 req.keep = False
             else:
@@ -523,12 +707,16 @@ class HttpConnection(asyncio.Protocol):
                     out = responses.problem(exc.status, responses.REASONS.get(exc.status, "Error"), exc.detail,
                                             keep=False)  # fmt: skip
                     req.keep = False
+                except Exception as exc:  # never out of data_received: one 500, one bounded log line
+                    err = self._failed(exc)
+                    out = responses.problem(500, "Internal Server Error", err.detail, keep=False)
+                    req.keep = False
             if isinstance(out, bytes):
                 self._done(req, out)
                 continue
             self.task = self._loop().create_task(self._wait(req, out))
             return
-        if len(self.queue) <= self.limits.max_pipeline // 2:
+        if "pipeline" in self.paused and len(self.queue) <= self.limits.max_pipeline // 2:
             self.resume("pipeline")
 
     async def _wait(self, req: Request, pending: Awaitable[bytes | None]) -> None:
@@ -541,16 +729,28 @@ class HttpConnection(asyncio.Protocol):
             req.keep = False
         except (asyncio.CancelledError, ConnectionError):
             raise
-        except Exception:  # never leave the connection hanging; the log stays bounded
-            held = _bad_log.due("handler-error")
-            if held >= 0:
-                log.exception("the answer failed; 500 (%d more since the last report)", held)
-            out = responses.problem(500, "Internal Server Error", "the sidecar failed; see its log", keep=False)
+        except Exception as exc:  # never leave the connection hanging; the log stays bounded
+            err = self._failed(exc)
+            out = responses.problem(500, "Internal Server Error", err.detail, keep=False)
             req.keep = False
         self.task = None
         self._done(req, out)
         if not self.closing:
             self._loop().call_soon(self._process)
+
+    def _failed(self, exc: BaseException) -> ClientError:
+        """The sidecar failed answering (a bug, not the client's doing): counted, and
+        logged at most once per interval with where it happened, no traceback."""
+        self.state.errors += 1
+        held = _bad_log.due("handler-error")
+        if held >= 0:
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+            more = f" ({held} more since the last report)" if held else ""
+            log.error("the answer to a request from %s failed: %s: %s%s; 500%s",
+                      self.peer, type(exc).__name__, str(exc)[:200], where, more)  # fmt: skip
+            log.debug("the failure in full", exc_info=exc)
+        return ClientError(500, "the sidecar failed; see its log")
 
     def _done(self, req: Request, out: bytes | None) -> None:
         """The answer of the oldest request is complete: send it and go on."""
@@ -572,6 +772,7 @@ class HttpConnection(asyncio.Protocol):
         reset the answer out of the client's buffer."""
         self.stopped = True
         self.closing = True
+        self.pending = None
         t = self.transport
         if t is None:
             return
@@ -585,7 +786,9 @@ class HttpConnection(asyncio.Protocol):
             self.lingering = True  # drop everything that still comes
             self.stopped = False
             self.paused.clear()
-            t.resume_reading()
+            if not self.reading:
+                self.reading = True
+                t.resume_reading()
             self._loop().call_later(LINGER, t.close)
         else:
             t.close()
@@ -598,6 +801,7 @@ class HttpConnection(asyncio.Protocol):
         t = self.transport
         if t is None or t.is_closing():
             return
+        self.out_total += len(out)
         state = self.state
         batch = state.out_batch
         if batch is None:
@@ -619,10 +823,12 @@ class HttpConnection(asyncio.Protocol):
             return
         if self.state.out_batch:
             self.state.flush_out()
+        self.out_total += len(out)
         t.write(out)
 
     async def drain(self) -> None:
-        """Wait while the client's write buffer is above its high-water mark."""
+        """Wait while the client's write buffer is above its high-water mark (the
+        sweep aborts a client that reads nothing for ``send_timeout``)."""
         if self.write_paused and not self.closing:
             self._drained = self._loop().create_future()
             try:
@@ -631,10 +837,20 @@ class HttpConnection(asyncio.Protocol):
                 self._drained = None
 
     def close(self) -> None:
+        """Close after the unsent answers (the sweep aborts the connection if they
+        make no progress for ``send_timeout``)."""
         self.closing = True
+        self.pending = None
         if self.transport is not None:
             self.state.flush_out()
             self.transport.close()
+
+    def abort(self) -> None:
+        """Close now, dropping what is unsent: the descriptor and buffers are freed."""
+        self.closing = True
+        self.pending = None
+        if self.transport is not None:
+            self.transport.abort()
 
     def _note_bad(self, err: ClientError) -> None:
         self.handler.bad_request()
@@ -649,10 +865,14 @@ def _reason(exc: Exception) -> str:
     return text[:100]
 
 
-def _check(req: Request, limits: Limits) -> ClientError | None:
+def _check(req: Request, limits: Limits, version: str) -> ClientError | None:
     """What nginx refuses and llhttp lets through; the target split into path and query."""
     if req._size > limits.max_headers:
         return ClientError(431, f"more than {limits.max_headers} header fields")
+    if version != "1.1" and version != "1.0":  # llhttp also takes 0.9 and 2.0
+        if version >= "2":
+            return ClientError(505, "HTTP/1.1 and HTTP/1.0 only")
+        return ClientError(400, f"HTTP/{version} requests are not served")
     f = req.fields
     if req.http10:
         if "transfer-encoding" in f:
