@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 import traceback
@@ -51,6 +52,7 @@ from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 import httptools
 
@@ -205,7 +207,8 @@ class Request:
         "error",
         "_url",
         "_size",
-        "_hosts",
+        "_unique",
+        "_dup",
     )
 
     def __init__(self) -> None:
@@ -223,7 +226,8 @@ class Request:
         self.error: ClientError | None = None
         self._url = b""
         self._size = 0
-        self._hosts = 0
+        self._unique: set[str] | None = None  # the fields of _UNIQUE seen
+        self._dup = ""  # one of them seen twice
 
 
 class Handler(Protocol):
@@ -603,8 +607,16 @@ class HttpConnection(asyncio.Protocol):
         lname = _NAMES.get(name)
         if lname is None:
             lname = _name(name)
-        if lname == "host":
-            cur._hosts += 1
+        if lname in _EDGE_TAB and b"\t" in self._piece and _edge_tab(self._piece, name):
+            cur.error = cur.error or ClientError(400, f"a tab around the value of {lname!r}")
+        if lname in _UNIQUE:
+            seen = cur._unique
+            if seen is None:
+                cur._unique = {lname}
+            elif lname in seen:
+                cur._dup = lname
+            else:
+                seen.add(lname)
         wanted = self.wanted
         if wanted is not None and lname not in wanted:
             return
@@ -874,23 +886,31 @@ def _check(req: Request, limits: Limits, version: str) -> ClientError | None:
             return ClientError(505, "HTTP/1.1 and HTTP/1.0 only")
         return ClientError(400, f"HTTP/{version} requests are not served")
     f = req.fields
+    te = f.get("transfer-encoding")
+    if te is not None and te.rstrip(" ").lower() != "chunked":  # nginx's rule; llhttp takes ",chunked" too
+        return ClientError(501, "the only Transfer-Encoding understood is 'chunked'")
+    if req._dup:
+        return ClientError(400, f"a duplicate {req._dup!r} field")
     if req.http10:
-        if "transfer-encoding" in f:
+        if te is not None:
             return ClientError(400, "Transfer-Encoding is not allowed in HTTP/1.0")
-    elif req._hosts != 1:
+    elif req._unique is None or "host" not in req._unique:
         return ClientError(400, "HTTP/1.1 requests need exactly one Host header")
+    host = f.get("host")
+    if host is not None and not _valid_host(host.rstrip(" ")):  # llhttp keeps trailing spaces, nginx drops them
+        return ClientError(400, "an invalid Host")
     if req.method == "CONNECT":
         return ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
     target = req._url.decode("latin-1")
     req.target = target
     if target.startswith("/"):
         path = target
-    elif target.startswith(("http://", "https://")):  # absolute-form (RFC 9112 §3.2.2): its path
+    elif target[:8].lower().startswith(("http://", "https://")):  # absolute-form (RFC 9112 §3.2.2): its path
         rest = target[target.index("//") + 2 :]
         cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
         authority = rest[:cut]
-        if not authority or "@" in authority:
-            return ClientError(400, "an absolute-form target needs a host and no user information")
+        if not _AUTHORITY.match(authority) or not _valid_host(authority):
+            return ClientError(400, "an absolute-form target needs a host name or address, no user information")
         path = rest[cut:] or "/"
         if path.startswith("?"):
             path = "/" + path
@@ -906,4 +926,64 @@ def _check(req: Request, limits: Limits, version: str) -> ClientError | None:
     h = path.find("#")
     if h >= 0:
         return ClientError(400, "a fragment is not part of a request target")
+    if "%" in req.path or "/." in req.path:
+        return _check_path(req.path)
+    return None
+
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+#: fields nginx refuses to see twice (ngx_http_process_unique_header_line, and Host);
+#: llhttp already refuses a second Content-Length or Transfer-Encoding
+_UNIQUE = frozenset(
+    ("host", "if-modified-since", "if-unmodified-since", "if-match", "if-none-match", "content-range", "authorization")
+)
+#: fields nginx validates with a tab at either end of the value kept (it takes only
+#: spaces for optional whitespace; llhttp, as RFC 9110, takes tabs too and drops them)
+_EDGE_TAB = frozenset(("host", "content-length", "transfer-encoding"))
+#: the authority of an absolute-form target, as nginx parses it: letters, digits, '.'
+#: and '-' (or an IPv6 literal), then an optional port of digits
+_AUTHORITY = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?\Z")
+_HOST_BAD = re.compile(r"[\x00-\x20\x7f/]|\.\.")
+
+
+def _edge_tab(raw: bytes, name: bytes) -> bool:
+    """Whether the field line of ``name`` in ``raw`` has a tab at an end of its value."""
+    n = re.escape(name)
+    return re.search(rb"(?:^|\n)" + n + rb":(?: *\t|[^\r\n]*\t *\r)", raw) is not None
+
+
+def _valid_host(host: str) -> bool:
+    """nginx's ngx_http_validate_host: no control bytes, space, '/' or '..', and a
+    name left once the port and a trailing dot are taken off."""
+    if _HOST_BAD.search(host):
+        return False
+    if host.startswith("["):
+        end = host.find("]")
+        name = host[: end + 1] if end >= 0 else host
+    else:
+        name = host.split(":", 1)[0]
+    return name not in ("", ".")
+
+
+def _check_path(path: str) -> ClientError | None:
+    """What nginx refuses in a path (400), so that the application never gets a
+    request nginx would not forward: a ``%`` not followed by two hex digits, an
+    encoded NUL, and dot segments that climb above the root once ``%XX`` is
+    decoded (``%2f`` included) and repeated slashes are merged (``/../x``,
+    ``/%2e%2e/x``, ``/a/../..``)."""
+    if "%" in path:
+        if _BAD_ESCAPE.search(path):
+            return ClientError(400, "a malformed percent-encoding in the path")
+        path = unquote(path, errors="surrogateescape")
+        if "\x00" in path:
+            return ClientError(400, "an encoded NUL in the path")
+    if "/." in path:
+        depth = 0
+        for seg in path.split("/"):
+            if seg == ".." and depth == 0:
+                return ClientError(400, "the path climbs above the root")
+            if seg == "..":
+                depth -= 1
+            elif seg and seg != ".":
+                depth += 1
     return None
