@@ -471,6 +471,9 @@ class HttpConnection(asyncio.Protocol):
         # with requests in flight is how some clients end)
         if self.cur is not None and self.cur.body is not None:
             self.cur.body.fail(ClientError(400, "the request body ended early"))
+        elif self.in_head:  # a head cut short: nothing to answer (nginx closes too)
+            self.cur = None
+            self.in_head = False
         if self.idle and self.task is None:
             return False
         self.stopped = True

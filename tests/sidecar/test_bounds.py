@@ -247,6 +247,18 @@ def test_a_stalled_client_releases_the_upstream_connection_at_the_send_timeout(s
     assert scrape(sc, "netlimit_http_connection_timeouts_total", listener="main", kind="send") == 1
 
 
+def test_a_client_that_ends_in_the_middle_of_a_head_is_closed_at_once(sidecar, raw_upstream):
+    """A half-close after part of a head: nothing can complete it, so the connection
+    closes now (as nginx does), not at the header timeout."""
+    sc = sidecar(raw_upstream.url, "--header-timeout", "30")
+    with connect(sc.port) as s:
+        s.sendall(b"GET /a HTTP/1.1\r\nHo")
+        s.shutdown(socket.SHUT_WR)
+        t0 = time.monotonic()
+        out, closed = read_until_closed(s, 10)
+    assert closed and out == b"" and time.monotonic() - t0 < 3
+
+
 # --- connection caps ----------------------------------------------------------------------------------
 
 
