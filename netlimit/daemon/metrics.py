@@ -73,6 +73,7 @@ class Metrics:
 
         class Handler(base):
             timeout = CLIENT_TIMEOUT  # each write of the answer
+            rfile: io.BufferedIOBase
 
             def setup(self) -> None:
                 super().setup()
