@@ -267,20 +267,27 @@ class ServerState:
         self.errors = 0  # requests answered 500 because the sidecar failed
 
     def add(self, conn: HttpConnection) -> bool:
-        """Register a new connection; at the cap, shed the oldest idle one, else the
-        one whose request head has been arriving the longest (a slow client: a
-        head in progress is not idle, but it has been given nothing yet), and
-        refuse the new one (False) when every connection is busy being answered."""
+        """Register a new connection; at the cap, shed the one that has been waiting on
+        its client the longest -- idle between requests, or in the middle of a
+        request head (a slow client: not idle, but given nothing yet) -- and refuse
+        the new one (False) when every connection is busy being answered.  A
+        connection just accepted has waited the least, so it is not shed for the
+        next one; a head trickling in for seconds goes before an idle keep-alive
+        connection that answered a moment ago."""
         if len(self.conns) >= self.max_connections:
             victim = None
-            slow = None
+            oldest = _monotonic()
             for c in self.conns:
-                if c.cur is None and not c.queue and c.task is None:
-                    victim = c
-                    break
-                if c.in_head and not c.paused and not c.queue and (slow is None or c.head_since < slow.head_since):
-                    slow = c
-            victim = victim or slow
+                if c.in_head:
+                    if c.paused or c.queue:
+                        continue
+                    since = c.head_since
+                elif c.cur is None and not c.queue and c.task is None:
+                    since = c.last
+                else:
+                    continue
+                if since < oldest:
+                    victim, oldest = c, since
             if victim is None:
                 self.refused += 1
                 return False
@@ -654,6 +661,8 @@ class HttpConnection(asyncio.Protocol):
         cur.http10 = version == "1.0"
         cur.keep = p.should_keep_alive()
         f = cur.fields
+        if self.head_bytes > self.limits.max_head:  # a head that arrived whole in one read
+            cur.error = ClientError(431, f"the request head is larger than {self.limits.max_head} bytes")
         if cur.error is None:
             cur.error = _check(cur, self.limits, version)
         if cur.error is None and "expect" in f:

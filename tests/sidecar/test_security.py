@@ -218,6 +218,14 @@ def test_invalid_requests_are_400_like_nginx_and_never_forwarded(proxy, nginx, a
     assert settle(app, before, 0.3) == []
 
 
+@pytest.mark.parametrize("size", [70_000, 200_000])
+def test_an_oversized_head_is_431_and_never_forwarded_even_in_one_read(proxy, app, size):
+    before = app.count()
+    raw = b"GET /big HTTP/1.1\r\nHost: a\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
+    assert statuses(exchange(proxy.port, raw)) == [431]
+    assert settle(app, before, 0.3) == []
+
+
 # what nginx answers for versions and protocols llhttp accepts (or refuses) differently
 VERSIONS = {
     "http-2.0": (b"GET /login HTTP/2.0\r\nHost: a\r\n\r\n", 505),
