@@ -69,14 +69,18 @@ LINGER = 2.0
 _HEAD_END = b"\r\n\r\n"
 _CR_LF = (b"\r", b"\n")
 _bad_log = LogEvery(10.0)
-_NAMES: dict[bytes, str] = {}  # field names as sent -> lower-case text (names repeat: decode once)
+#: field names as sent -> (lower-case text, what on_header checks: see _SPECIAL);
+#: names repeat, so each is decoded and looked up once
+_NAMES: dict[bytes, tuple[str, tuple[int, bool] | None]] = {}
+_METHODS: dict[bytes, str] = {}  # llhttp's method names -> text
 
 
-def _name(raw: bytes) -> str:
+def _name(raw: bytes) -> tuple[str, tuple[int, bool] | None]:
     if len(_NAMES) >= 4096:  # clients choose names: bounded
         _NAMES.clear()
-    s = _NAMES[raw] = raw.decode("latin-1").lower()
-    return s
+    lname = raw.decode("latin-1").lower()
+    info = _NAMES[raw] = (lname, _SPECIAL.get(lname))
+    return info
 
 
 @dataclass
@@ -207,7 +211,7 @@ class Request:
         "error",
         "_url",
         "_size",
-        "_unique",
+        "_seen",
         "_dup",
     )
 
@@ -226,7 +230,7 @@ class Request:
         self.error: ClientError | None = None
         self._url = b""
         self._size = 0
-        self._unique: set[str] | None = None  # the fields of _UNIQUE seen
+        self._seen = 0  # the fields of _UNIQUE seen (their bits, see _SPECIAL)
         self._dup = ""  # one of them seen twice
 
 
@@ -370,13 +374,15 @@ class HttpConnection(asyncio.Protocol):
         self.lingering = False  # the answer is out; what still arrives is dropped
         self.stopped = False  # no more requests are parsed (a parse error, an upgrade, a last answer)
         self.closing = False
-        self.last = _monotonic()
+        self.last = _monotonic()  # the last answer (or the connection's start): idle since
         self.out_total = 0  # bytes handed to the transport (sweep: send_timeout)
         self.sent_mark = 0
         self.send_since = self.last
         self._piece: bytes = b""  # what the parser is being fed (the request line check)
         self._line: bytearray | None = None  # a request line arriving over several pieces
-        self._crlf_tail = False  # the last piece parsed ended with CR or LF
+        self._crlf_tail = False  # the last piece parsed ended with CR or LF in the middle of a head
+        self._fresh = False  # the piece being parsed began between two messages
+        self._at0 = False  # the head being parsed began at the start of its piece
 
     # -- state -------------------------------------------------------------------------
 
@@ -486,14 +492,66 @@ class HttpConnection(asyncio.Protocol):
         self.stopped = True
         return True
 
-    def data_received(self, data: bytes) -> None:
-        if self.stopped or self.lingering:
+    def data_received(self, data: bytes, piece: bool = False) -> None:
+        """A read (or, from :meth:`_feed`, a piece of one that fits the queue)."""
+        if not piece:
+            if self.stopped or self.lingering:
+                return
+            if self.pending is not None:  # a read delivered while paused: keep the order
+                self.pending += data
+                return
+            if (
+                self.paused or self._crlf_tail or data.count(_HEAD_END) > self.limits.max_pipeline - len(self.queue)
+            ):  # more heads than there is room for (the usual read fits: parsed here at once)
+                self._feed(data)
+                return
+        head = self.cur if self.in_head else None  # a head in progress before these bytes
+        self._piece = data
+        self._fresh = self.cur is None  # between messages: the next one may begin at the piece's start
+        self._crlf_tail = False
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # CONNECT or an Upgrade request: its head is queued (on_headers_complete);
+            # what follows it is not HTTP for us
+            self.stopped = True
+            if self.queue:
+                req = self.queue[-1]
+                if req.error is None:
+                    if req.method == "CONNECT":
+                        req.error = ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
+                    else:
+                        req.error = ClientError(501, "protocol upgrades (WebSocket) are not supported by the sidecar")
+        except httptools.HttpParserCallbackError as exc:  # our own callback failed: not the client's fault
+            self._refuse(self._failed(exc.__context__ or exc))
             return
-        self.last = _monotonic()
-        if self.pending is not None:  # a read delivered while paused: keep the order
-            self.pending += data
+        except httptools.HttpParserError as exc:
+            self._refuse(self._parse_error(exc))
             return
-        self._feed(data)
+        if self.in_head:
+            self._head_goes_on(data, head)
+            if self.stopped:
+                return
+        self._process()
+
+    def _head_goes_on(self, data: bytes, head: Request | None) -> None:
+        """A head still arriving at the end of a piece: its size so far, its request
+        line kept for _check_line, a terminator that may straddle the next piece."""
+        self._crlf_tail = data.endswith(_CR_LF)
+        if head is not None and self.cur is head:  # one head spanning whole reads
+            self.head_bytes += len(data)
+        if self.head_bytes > self.limits.max_head:
+            self._refuse(ClientError(431, f"the request head is larger than {self.limits.max_head} bytes"))
+            return
+        cur = self.cur
+        if cur is not None and cur._size == 0:  # the request line may go on in the next read
+            line = self._line
+            if line is None:
+                self._line = bytearray(data[-self.limits.max_head :])
+            elif len(line) + len(data) > self.limits.max_head + 1024:
+                self._refuse(ClientError(431, f"the request line is longer than {self.limits.max_head} bytes"))
+            else:
+                line += data
 
     def _feed(self, data: bytes) -> None:
         """Parse ``data`` in pieces that cannot complete more request heads than the
@@ -532,53 +590,12 @@ class HttpConnection(asyncio.Protocol):
                     if data.find(_HEAD_END, i) >= 0:
                         cut = i
             if pos == 0 and cut == end:
-                self._parse(data)  # the usual case: the whole read at once
+                self.data_received(data, True)
                 return
-            self._parse(data[pos:cut])
+            self.data_received(data[pos:cut], True)
             pos = cut
             if pos >= end or self.stopped or self.closing or self.lingering:
                 return
-
-    def _parse(self, data: bytes) -> None:
-        head = self.cur if self.in_head else None  # a head in progress before these bytes
-        self._piece = data
-        self._crlf_tail = data[-1:] in _CR_LF
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # CONNECT or an Upgrade request: its head is queued (on_headers_complete);
-            # what follows it is not HTTP for us
-            self.stopped = True
-            if self.queue:
-                req = self.queue[-1]
-                if req.error is None:
-                    if req.method == "CONNECT":
-                        req.error = ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
-                    else:
-                        req.error = ClientError(501, "protocol upgrades (WebSocket) are not supported by the sidecar")
-        except httptools.HttpParserCallbackError as exc:  # our own callback failed: not the client's fault
-            self._refuse(self._failed(exc.__context__ or exc))
-            return
-        except httptools.HttpParserError as exc:
-            self._refuse(self._parse_error(exc))
-            return
-        if self.in_head:
-            if head is not None and self.cur is head:  # one head spanning whole reads
-                self.head_bytes += len(data)
-            if self.head_bytes > self.limits.max_head:
-                self._refuse(ClientError(431, f"the request head is larger than {self.limits.max_head} bytes"))
-                return
-            cur = self.cur
-            if cur is not None and cur._size == 0:  # the request line may go on in the next read
-                line = self._line
-                if line is None:
-                    self._line = bytearray(data[-self.limits.max_head :])
-                elif len(line) + len(data) > self.limits.max_head + 1024:
-                    self._refuse(ClientError(431, f"the request line is longer than {self.limits.max_head} bytes"))
-                    return
-                else:
-                    line += data
-        self._process()
 
     def _parse_error(self, exc: httptools.HttpParserError) -> ClientError:
         reason = _reason(exc)
@@ -598,8 +615,9 @@ class HttpConnection(asyncio.Protocol):
         self.wanted = self.handler.wanted  # per request: a reload may change what the actions read
         self.head_bytes = 0
         self.in_head = True
-        self.head_since = self.last
+        self.head_since = _monotonic()
         self._line = None
+        self._at0, self._fresh = self._fresh, False
 
     def on_url(self, url: bytes) -> None:
         cur = self.cur
@@ -610,23 +628,25 @@ class HttpConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         cur = self.cur
         assert cur is not None
-        if cur._size == 0:
+        if cur._size == 0 and not (
+            self._line is None
+            and self._at0
+            and self._piece.startswith(b"HTTP/", len(self.parser.get_method()) + len(cur._url) + 2)
+        ):  # the usual head began this piece, its protocol where it must be; else look (RTSP, ICE)
             self._check_line(cur)
         cur._size += 1
         self.head_bytes += len(name) + len(value) + 4
-        lname = _NAMES.get(name)
-        if lname is None:
-            lname = _name(name)
-        if lname in _EDGE_TAB and b"\t" in self._piece and _edge_tab(self._piece, name):
-            cur.error = cur.error or ClientError(400, f"a tab around the value of {lname!r}")
-        if lname in _UNIQUE:
-            seen = cur._unique
-            if seen is None:
-                cur._unique = {lname}
-            elif lname in seen:
+        info = _NAMES.get(name)
+        if info is None:
+            info = _name(name)
+        lname, special = info
+        if special is not None:
+            bit, edge = special
+            if edge and b"\t" in self._piece and _edge_tab(self._piece, name):
+                cur.error = cur.error or ClientError(400, f"a tab around the value of {lname!r}")
+            if cur._seen & bit:
                 cur._dup = lname
-            else:
-                seen.add(lname)
+            cur._seen |= bit
         wanted = self.wanted
         if wanted is not None and lname not in wanted:
             return
@@ -641,10 +661,11 @@ class HttpConnection(asyncio.Protocol):
         protocol, and reports it as HTTP/1.0; nginx refuses both (400), so do
         we.  The request line is in the bytes fed since the head began."""
         line = self._line
+        method = self.parser.get_method()
         raw = self._piece if line is None else bytes(line) + self._piece
         if b"RTSP/" not in raw and b"ICE/" not in raw:
             return
-        start = self.parser.get_method() + b" " + cur._url + b" "
+        start = method + b" " + cur._url + b" "
         if start + b"RTSP/" in raw or start + b"ICE/" in raw or start not in raw:
             cur.error = ClientError(400, "not an HTTP request (RTSP or ICE protocol)")
 
@@ -656,7 +677,11 @@ class HttpConnection(asyncio.Protocol):
         self.in_head = False
         self._line = None
         p = self.parser
-        cur.method = p.get_method().decode("latin-1")
+        m = p.get_method()
+        method = _METHODS.get(m)
+        if method is None:  # llhttp's names: a bounded set
+            method = _METHODS[m] = m.decode("latin-1")
+        cur.method = method
         version = p.get_http_version()
         cur.http10 = version == "1.0"
         cur.keep = p.should_keep_alive()
@@ -906,11 +931,17 @@ def _check(req: Request, limits: Limits, version: str) -> ClientError | None:
     if req.http10:
         if te is not None:
             return ClientError(400, "Transfer-Encoding is not allowed in HTTP/1.0")
-    elif req._unique is None or "host" not in req._unique:
+    elif not req._seen & _HOST_BIT:
         return ClientError(400, "HTTP/1.1 requests need exactly one Host header")
     host = f.get("host")
-    if host is not None and not _valid_host(host.rstrip(" ")):  # llhttp keeps trailing spaces, nginx drops them
-        return ClientError(400, "an invalid Host")
+    if host is not None:
+        ok = _HOSTS_OK.get(host)
+        if ok is None:
+            if len(_HOSTS_OK) >= 1024:  # clients choose them: bounded
+                _HOSTS_OK.clear()
+            ok = _HOSTS_OK[host] = _valid_host(host.rstrip(" "))  # llhttp keeps trailing spaces, nginx drops them
+        if not ok:
+            return ClientError(400, "an invalid Host")
     if req.method == "CONNECT":
         return ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
     target = req._url.decode("latin-1")
@@ -952,6 +983,13 @@ _UNIQUE = frozenset(
 #: fields nginx validates with a tab at either end of the value kept (it takes only
 #: spaces for optional whitespace; llhttp, as RFC 9110, takes tabs too and drops them)
 _EDGE_TAB = frozenset(("host", "content-length", "transfer-encoding"))
+#: what on_header checks beyond collecting, by field (one lookup for the usual field):
+#: (the field's bit in Request._seen if it may appear once, whether tabs around its
+#: value are refused)
+_SPECIAL = {name: (1 << i if name in _UNIQUE else 0, name in _EDGE_TAB)
+            for i, name in enumerate(sorted(_UNIQUE | _EDGE_TAB))}  # fmt: skip
+_HOST_BIT = _SPECIAL["host"][0]
+_HOSTS_OK: dict[str, bool] = {}  # Host values checked (they repeat: checked once)
 #: the authority of an absolute-form target, as nginx parses it: letters, digits, '.'
 #: and '-' (or an IPv6 literal), then an optional port of digits
 _AUTHORITY = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?\Z")

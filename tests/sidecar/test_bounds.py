@@ -203,6 +203,23 @@ def test_an_idle_keep_alive_connection_is_closed_at_the_keepalive_timeout(sideca
     assert scrape(sc, "netlimit_http_connection_timeouts_total", listener="main", kind="keepalive") == 1
 
 
+def test_empty_lines_do_not_keep_a_connection_open(sidecar, raw_upstream):
+    """CR LF before a request line is skipped (llhttp, as nginx): a client sending
+    only that, forever, is idle, and closed at the keep-alive timeout."""
+    sc = sidecar(raw_upstream.url, "--keepalive-timeout", "1", "--header-timeout", "30")
+    with connect(sc.port) as s:
+        t0 = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - t0 < 8:
+            try:
+                s.sendall(b"\r\n")
+            except OSError:
+                break
+            out, closed = read_until_closed(s, 0.3)
+        took = time.monotonic() - t0
+    assert closed and 0.9 <= took < 4, took
+
+
 def test_a_client_that_pipelines_and_never_reads_is_aborted_at_the_send_timeout(sidecar, raw_upstream):
     """Its answers stop leaving: after --send-timeout the connection is aborted (a
     plain close would wait for ever for the client to read them), so its
