@@ -55,7 +55,10 @@ log = logging.getLogger("netlimit.sidecar")
 _upstream_log = LogEvery(10.0)
 
 MAX_IDLE = 256  # idle upstream connections kept
-IDLE_UPSTREAM = 30.0  # seconds an idle upstream connection is trusted
+#: seconds an idle upstream connection is trusted: below the keep-alive timeouts
+#: applications commonly have (Node's 5 s), so that a request seldom meets a
+#: connection the upstream is closing at that moment (a body cannot be retried)
+IDLE_UPSTREAM = 4.0
 MAX_RESPONSE_HEAD = 64 * 1024
 HIGH_WATER = 256 * 1024  # response bytes buffered from the upstream before its reading pauses
 IDEMPOTENT = frozenset(("GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"))

@@ -38,8 +38,14 @@ class RawUpstream:
     * ``/huge``: a 200 with a body of 1 GiB, sent as fast as the sidecar takes it;
       ``closed`` is set when the sidecar closes the connection under it;
     * ``/cl-superscript``, ``/cl-5000``: a 200 whose Content-Length is ``²`` or 5000 digits;
-    * anything else: a short 200.
+    * anything else: a short 200;
+
+    and a connection idle for more than ``keepalive`` seconds is closed when its
+    next request arrives, unanswered (an application's keep-alive timeout
+    meeting a request: the close races the request).
     """
+
+    keepalive = 4.5
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -75,6 +81,7 @@ class RawUpstream:
     def _serve(self, c: socket.socket) -> None:
         buf = b""
         c.settimeout(60)
+        last = time.monotonic()
         try:
             while not self.stopped:
                 while b"\r\n\r\n" not in buf:
@@ -82,6 +89,9 @@ class RawUpstream:
                     if not data:
                         return
                     buf += data
+                if time.monotonic() - last > self.keepalive:
+                    return  # it timed out just as the request came
+                last = time.monotonic()
                 head, _, buf = buf.partition(b"\r\n\r\n")
                 m = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
                 need = int(m.group(1)) if m else 0
@@ -401,6 +411,16 @@ def test_an_upstream_that_stops_answering_still_gets_504(sidecar, raw_upstream):
     t0 = time.monotonic()
     r = request(sc.port, "GET", "/hang", timeout=10)
     assert r.status == 504 and 0.9 <= time.monotonic() - t0 < 5
+
+
+def test_a_pooled_connection_is_not_kept_past_common_keep_alive_timeouts(sidecar, raw_upstream):
+    """An application that closes connections idle for 4.5 s as the next request
+    arrives: a POST (which cannot be retried) 5 s after the last request still goes
+    on a fresh connection, not the stale pooled one, and gets its answer."""
+    sc = sidecar(raw_upstream.url)
+    assert request(sc.port, "POST", "/a", body=b"x").status == 200
+    time.sleep(5)  # the idle time under test
+    assert request(sc.port, "POST", "/b", body=b"y").status == 200
 
 
 # --- broken upstream framing -------------------------------------------------------------------------------
