@@ -3,15 +3,18 @@ at scrape time."""
 
 from __future__ import annotations
 
+import io
 import logging
+import socket
+import time
 from typing import Any
 
 from .kernel_ops import KernelOps
-from .status import Status
+from .status import DeadlineReader, Status
 
 log = logging.getLogger("netlimit.daemon")
 
-#: scrapers served at once, and the seconds each has to send its request
+#: scrapers served at once, and the seconds each has to send its whole request
 MAX_CLIENTS = 16
 CLIENT_TIMEOUT = 5.0
 
@@ -55,9 +58,8 @@ class Metrics:
 
     def serve(self, hostport: str) -> None:
         """Serve /metrics on HOST:PORT in a thread: at most ``MAX_CLIENTS`` at once,
-        each with ``CLIENT_TIMEOUT`` seconds to send its request (a slow or idle
-        client cannot hold a thread for ever, nor many of them pile up)."""
-        import socket
+        each with ``CLIENT_TIMEOUT`` seconds to send its whole request (a slow or
+        idle client cannot hold a thread for ever, nor many of them pile up)."""
         import threading
         from http.server import ThreadingHTTPServer
 
@@ -66,7 +68,25 @@ class Metrics:
         from ..listen import parse_listen
 
         host, port = parse_listen(hostport, "--metrics")
-        handler = type("Handler", (MetricsHandler.factory(self.registry),), {"timeout": CLIENT_TIMEOUT})
+
+        base: Any = MetricsHandler.factory(self.registry)  # a class made at run time
+
+        class Handler(base):
+            timeout = CLIENT_TIMEOUT  # each write of the answer
+            rfile: io.BufferedIOBase
+
+            def setup(self) -> None:
+                super().setup()
+                self.rfile.close()  # the socket stays open: read it through the deadline instead
+                raw = DeadlineReader(self.connection, time.monotonic() + CLIENT_TIMEOUT)
+                self.rfile = io.BufferedReader(raw)
+
+            def parse_request(self) -> bool:
+                ok = super().parse_request()
+                self.connection.settimeout(CLIENT_TIMEOUT)  # the request is in: the answer's own timeout
+                return ok
+
+        handler = Handler
         slots = threading.BoundedSemaphore(MAX_CLIENTS)
 
         class Server(ThreadingHTTPServer):

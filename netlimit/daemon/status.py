@@ -4,6 +4,7 @@ per connection) and its client."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -15,9 +16,31 @@ from pathlib import Path
 from typing import Any, Protocol
 
 DEFAULT_SOCKET = "/run/netlimit/netlimitd.sock"
-#: the longest request line a client may send, and the most time it may take
+#: the longest request line a client may send, the most time it may take, and
+#: how many clients are served at once (more are closed at once)
 MAX_REQUEST = 256
 CLIENT_TIMEOUT = 5.0
+MAX_CLIENTS = 8
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket's reading side that ends at a deadline: each read may wait only for
+    the time left, so a client trickling a byte every few seconds cannot hold its
+    thread past the deadline (a per-read timeout would let it)."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock = sock
+        self.deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(b)
 
 
 class StatusSource(Protocol):
@@ -63,11 +86,17 @@ class Status:
 
 
 class _StatusHandler(socketserver.StreamRequestHandler):
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket stays open: read it through the deadline instead
+        # a client that never sends its line, or trickles it, cannot hold a thread
+        self.rfile = io.BufferedReader(DeadlineReader(self.connection, time.monotonic() + CLIENT_TIMEOUT))
+
     def handle(self) -> None:
         daemon: StatusSource = self.server.daemon_ref  # type: ignore[attr-defined]
-        self.connection.settimeout(CLIENT_TIMEOUT)  # a client that never sends its line cannot hold a thread
         try:
             self.rfile.readline(MAX_REQUEST)
+            self.connection.settimeout(CLIENT_TIMEOUT)  # the answer's own timeout
             payload = daemon.status_payload()
             self.wfile.write((json.dumps(payload) + "\n").encode())
         except Exception as exc:  # never let a client take the daemon down
@@ -80,6 +109,22 @@ class _StatusHandler(socketserver.StreamRequestHandler):
 class _StatusServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.slots = threading.BoundedSemaphore(MAX_CLIENTS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # too many at once: this one is closed
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 def open_status_socket(path: str, daemon: StatusSource) -> _StatusServer:

@@ -616,6 +616,18 @@ def _count_value(vs: RuleStats, cost: int, allowed: bool, near: int, shadow: boo
 _OVERRIDE_CACHE_MAX = 1024
 
 
+def _override_tag(keys: tuple[str, ...]) -> str:
+    """The descriptor keys in an override's counter key prefix, injective: clients
+    choose the keys, so each one is escaped (``\\`` -> ``\\\\``, ``|`` -> ``\\p``,
+    the separator -> ``\\s``) before they are joined, and no tag holds a bare
+    ``|`` (the prefix ends at the first one after it).  A long tag becomes ``\\h`` +
+    a BLAKE2b digest: an escaped tag never starts with ``\\h``."""
+    tag = "\x1f".join(k.replace("\\", "\\\\").replace("|", "\\p").replace("\x1f", "\\s") for k in keys)
+    if len(tag) > 64:
+        tag = "\\h" + hashlib.blake2b(tag.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return tag
+
+
 def override_rule(domain: str, keys: tuple[str, ...], ov: Override, matched: Rule | None) -> Rule:
     """The rule a descriptor's ``limit`` override stands for."""
     period = UNIT_SECONDS[ov.unit] * ov.multiplier
@@ -630,9 +642,7 @@ def override_rule(domain: str, keys: tuple[str, ...], ov: Override, matched: Rul
         algorithm=algorithm, limit=ov.requests_per_unit, period=float(period), burst=None, delay=delay, name=name
     )
     path = ".".join(keys)
-    tag = "\x1f".join(keys)
-    if len(tag) > 64:
-        tag = "#" + hashlib.blake2b(tag.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    tag = _override_tag(keys)
     sfn = sf_string(name)
     return Rule(
         name=name,

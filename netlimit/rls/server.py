@@ -6,10 +6,12 @@ event loop (the limiter core is single-threaded: one loop, no locks).
 (netlimit/sidecar/server.py); tests and the benchmark start it on its own.
 
 Bounds: a request message is at most ``MAX_MESSAGE`` bytes (Envoy's are a few
-hundred), a connection carries at most ``MAX_STREAMS`` calls at once, an
-answer is held at most ``max_delay`` seconds (leaky bucket queue mode), and
-idle or silent connections are closed (keepalive pings, an idle timeout), so
-slow or hostile clients cannot pile up.
+hundred), a connection carries at most ``MAX_STREAMS`` calls at once, the
+server at most ``max_rpcs`` calls in all (beyond: RESOURCE_EXHAUSTED at once,
+never a queue), an answer is held at most ``max_delay`` seconds (leaky bucket
+queue mode), a connection must finish its HTTP/2 handshake within
+``handshake_ms`` and is closed after ``idle_ms`` without a call, and silent
+peers are found by keepalive pings: slow or hostile clients cannot pile up.
 
 Health: ``""`` and ``envoy.service.ratelimit.v3.RateLimitService`` are SERVING
 while the server runs, NOT_SERVING once it stops (so a load balancer drains it
@@ -39,6 +41,11 @@ SERVICE_NAME = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
 MAX_MESSAGE = 64 * 1024
 #: concurrent calls per connection (Envoy multiplexes; one client cannot hold them all)
 MAX_STREAMS = 100
+#: concurrent calls in all (a decision takes microseconds; only queue mode holds one)
+MAX_RPCS = 1024
+#: a connection's HTTP/2 handshake, and its life without a call
+HANDSHAKE_MS = 10_000
+IDLE_MS = 300_000
 
 
 class GrpcServer:
@@ -46,9 +53,21 @@ class GrpcServer:
     :attr:`port` after :meth:`start`)."""
 
     def __init__(
-        self, limiter: Limiter, host: str = "127.0.0.1", port: int = 0, *, front: Any = None, max_delay: float = 60.0
+        self,
+        limiter: Limiter,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        front: Any = None,
+        max_delay: float = 60.0,
+        max_rpcs: int = MAX_RPCS,
+        idle_ms: int = IDLE_MS,
+        handshake_ms: int = HANDSHAKE_MS,
     ):
         self.host = host
+        self.max_rpcs = max_rpcs
+        self.idle_ms = idle_ms
+        self.handshake_ms = handshake_ms
         self.requested_port = port
         self.port = 0
         self.servicer = RateLimitServicer(limiter, front, max_delay=max_delay)
@@ -61,17 +80,19 @@ class GrpcServer:
 
     async def start(self) -> int:
         server = grpc.aio.server(
+            maximum_concurrent_rpcs=self.max_rpcs,
             options=[
                 ("grpc.so_reuseport", 0),  # a second sidecar on the same port must fail, not share it
                 ("grpc.max_receive_message_length", MAX_MESSAGE),
                 ("grpc.max_send_message_length", 4 * MAX_MESSAGE),
                 ("grpc.max_concurrent_streams", MAX_STREAMS),
-                ("grpc.max_connection_idle_ms", 300_000),
+                ("grpc.server_handshake_timeout_ms", self.handshake_ms),
+                ("grpc.max_connection_idle_ms", self.idle_ms),
                 ("grpc.keepalive_time_ms", 60_000),
                 ("grpc.keepalive_timeout_ms", 20_000),
                 ("grpc.http2.max_ping_strikes", 2),
                 ("grpc.max_metadata_size", 16 * 1024),
-            ]
+            ],
         )
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

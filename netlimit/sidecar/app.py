@@ -103,6 +103,7 @@ class Sidecar:
         retry_interval: float = 1.0,
         log_interval: float = 10.0,
         max_connections: int = 10_000,
+        admin_max_connections: int = 1024,
     ):
         self.config_path = str(config_path)
         loaded = load_file(self.config_path)  # ConfigError goes to the caller
@@ -143,7 +144,11 @@ class Sidecar:
         self.guard = DropGuard()  # holds back a file that would remove most rules (netlimit/reload.py)
         self._recheck: asyncio.TimerHandle | None = None
         self._xff_warned = False
-        self.state = ServerState(max_connections)  # connections and batched answers of the running server
+        # each listener's connections and batched answers: a flood on the client-facing
+        # listener cannot take the admin listener's connections (nor the reverse)
+        self.state = ServerState(max_connections)
+        self.admin_state = ServerState(admin_max_connections)
+        self.metrics.registry.register(_ListenerCollector({"main": self.state, "admin": self.admin_state}))
 
     # -- reload --------------------------------------------------------------------
 
@@ -405,6 +410,7 @@ class Sidecar:
             "last_reload_error": self.last_reload_error,
             "connections": len(self.state.conns),
             "connections_shed": self.state.shed,
+            "admin_connections": len(self.admin_state.conns),
         }
         if isinstance(lim.store, RedisStore):  # nodes, their role, whether they answer
             doc["store_topology"] = lim.store.topology()
@@ -429,3 +435,49 @@ class Sidecar:
             ],
             "denied": lim.stats.denied.top(10),
         }
+
+
+class _ListenerCollector:
+    """/metrics families of the listeners' connections (``listener``: main, the
+    client-facing one; admin): what the bounds of http11.py did."""
+
+    def __init__(self, states: dict[str, ServerState]):
+        self.states = states
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        conns = GaugeMetricFamily("netlimit_http_connections", "Open client connections", labels=["listener"])
+        shed = CounterMetricFamily(
+            "netlimit_http_connections_shed",
+            "Connections closed at the connection cap to make room (the oldest idle, else the slowest head)",
+            labels=["listener"],
+        )
+        refused = CounterMetricFamily(
+            "netlimit_http_connections_refused", "New connections refused: every one was busy", labels=["listener"]
+        )
+        timeouts = CounterMetricFamily(
+            "netlimit_http_connection_timeouts",
+            "Connections closed by a timeout (kind: header, body, keepalive, send)",
+            labels=["listener", "kind"],
+        )
+        queued = GaugeMetricFamily(
+            "netlimit_http_pipeline_queued_max",
+            "The most requests one connection had queued at once since the start (bounded by the pipeline limit)",
+            labels=["listener"],
+        )
+        errors = CounterMetricFamily(
+            "netlimit_http_internal_errors", "Requests answered 500 because the sidecar failed", labels=["listener"]
+        )
+        for name, st in self.states.items():
+            conns.add_metric([name], len(st.conns))
+            shed.add_metric([name], st.shed)
+            refused.add_metric([name], st.refused)
+            for kind, n in st.timeouts.items():
+                timeouts.add_metric([name, kind], n)
+            queued.add_metric([name], st.queued_max)
+            errors.add_metric([name], st.errors)
+        return iter((conns, shed, refused, timeouts, queued, errors))

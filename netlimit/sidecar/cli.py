@@ -51,11 +51,24 @@ def register(app: typer.Typer) -> None:
         keepalive_timeout: float = typer.Option(
             75.0, "--keepalive-timeout", min=0.1, help="Seconds an idle keep-alive connection is kept."
         ),
+        send_timeout: float = typer.Option(
+            60.0,
+            "--send-timeout",
+            min=0.1,
+            help="Seconds a client may leave its answers unread (nothing sent to it) before the connection is aborted.",
+        ),
         max_connections: int = typer.Option(
             10_000,
             "--max-connections",
             min=1,
-            help="Client connections at most; at the cap the oldest idle one is closed for a new one.",
+            help="Client connections at most; at the cap the oldest idle one (else the slowest request head) is "
+            "closed for a new one.",
+        ),
+        admin_max_connections: int = typer.Option(
+            1024,
+            "--admin-max-connections",
+            min=1,
+            help="Connections at most on --admin-listen, counted apart from the client-facing listener's.",
         ),
         request_buffer: int = typer.Option(
             1024 * 1024,
@@ -114,14 +127,25 @@ def register(app: typer.Typer) -> None:
             err(str(exc))
             raise typer.Exit(EXIT_USAGE) from None
         try:
-            sc = Sidecar(str(config), upstream=upstream, redis_url=redis, max_connections=max_connections)
+            sc = Sidecar(
+                str(config),
+                upstream=upstream,
+                redis_url=redis,
+                max_connections=max_connections,
+                admin_max_connections=admin_max_connections,
+            )
         except ConfigError as exc:
             for p in exc.problems:
                 err(str(p))
             n = len(exc.problems)
             err(f"{config}: {n} problem{'s' if n != 1 else ''}; the sidecar did not start")
             raise typer.Exit(EXIT_INVALID) from None
-        limits = Limits(header_timeout=header_timeout, body_timeout=body_timeout, keepalive_timeout=keepalive_timeout)
+        limits = Limits(
+            header_timeout=header_timeout,
+            body_timeout=body_timeout,
+            keepalive_timeout=keepalive_timeout,
+            send_timeout=send_timeout,
+        )
         try:
             import uvloop
 

@@ -17,30 +17,42 @@ Bounds, each with its own answer:
   bytes (431);
 * a body must keep moving: ``body_timeout`` between two reads (408);
 * an idle keep-alive connection is closed after ``keepalive_timeout``;
-* at most ``max_pipeline`` requests wait behind the one being answered, and at
-  most ``max_body_buffer`` bytes of a body are buffered: beyond either, the
-  connection stops being read until they drain;
-* reading stops while the connection's write buffer is above its high-water
-  mark (a client that pipelines and never reads cannot grow our memory);
+* answers must keep leaving: a connection whose unsent answers make no
+  progress for ``send_timeout`` (nginx's ``send_timeout``) is aborted, which
+  frees its descriptor and buffers at once (a plain close would wait for the
+  client to read them);
+* at most ``max_pipeline`` requests are queued on a connection, counting the one
+  being answered: a read is parsed in pieces too short to complete more request
+  heads than there is room for, and what does not fit waits, unparsed, with
+  reading paused, until the queue drains (a hard bound: one read of pipelined
+  requests cannot queue thousands);
+* at most ``max_body_buffer`` bytes of a body are buffered, and reading stops
+  while the connection's write buffer is above its high-water mark (a client
+  that pipelines and never reads cannot grow our memory);
+* at the connection cap the oldest idle connection, else the slowest head in
+  progress, is shed for a new one;
 * requests are answered one after the other by a loop, never by recursion.
 
 The connection hands each complete request head to a handler (the decision
 endpoints, the proxy, the admin endpoints: see :class:`Handler`), which answers
 at once with bytes, or with a coroutine for what must wait (a Redis store, an
 upstream).  Bad requests are counted and logged at most once per interval,
-never with a traceback.
+never with a traceback; so are the sidecar's own failures (500, counted apart).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
+import traceback
 from collections import deque
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 import httptools
 
@@ -54,15 +66,21 @@ CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: seconds an unwanted request body is still read (and dropped) after the answer,
 #: so that closing does not reset the connection under the answer (lingering close)
 LINGER = 2.0
+_HEAD_END = b"\r\n\r\n"
+_CR_LF = (b"\r", b"\n")
 _bad_log = LogEvery(10.0)
-_NAMES: dict[bytes, str] = {}  # field names as sent -> lower-case text (names repeat: decode once)
+#: field names as sent -> (lower-case text, what on_header checks: see _SPECIAL);
+#: names repeat, so each is decoded and looked up once
+_NAMES: dict[bytes, tuple[str, tuple[int, bool] | None]] = {}
+_METHODS: dict[bytes, str] = {}  # llhttp's method names -> text
 
 
-def _name(raw: bytes) -> str:
+def _name(raw: bytes) -> tuple[str, tuple[int, bool] | None]:
     if len(_NAMES) >= 4096:  # clients choose names: bounded
         _NAMES.clear()
-    s = _NAMES[raw] = raw.decode("latin-1").lower()
-    return s
+    lname = raw.decode("latin-1").lower()
+    info = _NAMES[raw] = (lname, _SPECIAL.get(lname))
+    return info
 
 
 @dataclass
@@ -72,6 +90,7 @@ class Limits:
     header_timeout: float = 30.0
     body_timeout: float = 60.0
     keepalive_timeout: float = 75.0
+    send_timeout: float = 60.0
     max_head: int = 64 * 1024
     max_headers: int = 100
     max_pipeline: int = 32
@@ -148,6 +167,7 @@ class Body:
             try:
                 await asyncio.wait_for(self.waiter, conn.limits.body_timeout)
             except TimeoutError:
+                conn.state.timeouts["body"] += 1
                 raise ClientError(408, "the request body stopped arriving") from None
             finally:
                 self.waiter = None
@@ -191,7 +211,8 @@ class Request:
         "error",
         "_url",
         "_size",
-        "_hosts",
+        "_seen",
+        "_dup",
     )
 
     def __init__(self) -> None:
@@ -209,7 +230,8 @@ class Request:
         self.error: ClientError | None = None
         self._url = b""
         self._size = 0
-        self._hosts = 0
+        self._seen = 0  # the fields of _UNIQUE seen (their bits, see _SPECIAL)
+        self._dup = ""  # one of them seen twice
 
 
 class Handler(Protocol):
@@ -229,42 +251,85 @@ class Handler(Protocol):
 
 
 class ServerState:
-    """The running server, apart from the config-holding Sidecar: its client
-    connections (swept when idle, the oldest idle one shed at the cap, closed at
-    shutdown) and the answers held back until the end of the current loop
-    iteration (see :meth:`HttpConnection.write`)."""
+    """The running listener, apart from the config-holding Sidecar: its client
+    connections (swept for timeouts, the oldest idle or slowest one shed at the
+    cap, closed at shutdown), what happened to them (counted for /metrics), and
+    the answers held back until the end of the current loop iteration (see
+    :meth:`HttpConnection.write`).  Each listener has its own, so a flood on
+    one cannot take the other's connections."""
 
-    __slots__ = ("conns", "out_batch", "max_connections", "shed")
+    __slots__ = ("conns", "out_batch", "max_connections", "shed", "refused", "timeouts", "queued_max", "errors")
 
     def __init__(self, max_connections: int = 10_000) -> None:
         self.conns: dict[HttpConnection, None] = {}  # insertion order: the oldest first
         self.out_batch: list[tuple[Any, bytes, bool]] | None = None
         self.max_connections = max_connections
         self.shed = 0  # connections closed to make room
+        self.refused = 0  # new connections refused: every one was busy
+        self.timeouts = {"header": 0, "body": 0, "keepalive": 0, "send": 0}
+        self.queued_max = 0  # the most requests one connection had queued at once
+        self.errors = 0  # requests answered 500 because the sidecar failed
 
     def add(self, conn: HttpConnection) -> bool:
-        """Register a new connection; at the cap, close the oldest idle one to make
-        room, and refuse the new one (False) when every connection is busy."""
+        """Register a new connection; at the cap, shed the one that has been waiting on
+        its client the longest -- idle between requests, or in the middle of a
+        request head (a slow client: not idle, but given nothing yet) -- and refuse
+        the new one (False) when every connection is busy being answered.  A
+        connection just accepted has waited the least, so it is not shed for the
+        next one; a head trickling in for seconds goes before an idle keep-alive
+        connection that answered a moment ago."""
         if len(self.conns) >= self.max_connections:
-            victim = next((c for c in self.conns if c.idle), None)
+            victim = None
+            oldest = _monotonic()
+            for c in self.conns:
+                if c.in_head:
+                    if c.paused or c.queue:
+                        continue
+                    since = c.head_since
+                elif c.cur is None and not c.queue and c.task is None:
+                    since = c.last
+                else:
+                    continue
+                if since < oldest:
+                    victim, oldest = c, since
             if victim is None:
+                self.refused += 1
                 return False
             self.shed += 1
-            victim.close()
             self.conns.pop(victim, None)
+            victim.abort()
         self.conns[conn] = None
         return True
 
     def sweep(self, now: float) -> None:
         """Close what overstayed: a request head slower than ``header_timeout`` (408),
-        an idle keep-alive connection older than ``keepalive_timeout``.  Run about
-        twice a second by the server: per-connection clocks, no timer per request."""
+        an idle keep-alive connection older than ``keepalive_timeout``, answers
+        that left nothing for ``send_timeout`` (aborted).  Run about twice a
+        second by the server: per-connection clocks, no timer per request."""
         for c in list(self.conns):
             lim = c.limits
+            t = c.transport
+            if t is None:
+                continue
+            unsent = t.get_write_buffer_size()
+            if unsent:
+                sent = c.out_total - unsent
+                if sent != c.sent_mark:
+                    c.sent_mark, c.send_since = sent, now
+                elif now - c.send_since > lim.send_timeout:
+                    self.timeouts["send"] += 1
+                    c.abort()
+                    continue
+            else:
+                c.send_since = now
+            if c.closing:
+                continue
             if c.in_head:
                 if not c.paused and now - c.head_since > lim.header_timeout:
+                    self.timeouts["header"] += 1
                     c._refuse(ClientError(408, "the request head did not arrive in time"))
-            elif c.idle and c.task is None and not c.closing and now - c.last > lim.keepalive_timeout:
+            elif c.idle and c.task is None and now - c.last > lim.keepalive_timeout:
+                self.timeouts["keepalive"] += 1
                 c.close()
 
     def flush_out(self) -> None:
@@ -298,6 +363,8 @@ class HttpConnection(asyncio.Protocol):
         self.cur: Request | None = None  # the request being parsed
         self.task: asyncio.Task | None = None  # the answer being produced, if it had to wait
         self.paused: set[str] = set()
+        self.reading = True  # whether the transport is reading (pause_reading not in force)
+        self.pending: bytes | None = None  # read but not parsed yet: waits for room (see _feed)
         self.write_paused = False
         self._drained: asyncio.Future | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -307,7 +374,15 @@ class HttpConnection(asyncio.Protocol):
         self.lingering = False  # the answer is out; what still arrives is dropped
         self.stopped = False  # no more requests are parsed (a parse error, an upgrade, a last answer)
         self.closing = False
-        self.last = _monotonic()
+        self.last = _monotonic()  # the last answer (or the connection's start): idle since
+        self.out_total = 0  # bytes handed to the transport (sweep: send_timeout)
+        self.sent_mark = 0
+        self.send_since = self.last
+        self._piece: bytes = b""  # what the parser is being fed (the request line check)
+        self._line: bytearray | None = None  # a request line arriving over several pieces
+        self._crlf_tail = False  # the last piece parsed ended with CR or LF in the middle of a head
+        self._fresh = False  # the piece being parsed began between two messages
+        self._at0 = False  # the head being parsed began at the start of its piece
 
     # -- state -------------------------------------------------------------------------
 
@@ -322,17 +397,39 @@ class HttpConnection(asyncio.Protocol):
         return loop
 
     def pause(self, why: str) -> None:
-        if not self.paused and self.transport is not None:
-            self.transport.pause_reading()
         self.paused.add(why)
+        if self.reading and self.transport is not None:
+            self.reading = False
+            self.transport.pause_reading()
 
     def resume(self, why: str) -> None:
-        if why in self.paused:
-            self.paused.discard(why)
-            if not self.paused and self.transport is not None and not self.closing:
-                self.transport.resume_reading()
-                if self.in_head:  # the time we were not reading is not the client's
-                    self.head_since = _monotonic()
+        if why not in self.paused:
+            return
+        self.paused.discard(why)
+        if self.paused or self.closing or self.transport is None:
+            return
+        if self.pending is not None:  # parse what waited first (not from inside a callback)
+            self._loop().call_soon(self._feed_pending)
+            return
+        self._read_again()
+
+    def _read_again(self) -> None:
+        if not self.reading and not self.closing and not self.paused:
+            self.reading = True
+            self.transport.resume_reading()
+            if self.in_head:  # the time we were not reading is not the client's
+                self.head_since = _monotonic()
+
+    def _feed_pending(self) -> None:
+        data, self.pending = self.pending, None
+        if data is None or self.closing or self.stopped or self.lingering:
+            return
+        if self.paused:  # paused again meanwhile: keep waiting
+            self.pending = data
+            return
+        self._feed(data)
+        if not self.paused:
+            self._read_again()
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -359,6 +456,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.pending = None
         self.state.conns.pop(self, None)
         if self.task is not None:
             self.task.cancel()
@@ -386,16 +484,31 @@ class HttpConnection(asyncio.Protocol):
         # with requests in flight is how some clients end)
         if self.cur is not None and self.cur.body is not None:
             self.cur.body.fail(ClientError(400, "the request body ended early"))
+        elif self.in_head:  # a head cut short: nothing to answer (nginx closes too)
+            self.cur = None
+            self.in_head = False
         if self.idle and self.task is None:
             return False
         self.stopped = True
         return True
 
-    def data_received(self, data: bytes) -> None:
-        if self.stopped or self.lingering:
-            return
-        self.last = _monotonic()
+    def data_received(self, data: bytes, piece: bool = False) -> None:
+        """A read (or, from :meth:`_feed`, a piece of one that fits the queue)."""
+        if not piece:
+            if self.stopped or self.lingering:
+                return
+            if self.pending is not None:  # a read delivered while paused: keep the order
+                self.pending += data
+                return
+            if (
+                self.paused or self._crlf_tail or data.count(_HEAD_END) > self.limits.max_pipeline - len(self.queue)
+            ):  # more heads than there is room for (the usual read fits: parsed here at once)
+                self._feed(data)
+                return
         head = self.cur if self.in_head else None  # a head in progress before these bytes
+        self._piece = data
+        self._fresh = self.cur is None  # between messages: the next one may begin at the piece's start
+        self._crlf_tail = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -404,19 +517,96 @@ class HttpConnection(asyncio.Protocol):
             self.stopped = True
             if self.queue:
                 req = self.queue[-1]
-                if req.method == "CONNECT":
-                    req.error = ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
-                else:
-                    req.error = ClientError(501, "protocol upgrades (WebSocket) are not supported by the sidecar")
-        except httptools.HttpParserError as exc:
-            self._refuse(ClientError(400, f"malformed request: {_reason(exc)}"))
+                if req.error is None:
+                    if req.method == "CONNECT":
+                        req.error = ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
+                    else:
+                        req.error = ClientError(501, "protocol upgrades (WebSocket) are not supported by the sidecar")
+        except httptools.HttpParserCallbackError as exc:  # our own callback failed: not the client's fault
+            self._refuse(self._failed(exc.__context__ or exc))
             return
-        if head is not None and self.in_head and self.cur is head:  # one head spanning whole reads
+        except httptools.HttpParserError as exc:
+            self._refuse(self._parse_error(exc))
+            return
+        if self.in_head:
+            self._head_goes_on(data, head)
+            if self.stopped:
+                return
+        self._process()
+
+    def _head_goes_on(self, data: bytes, head: Request | None) -> None:
+        """A head still arriving at the end of a piece: its size so far, its request
+        line kept for _check_line, a terminator that may straddle the next piece."""
+        self._crlf_tail = data.endswith(_CR_LF)
+        if head is not None and self.cur is head:  # one head spanning whole reads
             self.head_bytes += len(data)
-        if self.in_head and self.head_bytes > self.limits.max_head:
+        if self.head_bytes > self.limits.max_head:
             self._refuse(ClientError(431, f"the request head is larger than {self.limits.max_head} bytes"))
             return
-        self._process()
+        cur = self.cur
+        if cur is not None and cur._size == 0:  # the request line may go on in the next read
+            line = self._line
+            if line is None:
+                self._line = bytearray(data[-self.limits.max_head :])
+            elif len(line) + len(data) > self.limits.max_head + 1024:
+                self._refuse(ClientError(431, f"the request line is longer than {self.limits.max_head} bytes"))
+            else:
+                line += data
+
+    def _feed(self, data: bytes) -> None:
+        """Parse ``data`` in pieces that cannot complete more request heads than the
+        queue has room for; when it is full (or reading is paused for another
+        reason), the rest waits unparsed in ``pending`` until :meth:`resume`.
+
+        In strict mode llhttp completes a head only at a CR LF CR LF, and the ends
+        of two heads never overlap: a piece holding ``n`` of them (counting one
+        that straddles the previous piece) completes at most ``n`` heads."""
+        limit = self.limits.max_pipeline
+        pos = 0
+        end = len(data)
+        while True:
+            room = limit - len(self.queue)
+            if room <= 0 or self.paused:
+                self.pending = data[pos:]
+                if room <= 0:
+                    self.pause("pipeline")
+                return
+            if self._crlf_tail:  # the previous piece may have ended in the middle of one
+                room -= 1
+            i = pos
+            cur = self.cur
+            if cur is not None and not self.in_head and cur.body is not None and cur.body.length is not None:
+                i += cur.body.length - cur.body.received  # the rest of a body ends no head
+            cut = end
+            if room <= 0:
+                cut = pos + 1
+            else:
+                for _ in range(room):  # just after the room-th end, if one more follows
+                    j = data.find(_HEAD_END, i)
+                    if j < 0:
+                        break
+                    i = j + 4
+                else:
+                    if data.find(_HEAD_END, i) >= 0:
+                        cut = i
+            if pos == 0 and cut == end:
+                self.data_received(data, True)
+                return
+            self.data_received(data[pos:cut], True)
+            pos = cut
+            if pos >= end or self.stopped or self.closing or self.lingering:
+                return
+
+    def _parse_error(self, exc: httptools.HttpParserError) -> ClientError:
+        reason = _reason(exc)
+        if "HTTP version" in reason:
+            try:
+                major = int(self.parser.get_http_version().split(".")[0])
+            except ValueError:
+                major = 0
+            if major >= 2:  # as nginx: a version it cannot speak is 505, a malformed one 400
+                return ClientError(505, "HTTP/1.1 and HTTP/1.0 only")
+        return ClientError(400, f"malformed request: {reason}")
 
     # -- llhttp callbacks ----------------------------------------------------------------
 
@@ -425,7 +615,9 @@ class HttpConnection(asyncio.Protocol):
         self.wanted = self.handler.wanted  # per request: a reload may change what the actions read
         self.head_bytes = 0
         self.in_head = True
-        self.head_since = self.last
+        self.head_since = _monotonic()
+        self._line = None
+        self._at0, self._fresh = self._fresh, False
 
     def on_url(self, url: bytes) -> None:
         cur = self.cur
@@ -436,13 +628,25 @@ class HttpConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         cur = self.cur
         assert cur is not None
+        if cur._size == 0 and not (
+            self._line is None
+            and self._at0
+            and self._piece.startswith(b"HTTP/", len(self.parser.get_method()) + len(cur._url) + 2)
+        ):  # the usual head began this piece, its protocol where it must be; else look (RTSP, ICE)
+            self._check_line(cur)
         cur._size += 1
         self.head_bytes += len(name) + len(value) + 4
-        lname = _NAMES.get(name)
-        if lname is None:
-            lname = _name(name)
-        if lname == "host":
-            cur._hosts += 1
+        info = _NAMES.get(name)
+        if info is None:
+            info = _name(name)
+        lname, special = info
+        if special is not None:
+            bit, edge = special
+            if edge and b"\t" in self._piece and _edge_tab(self._piece, name):
+                cur.error = cur.error or ClientError(400, f"a tab around the value of {lname!r}")
+            if cur._seen & bit:
+                cur._dup = lname
+            cur._seen |= bit
         wanted = self.wanted
         if wanted is not None and lname not in wanted:
             return
@@ -452,16 +656,40 @@ class HttpConnection(asyncio.Protocol):
         old = cur.fields.get(lname)
         cur.fields[lname] = v if old is None else f"{old}, {v}"  # RFC 9110 §5.3: one list
 
+    def _check_line(self, cur: Request) -> None:
+        """llhttp also takes ``RTSP/1.0`` (and ``ICE/1.0`` after SOURCE) for a
+        protocol, and reports it as HTTP/1.0; nginx refuses both (400), so do
+        we.  The request line is in the bytes fed since the head began."""
+        line = self._line
+        method = self.parser.get_method()
+        raw = self._piece if line is None else bytes(line) + self._piece
+        if b"RTSP/" not in raw and b"ICE/" not in raw:
+            return
+        start = method + b" " + cur._url + b" "
+        if start + b"RTSP/" in raw or start + b"ICE/" in raw or start not in raw:
+            cur.error = ClientError(400, "not an HTTP request (RTSP or ICE protocol)")
+
     def on_headers_complete(self) -> None:
         cur = self.cur
         assert cur is not None
+        if cur._size == 0:
+            self._check_line(cur)
         self.in_head = False
+        self._line = None
         p = self.parser
-        cur.method = p.get_method().decode("latin-1")
-        cur.http10 = p.get_http_version() == "1.0"
+        m = p.get_method()
+        method = _METHODS.get(m)
+        if method is None:  # llhttp's names: a bounded set
+            method = _METHODS[m] = m.decode("latin-1")
+        cur.method = method
+        version = p.get_http_version()
+        cur.http10 = version == "1.0"
         cur.keep = p.should_keep_alive()
         f = cur.fields
-        cur.error = _check(cur, self.limits)
+        if self.head_bytes > self.limits.max_head:  # a head that arrived whole in one read
+            cur.error = ClientError(431, f"the request head is larger than {self.limits.max_head} bytes")
+        if cur.error is None:
+            cur.error = _check(cur, self.limits, version)
         if cur.error is None and "expect" in f:
             if f["expect"].lower() == "100-continue":
                 cur.expect_continue = not cur.http10
@@ -471,9 +699,10 @@ class HttpConnection(asyncio.Protocol):
         cl = f.get("content-length")
         if te is not None or (cl is not None and cl != "0"):
             cur.body = Body(self, cur, int(cl) if te is None and cl is not None else None)
-        self.queue.append(cur)
-        if len(self.queue) > self.limits.max_pipeline:
-            self.pause("pipeline")
+        q = self.queue
+        q.append(cur)
+        if len(q) > self.state.queued_max:
+            self.state.queued_max = len(q)
 
     def on_body(self, data: bytes) -> None:
         cur = self.cur
@@ -492,9 +721,10 @@ class HttpConnection(asyncio.Protocol):
         """A request that cannot be parsed (or finish arriving): answered after the
         ones before it, then the connection closes."""
         self.stopped = True
+        self.pending = None
         cur, self.cur = self.cur, None
         self.in_head = False
-        if cur is not None and cur.body is not None:  # refused mid-body: its reader answers
+        if cur is not None and cur.body is not None and cur in self.queue:  # refused mid-body: its reader answers
             cur.keep = False
             cur.body.fail(err)
         else:
@@ -509,10 +739,13 @@ class HttpConnection(asyncio.Protocol):
         while self.queue and self.task is None and not self.closing:
             req = self.queue[0]
             if req.error is not None:
-                if req.error.status != 408:
-                    self._note_bad(req.error)
+                err = req.error
+                if err.status == 500:
+                    pass  # counted and logged where it happened (_failed)
+                elif err.status != 408:
+                    self._note_bad(err)
                 out: bytes | Awaitable[bytes | None] = responses.problem(
-                    req.error.status, responses.REASONS.get(req.error.status, "Error"), req.error.detail, keep=False
+                    err.status, responses.REASONS.get(err.status, "Error"), err.detail, keep=False
                 )
                 req.keep = False
             else:
@@ -523,12 +756,16 @@ class HttpConnection(asyncio.Protocol):
                     out = responses.problem(exc.status, responses.REASONS.get(exc.status, "Error"), exc.detail,
                                             keep=False)  # fmt: skip
                     req.keep = False
+                except Exception as exc:  # never out of data_received: one 500, one bounded log line
+                    err = self._failed(exc)
+                    out = responses.problem(500, "Internal Server Error", err.detail, keep=False)
+                    req.keep = False
             if isinstance(out, bytes):
                 self._done(req, out)
                 continue
             self.task = self._loop().create_task(self._wait(req, out))
             return
-        if len(self.queue) <= self.limits.max_pipeline // 2:
+        if "pipeline" in self.paused and len(self.queue) <= self.limits.max_pipeline // 2:
             self.resume("pipeline")
 
     async def _wait(self, req: Request, pending: Awaitable[bytes | None]) -> None:
@@ -541,16 +778,28 @@ class HttpConnection(asyncio.Protocol):
             req.keep = False
         except (asyncio.CancelledError, ConnectionError):
             raise
-        except Exception:  # never leave the connection hanging; the log stays bounded
-            held = _bad_log.due("handler-error")
-            if held >= 0:
-                log.exception("the answer failed; 500 (%d more since the last report)", held)
-            out = responses.problem(500, "Internal Server Error", "the sidecar failed; see its log", keep=False)
+        except Exception as exc:  # never leave the connection hanging; the log stays bounded
+            err = self._failed(exc)
+            out = responses.problem(500, "Internal Server Error", err.detail, keep=False)
             req.keep = False
         self.task = None
         self._done(req, out)
         if not self.closing:
             self._loop().call_soon(self._process)
+
+    def _failed(self, exc: BaseException) -> ClientError:
+        """The sidecar failed answering (a bug, not the client's doing): counted, and
+        logged at most once per interval with where it happened, no traceback."""
+        self.state.errors += 1
+        held = _bad_log.due("handler-error")
+        if held >= 0:
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+            more = f" ({held} more since the last report)" if held else ""
+            log.error("the answer to a request from %s failed: %s: %s%s; 500%s",
+                      self.peer, type(exc).__name__, str(exc)[:200], where, more)  # fmt: skip
+            log.debug("the failure in full", exc_info=exc)
+        return ClientError(500, "the sidecar failed; see its log")
 
     def _done(self, req: Request, out: bytes | None) -> None:
         """The answer of the oldest request is complete: send it and go on."""
@@ -572,6 +821,7 @@ class HttpConnection(asyncio.Protocol):
         reset the answer out of the client's buffer."""
         self.stopped = True
         self.closing = True
+        self.pending = None
         t = self.transport
         if t is None:
             return
@@ -585,7 +835,9 @@ class HttpConnection(asyncio.Protocol):
             self.lingering = True  # drop everything that still comes
             self.stopped = False
             self.paused.clear()
-            t.resume_reading()
+            if not self.reading:
+                self.reading = True
+                t.resume_reading()
             self._loop().call_later(LINGER, t.close)
         else:
             t.close()
@@ -598,6 +850,7 @@ class HttpConnection(asyncio.Protocol):
         t = self.transport
         if t is None or t.is_closing():
             return
+        self.out_total += len(out)
         state = self.state
         batch = state.out_batch
         if batch is None:
@@ -619,10 +872,12 @@ class HttpConnection(asyncio.Protocol):
             return
         if self.state.out_batch:
             self.state.flush_out()
+        self.out_total += len(out)
         t.write(out)
 
     async def drain(self) -> None:
-        """Wait while the client's write buffer is above its high-water mark."""
+        """Wait while the client's write buffer is above its high-water mark (the
+        sweep aborts a client that reads nothing for ``send_timeout``)."""
         if self.write_paused and not self.closing:
             self._drained = self._loop().create_future()
             try:
@@ -631,10 +886,20 @@ class HttpConnection(asyncio.Protocol):
                 self._drained = None
 
     def close(self) -> None:
+        """Close after the unsent answers (the sweep aborts the connection if they
+        make no progress for ``send_timeout``)."""
         self.closing = True
+        self.pending = None
         if self.transport is not None:
             self.state.flush_out()
             self.transport.close()
+
+    def abort(self) -> None:
+        """Close now, dropping what is unsent: the descriptor and buffers are freed."""
+        self.closing = True
+        self.pending = None
+        if self.transport is not None:
+            self.transport.abort()
 
     def _note_bad(self, err: ClientError) -> None:
         self.handler.bad_request()
@@ -649,28 +914,46 @@ def _reason(exc: Exception) -> str:
     return text[:100]
 
 
-def _check(req: Request, limits: Limits) -> ClientError | None:
+def _check(req: Request, limits: Limits, version: str) -> ClientError | None:
     """What nginx refuses and llhttp lets through; the target split into path and query."""
     if req._size > limits.max_headers:
         return ClientError(431, f"more than {limits.max_headers} header fields")
+    if version != "1.1" and version != "1.0":  # llhttp also takes 0.9 and 2.0
+        if version >= "2":
+            return ClientError(505, "HTTP/1.1 and HTTP/1.0 only")
+        return ClientError(400, f"HTTP/{version} requests are not served")
     f = req.fields
+    te = f.get("transfer-encoding")
+    if te is not None and te.rstrip(" ").lower() != "chunked":  # nginx's rule; llhttp takes ",chunked" too
+        return ClientError(501, "the only Transfer-Encoding understood is 'chunked'")
+    if req._dup:
+        return ClientError(400, f"a duplicate {req._dup!r} field")
     if req.http10:
-        if "transfer-encoding" in f:
+        if te is not None:
             return ClientError(400, "Transfer-Encoding is not allowed in HTTP/1.0")
-    elif req._hosts != 1:
+    elif not req._seen & _HOST_BIT:
         return ClientError(400, "HTTP/1.1 requests need exactly one Host header")
+    host = f.get("host")
+    if host is not None:
+        ok = _HOSTS_OK.get(host)
+        if ok is None:
+            if len(_HOSTS_OK) >= 1024:  # clients choose them: bounded
+                _HOSTS_OK.clear()
+            ok = _HOSTS_OK[host] = _valid_host(host.rstrip(" "))  # llhttp keeps trailing spaces, nginx drops them
+        if not ok:
+            return ClientError(400, "an invalid Host")
     if req.method == "CONNECT":
         return ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
     target = req._url.decode("latin-1")
     req.target = target
     if target.startswith("/"):
         path = target
-    elif target.startswith(("http://", "https://")):  # absolute-form (RFC 9112 §3.2.2): its path
+    elif target[:8].lower().startswith(("http://", "https://")):  # absolute-form (RFC 9112 §3.2.2): its path
         rest = target[target.index("//") + 2 :]
         cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
         authority = rest[:cut]
-        if not authority or "@" in authority:
-            return ClientError(400, "an absolute-form target needs a host and no user information")
+        if not _AUTHORITY.match(authority) or not _valid_host(authority):
+            return ClientError(400, "an absolute-form target needs a host name or address, no user information")
         path = rest[cut:] or "/"
         if path.startswith("?"):
             path = "/" + path
@@ -686,4 +969,71 @@ def _check(req: Request, limits: Limits) -> ClientError | None:
     h = path.find("#")
     if h >= 0:
         return ClientError(400, "a fragment is not part of a request target")
+    if "%" in req.path or "/." in req.path:
+        return _check_path(req.path)
+    return None
+
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+#: fields nginx refuses to see twice (ngx_http_process_unique_header_line, and Host);
+#: llhttp already refuses a second Content-Length or Transfer-Encoding
+_UNIQUE = frozenset(
+    ("host", "if-modified-since", "if-unmodified-since", "if-match", "if-none-match", "content-range", "authorization")
+)
+#: fields nginx validates with a tab at either end of the value kept (it takes only
+#: spaces for optional whitespace; llhttp, as RFC 9110, takes tabs too and drops them)
+_EDGE_TAB = frozenset(("host", "content-length", "transfer-encoding"))
+#: what on_header checks beyond collecting, by field (one lookup for the usual field):
+#: (the field's bit in Request._seen if it may appear once, whether tabs around its
+#: value are refused)
+_SPECIAL = {name: (1 << i if name in _UNIQUE else 0, name in _EDGE_TAB)
+            for i, name in enumerate(sorted(_UNIQUE | _EDGE_TAB))}  # fmt: skip
+_HOST_BIT = _SPECIAL["host"][0]
+_HOSTS_OK: dict[str, bool] = {}  # Host values checked (they repeat: checked once)
+#: the authority of an absolute-form target, as nginx parses it: letters, digits, '.'
+#: and '-' (or an IPv6 literal), then an optional port of digits
+_AUTHORITY = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?\Z")
+_HOST_BAD = re.compile(r"[\x00-\x20\x7f/]|\.\.")
+
+
+def _edge_tab(raw: bytes, name: bytes) -> bool:
+    """Whether the field line of ``name`` in ``raw`` has a tab at an end of its value."""
+    n = re.escape(name)
+    return re.search(rb"(?:^|\n)" + n + rb":(?: *\t|[^\r\n]*\t *\r)", raw) is not None
+
+
+def _valid_host(host: str) -> bool:
+    """nginx's ngx_http_validate_host: no control bytes, space, '/' or '..', and a
+    name left once the port and a trailing dot are taken off."""
+    if _HOST_BAD.search(host):
+        return False
+    if host.startswith("["):
+        end = host.find("]")
+        name = host[: end + 1] if end >= 0 else host
+    else:
+        name = host.split(":", 1)[0]
+    return name not in ("", ".")
+
+
+def _check_path(path: str) -> ClientError | None:
+    """What nginx refuses in a path (400), so that the application never gets a
+    request nginx would not forward: a ``%`` not followed by two hex digits, an
+    encoded NUL, and dot segments that climb above the root once ``%XX`` is
+    decoded (``%2f`` included) and repeated slashes are merged (``/../x``,
+    ``/%2e%2e/x``, ``/a/../..``)."""
+    if "%" in path:
+        if _BAD_ESCAPE.search(path):
+            return ClientError(400, "a malformed percent-encoding in the path")
+        path = unquote(path, errors="surrogateescape")
+        if "\x00" in path:
+            return ClientError(400, "an encoded NUL in the path")
+    if "/." in path:
+        depth = 0
+        for seg in path.split("/"):
+            if seg == ".." and depth == 0:
+                return ClientError(400, "the path climbs above the root")
+            if seg == "..":
+                depth -= 1
+            elif seg and seg != ".":
+                depth += 1
     return None

@@ -55,7 +55,10 @@ log = logging.getLogger("netlimit.sidecar")
 _upstream_log = LogEvery(10.0)
 
 MAX_IDLE = 256  # idle upstream connections kept
-IDLE_UPSTREAM = 30.0  # seconds an idle upstream connection is trusted
+#: seconds an idle upstream connection is trusted: below the keep-alive timeouts
+#: applications commonly have (Node's 5 s), so that a request seldom meets a
+#: connection the upstream is closing at that moment (a body cannot be retried)
+IDLE_UPSTREAM = 4.0
 MAX_RESPONSE_HEAD = 64 * 1024
 HIGH_WATER = 256 * 1024  # response bytes buffered from the upstream before its reading pauses
 IDEMPOTENT = frozenset(("GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"))
@@ -133,6 +136,7 @@ class UpstreamConn(asyncio.Protocol):
         self.write_paused = False
         self._drained: asyncio.Future | None = None
         self.idle_since = 0.0
+        self.in_pool = False  # idle in the pool (else in use, or to be closed by its user)
         self.got_bytes = False
         self._head_bytes = 0
         self._interim = False
@@ -187,11 +191,14 @@ class UpstreamConn(asyncio.Protocol):
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
-    async def drain(self) -> None:
+    async def drain(self, timeout: float) -> None:
+        """Wait while the upstream does not read what we send, at most ``timeout``."""
         if self.write_paused:
             self._drained = asyncio.get_running_loop().create_future()
             try:
-                await self._drained
+                await asyncio.wait_for(self._drained, timeout)
+            except TimeoutError:
+                raise UpstreamError(504, "the upstream application stopped reading the request") from None
             finally:
                 self._drained = None
 
@@ -272,8 +279,9 @@ class UpstreamConn(asyncio.Protocol):
         self.got_bytes = False
         self._head_bytes = 0
 
-    async def wait(self, timeout: float) -> None:
-        """Until something happens (a head, body bytes, the end), at most ``timeout``."""
+    async def wait(self, timeout: float | None) -> None:
+        """Until something happens (a head, body bytes, the end), at most ``timeout``
+        (None: no limit, for while the client is still uploading)."""
         self.waiter = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait_for(self.waiter, timeout)
@@ -310,6 +318,7 @@ class UpstreamPool:
         now = time.monotonic()
         while idle:
             c = idle.pop()
+            c.in_pool = False
             if c.transport is not None and not c.transport.is_closing() and now - c.idle_since < IDLE_UPSTREAM:
                 return c
             c.close()
@@ -340,11 +349,13 @@ class UpstreamPool:
             return
         c.parser = None
         c.idle_since = time.monotonic()
+        c.in_pool = True
         self.idle.append(c)
 
     def close(self) -> None:
         self.closed = True
         for c in self.idle:
+            c.in_pool = False
             c.close()
         self.idle.clear()
 
@@ -413,20 +424,29 @@ class Proxy:
         length = n if whole and body is not None else (body.length if body is not None else None)
         head = self._request_head(conn, req, length)
         retry = whole and body is None and req.method in IDEMPOTENT
+        up: UpstreamConn | None = None
         try:
-            for attempt in (0, 1):
-                up, pooled = await self._send(req, head, buffered, whole, fresh=attempt > 0)
-                if not whole:
-                    assert body is not None
-                    await self._stream_body(up, body, chunked=body.length is None)
-                try:
-                    return await self._relay(conn, req, up, rh)
-                except UpstreamError:
-                    # a pooled connection the upstream closed while it was idle: once more, fresh
-                    if attempt == 0 and pooled and retry and not up.got_bytes:
-                        continue
-                    raise
-            raise AssertionError("unreachable")
+            try:
+                for attempt in (0, 1):
+                    up, pooled = await self._send(req, head, buffered, whole, fresh=attempt > 0)
+                    if not whole:
+                        assert body is not None
+                        await self._stream_body(up, body, chunked=body.length is None)
+                    try:
+                        return await self._relay(conn, req, up, rh)
+                    except UpstreamError:
+                        # a pooled connection the upstream closed while it was idle: once more, fresh
+                        if attempt == 0 and pooled and retry and not up.got_bytes:
+                            up.close()
+                            continue
+                        raise
+                raise AssertionError("unreachable")
+            except BaseException:
+                # whatever ended the exchange early (the upstream failed, the client went
+                # away or was aborted by a timeout): this upstream connection is not reused
+                if up is not None and not up.in_pool:
+                    up.close()
+                raise
         except UpstreamError as exc:
             sc.front.request("proxy", "upstream_error")
             held = _upstream_log.due(exc.detail) if exc.status == 502 else -1
@@ -490,12 +510,15 @@ class Proxy:
     async def _stream_body(self, up: UpstreamConn, body: Any, chunked: bool) -> None:
         """The rest of the body, as it comes; stops when the upstream answers first
         (e.g. 413 before reading an upload: its answer is relayed, and the client
-        connection ends after it)."""
+        connection ends after it).  While the client uploads, its own
+        ``body_timeout`` runs, not the upstream's: the upstream timeout starts
+        from the body's last byte (in _relay), or when the upstream stops reading."""
+        timeout = self.pool.read_timeout
         while True:
             if up.head_done or up.error is not None:
                 return
             read = asyncio.ensure_future(body.read())
-            answered = asyncio.ensure_future(up.wait(self.pool.read_timeout))
+            answered = asyncio.ensure_future(up.wait(None))
             try:
                 await asyncio.wait((read, answered), return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -515,7 +538,7 @@ class Proxy:
                     up.transport.write(b"0\r\n\r\n")
                 return
             up.transport.write(_chunk(part) if chunked else part)
-            await up.drain()
+            await up.drain(timeout)
 
     async def _relay(self, conn: HttpConnection, req: Request, up: UpstreamConn, rh: dict[str, str]) -> bytes | None:
         sc = self.sc
@@ -555,9 +578,11 @@ class Proxy:
         try:
             while True:
                 data = up.take()
-                if data and not no_body:
-                    conn.write_now(_chunk(data) if chunk_out else data)
-                    await conn.drain()
+                if data:
+                    if not no_body:
+                        conn.write_now(_chunk(data) if chunk_out else data)
+                        await conn.drain()
+                    continue  # more may have arrived (and the end) while the client drained
                 if up.complete:
                     break
                 if up.error is not None:

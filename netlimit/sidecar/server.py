@@ -80,7 +80,9 @@ async def serve(
         )
         if admin is not None:
             endpoints = Endpoints(sc)
-            a = await _listen(loop, lambda: HttpConnection(sc.state, endpoints, limits), admin[0], admin[1], "admin")
+            a = await _listen(
+                loop, lambda: HttpConnection(sc.admin_state, endpoints, limits), admin[0], admin[1], "admin"
+            )
             servers.append(a)
             log.info("admin listener on http://%s (decision endpoints, /healthz, /metrics, /v1/rules, /v1/top)",
                      _shown(a, *admin))  # fmt: skip
@@ -116,23 +118,31 @@ async def serve(
             await gs.stop()
         # finish what is in flight, STOP_GRACE seconds in all
         deadline = loop.time() + STOP_GRACE
-        while any(c.task is not None or c.queue for c in sc.state.conns) and loop.time() < deadline:
+        states = (sc.state, sc.admin_state)
+        while any(c.task is not None or c.queue for st in states for c in st.conns) and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        for conn in list(sc.state.conns):
-            conn.close()
+        for st in states:
+            for conn in list(st.conns):
+                if conn.closing:  # still flushing to a client that does not read
+                    conn.abort()
+                else:
+                    conn.close()
         if pool is not None:
             pool.close()
         await sc.stop()
 
 
 async def _sweep(sc: Sidecar) -> None:
-    """Header and keep-alive timeouts, checked twice a second for every connection."""
+    """Header, keep-alive and send timeouts, checked twice a second for every
+    connection of both listeners."""
     while True:
         await asyncio.sleep(0.5)
-        try:
-            sc.state.sweep(time.monotonic())
-        except Exception:  # the sweep must go on
-            log.exception("connection sweep failed")
+        now = time.monotonic()
+        for st in (sc.state, sc.admin_state):
+            try:
+                st.sweep(now)
+            except Exception:  # the sweep must go on
+                log.exception("connection sweep failed")
 
 
 def _llhttp_version() -> str:

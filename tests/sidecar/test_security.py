@@ -218,6 +218,72 @@ def test_invalid_requests_are_400_like_nginx_and_never_forwarded(proxy, nginx, a
     assert settle(app, before, 0.3) == []
 
 
+@pytest.mark.parametrize("size", [70_000, 200_000])
+def test_an_oversized_head_is_431_and_never_forwarded_even_in_one_read(proxy, app, size):
+    before = app.count()
+    raw = b"GET /big HTTP/1.1\r\nHost: a\r\nX-Big: " + b"a" * size + b"\r\n\r\n"
+    assert statuses(exchange(proxy.port, raw)) == [431]
+    assert settle(app, before, 0.3) == []
+
+
+# what nginx answers for versions and protocols llhttp accepts (or refuses) differently
+VERSIONS = {
+    "http-2.0": (b"GET /login HTTP/2.0\r\nHost: a\r\n\r\n", 505),
+    "http-3.0": (b"GET /login HTTP/3.0\r\nHost: a\r\n\r\n", 505),
+    "http-2.1": (b"GET /login HTTP/2.1\r\nHost: a\r\n\r\n", 505),
+    "http-0.9": (b"GET /login HTTP/0.9\r\nHost: a\r\n\r\n", 400),
+    "rtsp-1.0": (b"GET /login RTSP/1.0\r\nHost: a\r\n\r\n", 400),
+    "rtsp-1.0-describe": (b"DESCRIBE /login RTSP/1.0\r\nHost: a\r\n\r\n", 400),
+    "ice-1.0": (b"SOURCE /login ICE/1.0\r\nHost: a\r\n\r\n", 400),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VERSIONS))
+def test_other_versions_and_protocols_are_answered_like_nginx(proxy, nginx, app, name):
+    """llhttp takes HTTP/2.0 and 0.9 (and RTSP/1.0, ICE/1.0 as HTTP/1.0); nginx
+    answers 505 for a version it cannot speak and 400 for the rest: so do we,
+    and neither forwards anything."""
+    raw, status = VERSIONS[name]
+    before = app.count()
+    assert statuses(exchange(nginx.port, raw)) == [status], f"nginx answers {name} differently"
+    assert settle(app, before, 0.3) == []
+    assert statuses(exchange(proxy.port, raw)) == [status], name
+    assert settle(app, before, 0.3) == []
+
+
+def test_an_rtsp_request_line_arriving_a_byte_at_a_time_is_refused(proxy, app):
+    before = app.count()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
+        for b in b"GET /login RTSP/1.0\r\nHost: a\r\n\r\n":
+            s.sendall(bytes([b]))
+            time.sleep(0.002)
+        out = b""
+        while b"\r\n\r\n" not in out:
+            data = s.recv(4096)
+            if not data:
+                break
+            out += data
+    assert statuses(out) == [400]
+    assert settle(app, before, 0.3) == []
+
+
+@pytest.mark.parametrize("value", ["%C2%B2", "\u00b2", "9" * 5000, "0429", "-429", "+429", "4\u0662\u0669", "4%D9%A2"])
+def test_a_bad_deny_status_is_a_clean_400(proxy, value):
+    """deny_status=² (isdigit() is true, int() raises) and a 5000-digit value: a 400
+    naming the parameter (raw non-ASCII bytes in the target are refused by llhttp
+    before: a 400 that closes the connection), the log without a traceback."""
+    mark = proxy.mark()
+    target = "/v1/check?deny_status=" + value
+    raw = f"GET {target} HTTP/1.1\r\nHost: a\r\nX-Original-URI: /\r\n\r\nGET /healthz HTTP/1.1\r\nHost: a\r\n\r\n"
+    out = exchange(proxy.admin_port, raw.encode("utf-8"))
+    if value.isascii():
+        assert statuses(out) == [400, 200], out[:400]
+        assert b"deny_status must be a 4xx status code" in out
+    else:
+        assert statuses(out) == [400] and b"malformed request" in out, out[:400]
+    assert "Traceback" not in "\n".join(proxy.log().splitlines()[mark:])
+
+
 def test_bad_input_is_counted_and_logged_without_tracebacks_and_boundedly(proxy):
     mark = proxy.mark()
     m0 = get_metrics(proxy.admin_port, "/metrics")

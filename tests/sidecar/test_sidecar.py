@@ -529,6 +529,7 @@ def test_healthz_and_rules(decision):
         "last_reload_error": None,
         "connections": 1,
         "connections_shed": 0,
+        "admin_connections": 0,
     }
     rules = decision.get("/v1/rules").json()
     assert rules["domain"] == "api"
