@@ -175,7 +175,7 @@ class Limiter:
         *,
         local: MemoryStore | None = None,
         on_store_failure: str = "local",
-        retry_interval: float = 1.0,
+        retry_interval: float = 0.25,
         log_interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ):

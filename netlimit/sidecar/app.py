@@ -100,7 +100,7 @@ class Sidecar:
         upstream: str | None = None,
         redis_url: str | None = None,
         reload_interval: float = 1.0,
-        retry_interval: float = 1.0,
+        retry_interval: float = 0.25,
         log_interval: float = 10.0,
         max_connections: int = 10_000,
         admin_max_connections: int = 1024,

@@ -137,7 +137,7 @@ class ClusterClient:
         timeout: float,
         stats: TopologyStats | None = None,
         refresh_interval: float = 0.1,
-        watch_interval: float = 0.2,
+        watch_interval: float = 0.1,
     ) -> None:
         if not seeds:
             raise ValueError("a cluster needs at least one seed node")
