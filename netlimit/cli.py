@@ -146,7 +146,7 @@ def schema(
 
 # Layers register their commands here (each import is cheap: heavy modules
 # are imported inside the command functions).
-_LAYERS = ("netlimit.kernel.cli", "netlimit.sidecar.cli", "netlimit.daemon", "netlimit.top")
+_LAYERS = ("netlimit.kernel.cli", "netlimit.sidecar.cli", "netlimit.daemon", "netlimit.top", "netlimit.bans.cli")
 for _mod in _LAYERS:
     try:
         _m = importlib.import_module(_mod)

@@ -85,6 +85,37 @@ class KernelOps:
         names = [r.name for r in self.config.network]
         return hot_entries(self.netns, self.backend or "", names, limit)
 
+    # --- the ban sets' elements (netlimit.kernel.banset; the sets are the apply's) ---
+
+    def _bans(self, fn, *args):
+        from ..kernel.banset import ban_sets
+        from ..kernel.netns import kernel_lock, run_in_netns
+
+        sets = ban_sets(self.backend or "nftables")
+
+        def work():
+            with kernel_lock():
+                return fn(sets, *args)
+
+        return run_in_netns(self.netns, work)
+
+    def ban_sets_cover(self) -> bool:
+        from ..kernel.banset import ban_sets
+
+        return ban_sets(self.backend or "nftables").cover
+
+    def bans_replace(self, bans) -> None:
+        self._bans(lambda s, b: s.replace(b), bans)
+
+    def bans_change(self, add, remove) -> None:
+        self._bans(lambda s, a, r: s.change(a, r), add, remove)
+
+    def bans_read(self):
+        return self._bans(lambda s: s.read())
+
+    def kernel_bans(self, rules):
+        return self._bans(lambda s, r: s.kernel_bans(r), rules)
+
     def bandwidth(self) -> dict[str, float]:
         """Configured rate of each bandwidth rule, bytes per second."""
         return {b.name: b.rate / 8 for b in self.config.bandwidth} if self.config is not None else {}

@@ -16,12 +16,13 @@ from typing import Any, Protocol
 
 DEFAULT_SOCKET = "/run/netlimit/netlimitd.sock"
 #: the longest request line a client may send, and the most time it may take
-MAX_REQUEST = 256
+MAX_REQUEST = 4096  # a ban request (JSON, netlimit.bans.socket_client) is the longest
 CLIENT_TIMEOUT = 5.0
 
 
 class StatusSource(Protocol):
     def status_payload(self) -> dict[str, Any]: ...
+    def ban_request(self, req: dict[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -67,14 +68,26 @@ class _StatusHandler(socketserver.StreamRequestHandler):
         daemon: StatusSource = self.server.daemon_ref  # type: ignore[attr-defined]
         self.connection.settimeout(CLIENT_TIMEOUT)  # a client that never sends its line cannot hold a thread
         try:
-            self.rfile.readline(MAX_REQUEST)
-            payload = daemon.status_payload()
+            line = self.rfile.readline(MAX_REQUEST)
+            req = _ban_request(line)
+            payload = daemon.ban_request(req) if req is not None else daemon.status_payload()
             self.wfile.write((json.dumps(payload) + "\n").encode())
         except Exception as exc:  # never let a client take the daemon down
             try:
                 self.wfile.write((json.dumps({"error": str(exc)}) + "\n").encode())
             except OSError:
                 pass
+
+
+def _ban_request(line: bytes) -> dict[str, Any] | None:
+    """A JSON request with a "ban" field (None: a status request, e.g. `status\n`)."""
+    if not line.lstrip().startswith(b"{"):
+        return None
+    try:
+        req = json.loads(line)
+    except ValueError:
+        return {"ban": None}
+    return req if isinstance(req, dict) and "ban" in req else {"ban": None}
 
 
 class _StatusServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

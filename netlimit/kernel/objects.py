@@ -21,6 +21,7 @@ LOG_CHAIN_PREFIX = "NETLIMIT-L-"  # per-rule chain of an `action: log` rule
 COMMENT_PREFIX = "netlimit:"  # every owned rule carries "netlimit:<rule>"
 COMMENT_JUMP = "netlimit: jump"  # the jumps from built-in chains (a space: no rule name can collide)
 COMMENT_EXEMPT = "netlimit: exempt"
+COMMENT_BANS = "netlimit: bans"  # the rules that drop banned sources (README: Escalation and bans)
 CHAIN_MAX = 28  # XT_EXTENSION_MAXNAMELEN - 1
 LOG_PREFIX_MAX = 29
 
@@ -118,6 +119,13 @@ NFT_PRIORITY = -10  # nft spells it "filter - 10"
 NFT_CHAINS = {"input": "input", "forward": "forward"}  # base chain -> hook
 NFT_RULE_CHAIN_PREFIX = "rule-"  # each network rule's own chain: rule-<name>, jumped to in file order
 NFT_TAG_LEN = 12  # hex digits of the fingerprint in every comment
+# The ban list every netlimitd follows (netlimit.bans): one interval set per family whose
+# elements (prefix + timeout) the daemon writes; a rule's own bans (escalate on a network
+# rule) go to a dynamic set per rule and family that the packet path fills itself.
+NFT_BAN_SETS = {4: "bans4", 6: "bans6"}
+NFT_KERNEL_BAN_PREFIX = "kban"  # kban4-<rule>: sources a network rule's escalation banned
+NFT_ESCALATE_PREFIX = "esc"  # esc4-<rule>: over-limit packets per source, counted for escalation
+NFT_OVER_CHAIN_PREFIX = "over-"  # over-<rule>: what an escalating rule does with a packet over its limit
 
 
 @dataclass(frozen=True)
