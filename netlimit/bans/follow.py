@@ -141,7 +141,9 @@ class RedisFollower:
                         break
                     if time.monotonic() > deadline:
                         raise redis.exceptions.TimeoutError("no confirmation of SUBSCRIBE")
+                t0 = time.monotonic()
                 snap: Snapshot = lst.snapshot()
+                snap.read_seconds = time.monotonic() - t0
                 self.inbox.overflowed = False
                 self.inbox.put("snapshot", snap)
                 if not self.connected:

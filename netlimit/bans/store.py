@@ -35,6 +35,7 @@ class AddResult(NamedTuple):
 class Snapshot:
     bans: list[tuple[Ban, float]]  # (ban, seconds left)
     evicted: int = 0  # the holder's count of bans dropped for max_entries
+    read_seconds: float = 0.0  # how long reading it took (a follower's figure)
 
 
 @dataclass

@@ -70,7 +70,8 @@ class BanFollower:
         self._log = LogEvery(10.0)
         # counters (status, metrics)
         self.loads = 0
-        self.load_seconds = 0.0
+        self.load_seconds = 0.0  # the last whole write of the sets
+        self.list_timings: dict[str, float] = {}  # the last whole list: read, index, kernel (ms)
         self.events = 0
         self.writes = 0
         self.write_errors = 0
@@ -208,14 +209,22 @@ class BanFollower:
         return False
 
     def _snapshot(self, snap: Snapshot) -> None:
+        t0 = time.monotonic()
         before = set(self.index.bans)
         live = [(b, left) for b, left in snap.bans if self._allowed(b)]
         for b, _left in live:
             if b.net not in before:
                 self.added[self._labels(b)] += 1
         self.index.replace(live)
+        t1 = time.monotonic()
         self.last_error = ""
         self.reload("list loaded")
+        self.list_timings = {
+            "bans": len(live),
+            "read_ms": round(snap.read_seconds * 1000, 1),
+            "index_ms": round((t1 - t0) * 1000, 1),
+            "kernel_ms": round(self.load_seconds * 1000, 1),
+        }
 
     def _event(self, ev: BanEvent) -> Delta:
         delta = Delta()
@@ -381,6 +390,7 @@ class BanFollower:
             "max_entries": self.max_entries,
             "loads": self.loads,
             "last_load_ms": round(self.load_seconds * 1000, 1),
+            "last_list": self.list_timings,
             "events": self.events,
             "writes": self.writes,
             "write_errors": self.write_errors,

@@ -510,9 +510,9 @@ def ban_set_sizes(names: list[str]) -> dict[str, int]:
 
     out: dict[str, int] = {}
     for n in names:
-        els = nfelements.read(NFT_TABLE, n, NFT_FAMILY)
-        if els is not None:
-            out[n] = sum(1 for e in els if not e.end)
+        c = nfelements.count(NFT_TABLE, n, NFT_FAMILY)
+        if c is not None:
+            out[n] = c
     return out
 
 
