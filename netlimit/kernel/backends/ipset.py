@@ -22,6 +22,7 @@ forked from that thread starts in it).
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import shutil
 import subprocess
@@ -205,7 +206,8 @@ def _elements(name: str) -> dict[IPNetwork, float | None] | None:
 
 
 def _secs(left: float) -> int:
-    return max(1, min(MAX_TIMEOUT_S, int(left)))
+    """ipset counts whole seconds: rounded up, so a ban never ends early (at most 1 s late)."""
+    return max(1, min(MAX_TIMEOUT_S, math.ceil(left)))
 
 
 class IpsetBanSets:
