@@ -366,6 +366,10 @@ def plan_dict(desired: Desired, *, source: str = "", sha256: str = "", backend: 
             "rules": [rule_dict(r) for r in desired.rules],
             "restore": {FAMILY_TOOL[f]: iptables_save_text(desired, f, headers=False) for f in (4, 6)},
         }
+        if desired.ipsets:
+            out["ipsets"] = [
+                {"name": s.name, "type": s.type, "header": s.header, "rule": s.rule or None} for s in desired.ipsets
+            ]
     return out | {
         "tc": {
             "devices": [
