@@ -189,7 +189,7 @@ class Fleet:
         from netlimit.daemon import query_status
 
         try:
-            return query_status(self.daemon_sock(host), timeout=2)
+            return query_status(self.daemon_sock(host), timeout=10)
         except (OSError, ValueError):
             return None
 

@@ -50,8 +50,8 @@ class Metrics:
             self.applies.labels(r)
         for r in ("ok", "rejected"):
             self.reloads.labels(r)
-        self.registry.register(_RuleCollector(kernel))
         self._bans = _BanCollector()
+        self.registry.register(_RuleCollector(kernel, self._bans))
         self.registry.register(self._bans)
         self._server: Any = None
 
@@ -101,8 +101,9 @@ class Metrics:
 
 
 class _RuleCollector:
-    def __init__(self, kernel: KernelOps):
+    def __init__(self, kernel: KernelOps, bans: _BanCollector):
         self.kernel = kernel
+        self.bans = bans
 
     def describe(self):
         return []
@@ -129,7 +130,8 @@ class _RuleCollector:
         for b in config.bandwidth if config is not None else ():
             limit.add_metric([b.name], b.rate / 8)
         try:  # never wait long behind an apply: a scrape has its own timeout
-            rows = self.kernel.counters(wait=2.0)
+            f = self.bans.follower
+            rows = self.kernel.counters(wait=2.0, ban_sizes=f.kernel_sizes() if f is not None else None)
             ok = 1
         except Exception as exc:  # a scrape never crashes the daemon
             log.warning("metrics: cannot read kernel counters: %s", exc)

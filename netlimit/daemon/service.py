@@ -111,7 +111,8 @@ class Daemon:
         if bans is not None:
             d["bans"] = bans.status()
         try:  # the status answers while an apply waits on a lock: counters are then left out
-            d["counters"] = self.kernel.counters(wait=1.0)
+            sizes = self.bans.kernel_sizes() if self.bans is not None else None
+            d["counters"] = self.kernel.counters(wait=1.0, ban_sizes=sizes)
         except Exception as exc:
             d["counters"] = []
             d["counters_error"] = str(exc)

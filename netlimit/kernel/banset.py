@@ -44,6 +44,10 @@ class BanSets(Protocol):
         """What the sets hold (seconds left); None when a set is missing."""
         ...
 
+    def count(self) -> int | None:
+        """How many prefixes the sets hold (cheaper than read); None when a set is missing."""
+        ...
+
     def kernel_bans(self, rules: list[tuple[str, int, int]]) -> list[tuple[str, IPNetwork, float]]:
         """(rule, prefix, seconds left) of every source the rules' own escalation banned;
         `rules`: (name, prefix4, prefix6) of the escalating network rules."""
@@ -94,6 +98,17 @@ class NftBanSets:
                 return None
             out.update(nfelements.prefixes(els, interval=True))
         return out
+
+    def count(self) -> int | None:
+        from .backends import nfelements
+
+        total = 0
+        for f in (4, 6):
+            n = nfelements.count(NFT_TABLE, NFT_BAN_SETS[f], NFT_FAMILY)
+            if n is None:
+                return None
+            total += n
+        return total
 
     def kernel_bans(self, rules: list[tuple[str, int, int]]) -> list[tuple[str, IPNetwork, float]]:
         from .backends import nfelements

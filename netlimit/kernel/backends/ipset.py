@@ -245,6 +245,12 @@ class IpsetBanSets:
             out.update(els)
         return out
 
+    def count(self) -> int | None:
+        live = read_sets()
+        if any(n not in live for n in IPSET_BAN_SETS.values()):
+            return None
+        return sum(live[n].entries for n in IPSET_BAN_SETS.values())
+
     def kernel_bans(self, rules: list[tuple[str, int, int]]) -> list[tuple[str, IPNetwork, float]]:
         from ..compile import kernel_ban_ipset
 

@@ -420,6 +420,7 @@ def write_script(steps: list[Step]) -> None:
 class NftablesBackend:
     name = "nftables (table inet netlimit)"
     key = "nftables"
+    count_bans = True  # rows(): count the ban list's interval sets (a dump of every element)
 
     def available(self) -> str | None:
         if not shutil.which(NFT):
@@ -477,7 +478,8 @@ class NftablesBackend:
         wanted = sorted(set(first_set.values()))
         intervals = [n for n in wanted if n in NFT_BAN_SETS.values()]
         sizes = nfnetlink.set_sizes(NFT_TABLE, [n for n in wanted if n not in intervals], NFT_FAMILY) if wanted else {}
-        sizes.update(ban_set_sizes(intervals))
+        if self.count_bans:
+            sizes.update(ban_set_sizes(intervals))
         rows: list[dict[str, Any]] = []
         for chain, rules in t.rules.items():
             base = chain in t.chains and t.chains[chain].hook is not None
