@@ -173,7 +173,7 @@ class Fleet:
              "--socket", self.daemon_sock(host)],
             stdout=subprocess.DEVNULL, stderr=log, env=env,
         )  # fmt: skip
-        wait_for(lambda: (self.status(host) or {}).get("bans", {}).get("connected"), 30, f"daemon {host}")
+        wait_for(lambda: (self.status(host) or {}).get("bans", {}).get("connected"), 30, f"daemon {host}", step=0.25)
 
     def stop_daemon(self, host: str) -> None:
         p = self.procs.pop(f"daemon-{host}", None)
@@ -452,6 +452,11 @@ def many_bans(n: int, seed: int = 7) -> dict:
     return out
 
 
+def loads(f: Fleet, host: str) -> int:
+    """How many whole loads of the list the host's daemon has made (-1: no answer)."""
+    return int(((f.status(host) or {}).get("bans") or {}).get("loads", -1))
+
+
 def load(f: Fleet, n: int) -> dict:
     bans = many_bans(n)
     sets = ban_sets(f.backend)
@@ -485,10 +490,12 @@ def load(f: Fleet, n: int) -> dict:
                 pipe.execute()
         pipe.execute()
         wait_for(lambda: len(f.kernel("b")) == n, 60, "the list in host B's kernel", step=0.2)
-        before = (f.status("b") or {})["bans"]["loads"]
+        before = wait_for(lambda: loads(f, "b") + 1, 30, "B's status", step=0.25) - 1
         lst.r.client_kill_filter(_type="pubsub")  # every follower reconnects and reloads the whole list
-        wait_for(lambda: (f.status("b") or {})["bans"]["loads"] > before, 60, "the reload", step=0.05)
-        timings = (f.status("b") or {})["bans"]["last_list"]
+        wait_for(lambda: loads(f, "b") > before, 60, "the reload", step=0.25)
+        timings = wait_for(
+            lambda: ((f.status("b") or {}).get("bans") or {}).get("last_list"), 30, "B's status", step=0.25
+        )
         daemon_ok = len(f.kernel("b")) == n
         lst.flush()
     finally:
@@ -515,13 +522,18 @@ def outage(f: Fleet) -> dict:
         lst.close()
         dropped = wait_for(probe.dropped_since, 10, "the ban on host B")
         f.stop_redis()
-        wait_for(lambda: not (f.status("b") or {}).get("bans", {}).get("connected", True), 15, "B to see Redis gone")
+        wait_for(
+            lambda: not (f.status("b") or {}).get("bans", {}).get("connected", True),
+            15,
+            "B to see Redis gone",
+            step=0.25,
+        )
         held_while_down = probe.first_answer_after(dropped) is None
         resumed = wait_for(lambda: probe.first_answer_after(dropped), 15, "the ban to end", step=0.005)
     late_ms = round((resumed - expires) * 1000, 1)
     f.start_redis()
-    wait_for(lambda: (f.status("b") or {}).get("bans", {}).get("connected"), 30, "B back on Redis")
-    wait_for(lambda: (f.status("a") or {}).get("bans", {}).get("connected"), 30, "A back on Redis")
+    wait_for(lambda: (f.status("b") or {}).get("bans", {}).get("connected"), 30, "B back on Redis", step=0.25)
+    wait_for(lambda: (f.status("a") or {}).get("bans", {}).get("connected"), 30, "A back on Redis", step=0.25)
     return {"held_while_redis_down": held_while_down, "ended_after_expiry_ms": late_ms,
             "ok": held_while_down and -100 <= late_ms <= 1500}  # fmt: skip
 
@@ -540,7 +552,7 @@ def restart(f: Fleet, n: int) -> dict:
         f.stop_daemon("b")
         kept = set(f.kernel("b"))  # on_stop: keep
         f.start_daemon("b")
-        wait_for(lambda: (f.status("b") or {})["bans"]["loads"] >= 1, 30, "the reload after the restart")
+        wait_for(lambda: loads(f, "b") >= 1, 30, "the reload after the restart", step=0.25)
         after = f.kernel("b")
         dupes = 0
         if f.backend == "nftables":

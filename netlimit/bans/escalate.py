@@ -15,7 +15,7 @@ bounded: the store's (max_keys, Redis TTLs), the queue's, and the short list of
 prefixes just banned (no second write while the first one travels).
 
 Never banned: exempt networks and prefixes that hold a trusted proxy (skipped and
-counted, model.skip_reason).
+counted, model.Protected).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ..config.model import Config, Escalate
 from ..limit.algorithms import Limit
 from ..limit.stores import MemoryStore
 from ..logevery import LogEvery
-from .model import IPNetwork, client_prefix, skip_reason
+from .model import IPNetwork, Protected, client_prefix
 
 log = logging.getLogger("netlimit.bans")
 
@@ -87,8 +87,7 @@ class Escalator:
         self._task: asyncio.Task | None = None
         self._log = LogEvery(10.0, clock)
         self.specs: dict[str, Escalate] = {}
-        self.exempt: list[IPNetwork] = []
-        self.proxies: list[IPNetwork] = []
+        self.protected = Protected([], [])
         # counters (metrics)
         self.denials = 0
         self.banned: Counter[str] = Counter()  # by rule name
@@ -99,8 +98,9 @@ class Escalator:
     def configure(self, config: Config) -> None:
         """(Re)load the escalating rules, exempt networks and trusted proxies."""
         self.specs = rule_paths(config)
-        self.exempt = list(config.exempt)
-        self.proxies = list(config.http.trusted_proxies) if config.http is not None else []
+        self.protected = Protected(
+            list(config.exempt), list(config.http.trusted_proxies) if config.http is not None else []
+        )
         self._limits.clear()
 
     # --- the Limiter's hook (sync, on the decision path) -------------------------------------
@@ -175,7 +175,7 @@ class Escalator:
         if net is None:
             self.skipped["invalid_address"] += 1
             return False
-        why = skip_reason(net, self.exempt, self.proxies)
+        why = self.protected.reason(net)
         if why is not None:
             self.skipped["exempt" if "exempt" in why else "trusted_proxy"] += 1
             if self._log.due("skip:" + path) >= 0:

@@ -143,7 +143,8 @@ class RedisFollower:
                         raise redis.exceptions.TimeoutError("no confirmation of SUBSCRIBE")
                 t0 = time.monotonic()
                 snap: Snapshot = lst.snapshot()
-                snap.read_seconds = time.monotonic() - t0
+                snap.received = time.monotonic()
+                snap.read_seconds = snap.received - t0
                 self.inbox.overflowed = False
                 self.inbox.put("snapshot", snap)
                 if not self.connected:
@@ -192,6 +193,7 @@ class RedisFollower:
             data = m.get("data")
             ev = parse_event(data) if isinstance(data, (bytes, str)) else None
             if ev is not None:
+                ev.received = now
                 self.inbox.event(ev)
 
     def _send(self, lst: RedisBanList) -> None:

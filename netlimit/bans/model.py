@@ -59,25 +59,36 @@ def client_prefix(address: str, prefix4: int, prefix6: int) -> IPNetwork | None:
     return ipaddress.ip_network(f"{ip}/{plen}", strict=False)
 
 
-def overlaps_any(net: IPNetwork, nets: list[IPNetwork] | tuple[IPNetwork, ...]) -> IPNetwork | None:
-    """The first of `nets` that shares an address with `net` (None: none)."""
-    for n in nets:
-        if n.version == net.version and net.overlaps(n):
-            return n
-    return None
+class Protected:
+    """Who is never banned: exempt networks and trusted proxies, as integer ranges (a
+    whole list of bans is checked at once)."""
+
+    def __init__(self, exempt: list[IPNetwork], proxies: list[IPNetwork]):
+        self.exempt = [(n.version, int(n.network_address), int(n.broadcast_address), n) for n in exempt]
+        self.proxies = [(n.version, int(n.network_address), int(n.broadcast_address), n) for n in proxies]
+
+    def reason(self, net: IPNetwork) -> str | None:
+        """Why `net` must never be banned (None: it may be): it lies inside an exempt
+        network, or it holds a trusted proxy (banning it would cut off every client
+        behind the proxy). A ban that merely holds an exempt address is fine: the kernel
+        matches exempt first."""
+        if not self.exempt and not self.proxies:
+            return None
+        v = net.version
+        lo = int(net.network_address)
+        hi = lo + (1 << (net.max_prefixlen - net.prefixlen)) - 1
+        for ev, elo, ehi, e in self.exempt:
+            if ev == v and elo <= lo and hi <= ehi:
+                return f"{net} is exempt ({e})"
+        for pv, plo, phi, p in self.proxies:
+            if pv == v and lo <= phi and plo <= hi:
+                return f"{net} holds the trusted proxy {p}"
+        return None
 
 
 def skip_reason(net: IPNetwork, exempt: list[IPNetwork], proxies: list[IPNetwork]) -> str | None:
-    """Why `net` must never be banned (None: it may be): it lies inside an exempt network,
-    or it holds a trusted proxy (banning it would cut off every client behind the proxy).
-    A ban that merely contains an exempt address is fine: the kernel matches exempt first."""
-    for e in exempt:
-        if e.version == net.version and net.subnet_of(e):  # type: ignore[arg-type]
-            return f"{net} is exempt ({e})"
-    p = overlaps_any(net, proxies)
-    if p is not None:
-        return f"{net} holds the trusted proxy {p}"
-    return None
+    """Protected(exempt, proxies).reason(net), for one prefix."""
+    return Protected(exempt, proxies).reason(net)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ class Snapshot:
     bans: list[tuple[Ban, float]]  # (ban, seconds left)
     evicted: int = 0  # the holder's count of bans dropped for max_entries
     read_seconds: float = 0.0  # how long reading it took (a follower's figure)
+    received: float = 0.0  # when a follower had it (monotonic; 0: unknown): time left counts from there
 
 
 @dataclass
@@ -47,6 +48,7 @@ class BanEvent:
     left: float = 0.0  # add: seconds left
     net: IPNetwork | None = None  # del
     evicted: list[IPNetwork] = field(default_factory=list)  # add: dropped for max_entries
+    received: float = 0.0  # when a follower had it (monotonic; 0: unknown): time left counts from there
 
 
 class BanList(Protocol):
@@ -175,4 +177,5 @@ class MemoryBanList:
 
     def _emit(self, ev: BanEvent) -> None:
         if self.on_event is not None:
+            ev.received = time.monotonic()
             self.on_event(ev)

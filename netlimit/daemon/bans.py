@@ -28,7 +28,7 @@ from typing import Any
 
 from ..bans.follow import Inbox, RedisFollower
 from ..bans.index import BanIndex, Delta
-from ..bans.model import Ban, IPNetwork, parse_target, skip_reason
+from ..bans.model import Ban, IPNetwork, Protected, parse_target
 from ..bans.store import BanEvent, MemoryBanList, Snapshot
 from ..logevery import LogEvery
 from .kernel_ops import KernelOps
@@ -66,8 +66,7 @@ class BanFollower:
         self.next_expire = 0.0
         self.next_poll = 0.0
         self.kernel_seen: dict[tuple[str, IPNetwork], float] = {}  # kernel bans handed on -> deadline
-        self.exempt: list[IPNetwork] = []
-        self.proxies: list[IPNetwork] = []
+        self.protected = Protected([], [])
         self.escalating: list[tuple[str, int, int]] = []
         self._log = LogEvery(10.0)
         # counters (status, metrics)
@@ -93,8 +92,9 @@ class BanFollower:
         """The parts of a (re)loaded file the follower uses every time (exempt, trusted
         proxies, the escalating network rules). The store, its key prefix and
         max_entries take effect at restart."""
-        self.exempt = list(config.exempt)
-        self.proxies = list(config.http.trusted_proxies) if config.http is not None else []
+        self.protected = Protected(
+            list(config.exempt), list(config.http.trusted_proxies) if config.http is not None else []
+        )
         self.escalating = [
             (r.name, r.escalate.prefix4, r.escalate.prefix6) for r in config.network if r.escalate is not None
         ]
@@ -214,7 +214,7 @@ class BanFollower:
     # --- list changes ----------------------------------------------------------------------
 
     def _allowed(self, ban: Ban) -> bool:
-        why = skip_reason(ban.net, self.exempt, self.proxies)
+        why = self.protected.reason(ban.net)
         if why is None:
             return True
         self.skipped += 1
@@ -222,10 +222,15 @@ class BanFollower:
             log.warning("bans: not banning %s (%s, from %s)", ban.net, why, ban.by or "?")
         return False
 
+    def _since(self, received: float) -> float:
+        """Seconds an item waited since a follower had it (its time left counts from then)."""
+        return max(0.0, self.clock() - received) if received else 0.0
+
     def _snapshot(self, snap: Snapshot) -> None:
         t0 = time.monotonic()
         before = set(self.index.bans)
-        live = [(b, left) for b, left in snap.bans if self._allowed(b)]
+        waited = self._since(snap.received)
+        live = [(b, left - waited) for b, left in snap.bans if self._allowed(b)]
         for b, _left in live:
             if b.net not in before:
                 self.added[self._labels(b)] += 1
@@ -245,7 +250,7 @@ class BanFollower:
         if ev.op == "add" and ev.ban is not None:
             if self._allowed(ev.ban):
                 self.added[self._labels(ev.ban)] += 1
-                delta.merge(self.index.put(ev.ban, ev.left))
+                delta.merge(self.index.put(ev.ban, ev.left - self._since(ev.received)))
             for n in ev.evicted:
                 self.removed += 1
                 delta.merge(self.index.remove(n))
@@ -283,7 +288,7 @@ class BanFollower:
         now = self.clock()
         add = {n: dl - now for n, dl in delta.add.items() if dl - now > 0.05}
         try:
-            self.kernel.bans_change(add, sorted(delta.remove, key=lambda n: (n.version, n)))
+            self.kernel.bans_change(add, list(delta.remove))  # the writer orders them (by integer)
             self.writes += 1
         except Exception as exc:
             self._failed(f"writing {len(add)} additions and {len(delta.remove)} removals", exc)
@@ -319,7 +324,7 @@ class BanFollower:
             if len(self.kernel_seen) >= self.max_entries:
                 break
             self.kernel_seen[key] = dl
-            why = skip_reason(net, self.exempt, self.proxies)
+            why = self.protected.reason(net)
             if why is not None:
                 self.skipped += 1
                 continue
@@ -367,7 +372,7 @@ class BanFollower:
                 ttl = float(req.get("ttl", 0))
                 if not 0 < ttl <= 2_147_483:
                     return {"ok": False, "error": f"ttl {ttl:g} s is out of range (1 s to 24 days)"}
-                why = skip_reason(net, self.exempt, self.proxies)
+                why = self.protected.reason(net)
                 if why is not None:
                     self.skipped += 1
                     return {"ok": False, "refused": True, "error": f"refused: {why}: never banned"}
@@ -397,7 +402,7 @@ class BanFollower:
     def kernel_sizes(self) -> dict[str, int]:
         """The ban sets' sizes as written (what `counters` shows instead of counting them)."""
         n = {4: 0, 6: 0}
-        for net in self.index.shown:
+        for net in list(self.index.shown):  # one C-level copy: the main loop may be changing it
             n[net.version] += 1
         return {"bans4": n[4], "bans6": n[6], "netlimit-bans4": n[4], "netlimit-bans6": n[6]}
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,17 @@ def kernel(ns: str, backend: str = "nftables") -> dict:
     return run_in_netns(ns, lambda: ban_sets(backend).read()) or {}
 
 
+def metrics(d: Daemon) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
 def ban(config: Path, *args: str) -> subprocess.CompletedProcess:
     r = subprocess.run([EXE, "ban", *args, "--config", str(config)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -126,6 +138,12 @@ def test_a_ban_reaches_every_hosts_kernel_and_a_restart_loads_the_same_set(hosts
         wait_for(lambda ns=ns: set(kernel(ns)) == want, 10, f"the lifted ban in {ns}")
     st = b.status()["bans"]
     assert st["connected"] and st["active"] == 3 and st["in_kernel"] == 3
+    sizes = {r["table"]: r["table_entries"] for r in b.status()["counters"] if r["rule"] == "(bans)"}
+    assert sizes == {"set bans4": 2, "set bans6": 1}  # `status` and `list` show the sets' sizes
+    m = metrics(b)
+    assert m[("netlimit_bans_active", ())] == 3 and m[("netlimit_bans_in_kernel", ())] == 3
+    assert m[("netlimit_bans_store_up", ())] == 1 and m[("netlimit_bans_removed_total", ())] == 1
+    assert m[("netlimit_bans_added_total", (("origin", "manual"), ("rule", "(manual)")))] == 4
     # a restart (on_stop: keep leaves the set) loads the same list: no duplicates, none lost
     assert b.stop() == 0
     assert set(kernel(hosts[1])) == want  # kept while the daemon is down
