@@ -62,6 +62,7 @@ class BanFollower:
         self.memory: MemoryBanList | None = None
         self.host = socket.gethostname()
         self.need_reload = False
+        self.kernel_known = False  # the kernel's sets hold what this process wrote (else: reload whole)
         self.retry_at = 0.0
         self.next_expire = 0.0
         self.next_poll = 0.0
@@ -72,7 +73,8 @@ class BanFollower:
         # counters (status, metrics)
         self.loads = 0
         self.load_seconds = 0.0  # the last whole write of the sets
-        self.list_timings: dict[str, float] = {}  # the last whole list: read, index, kernel (ms)
+        self.list_timings: dict[str, Any] = {}  # the last whole list: read, index, kernel (ms)
+        self.lists = 0  # whole lists received (start, reconnects)
         self.events = 0
         self.writes = 0
         self.write_errors = 0
@@ -176,6 +178,7 @@ class BanFollower:
 
     def after_apply(self) -> None:
         """An apply changed the rule set: a ban set may have been made anew (empty)."""
+        self.kernel_known = False
         if self.loads or self.store_url == "memory":
             self.reload("after an apply")
 
@@ -208,6 +211,7 @@ class BanFollower:
             why = f"bans: the kernel's ban sets lack {len(missing)} and have {len(extra)} unknown prefixes"
         log.warning("drift: %s; reloading them", why)
         self.drift_repairs += 1
+        self.kernel_known = False
         self.reload("drift")
         return [why]
 
@@ -227,6 +231,7 @@ class BanFollower:
         return max(0.0, self.clock() - received) if received else 0.0
 
     def _snapshot(self, snap: Snapshot) -> None:
+        self.lists += 1
         t0 = time.monotonic()
         before = set(self.index.bans)
         waited = self._since(snap.received)
@@ -234,15 +239,21 @@ class BanFollower:
         for b, _left in live:
             if b.net not in before:
                 self.added[self._labels(b)] += 1
-        self.index.replace(live)
+        delta = self.index.replace(live)
         t1 = time.monotonic()
         self.last_error = ""
-        self.reload("list loaded")
+        if self.kernel_known:  # a reconnect: the kernel holds what we wrote; write the difference
+            self._write(delta)
+            how = "changes"
+        else:  # the first list since start, an apply or a refusal: the whole set, one transaction
+            self.reload("list loaded")
+            how = "whole"
         self.list_timings = {
             "bans": len(live),
             "read_ms": round(snap.read_seconds * 1000, 1),
             "index_ms": round((t1 - t0) * 1000, 1),
-            "kernel_ms": round(self.load_seconds * 1000, 1),
+            "kernel_ms": round((time.monotonic() - t1) * 1000, 1),
+            "kernel_write": how,
         }
 
     def _event(self, ev: BanEvent) -> Delta:
@@ -278,6 +289,7 @@ class BanFollower:
         self.loads += 1
         self.load_seconds = dt
         self.need_reload = False
+        self.kernel_known = True
         log.info("bans: %d in the kernel (%s, %.0f ms)", len(bans), why, dt * 1000)
 
     def _write(self, delta: Delta) -> None:
@@ -297,6 +309,7 @@ class BanFollower:
     def _failed(self, what: str, exc: Exception) -> None:
         self.write_errors += 1
         self.need_reload = True
+        self.kernel_known = False
         self.retry_at = self.clock() + RETRY_AFTER
         self.last_error = f"{what}: {exc}"
         if self._log.due("write") >= 0:
@@ -415,6 +428,7 @@ class BanFollower:
             "in_kernel": len(self.index.shown),
             "max_entries": self.max_entries,
             "loads": self.loads,
+            "lists": self.lists,
             "last_load_ms": round(self.load_seconds * 1000, 1),
             "last_list": self.list_timings,
             "events": self.events,
