@@ -502,7 +502,7 @@ def load(f: Fleet, n: int) -> dict:
         restart = wait_for(lambda: counter(f, "b", "lists") >= 1 and timings(f, "b"), 60, "the load", step=0.25)
         restart_ok = len(f.kernel("b")) == n
         # a reconnect (Redis drops every subscriber): the list read again, the difference written
-        before = counter(f, "b", "lists")
+        before = wait_for(lambda: counter(f, "b", "lists") + 1, 30, "a status", step=0.25) - 1
         lst.r.client_kill_filter(_type="pubsub")
         wait_for(lambda: counter(f, "b", "lists") > before, 60, "the reconnect", step=0.25)
         reconnect = timings(f, "b")

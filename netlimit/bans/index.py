@@ -21,6 +21,11 @@ from dataclasses import dataclass, field
 from .model import Ban, IPNetwork
 
 
+#: a ban read again whose end moved less than this is not written again (a reconnect reads
+#: every ban with a time left that differs from the one written by the transit time)
+RENEW_TOLERANCE = 1.0
+
+
 @dataclass
 class Delta:
     """What changed in the kernel's view: prefix -> deadline to (re)write, prefixes to remove."""
@@ -212,7 +217,8 @@ class BanIndex:
             if net not in self.shown:
                 delta.drop(net)
         for net, dl in self.shown.items():
-            if before.get(net) != dl:
+            old = before.get(net)
+            if old is None or abs(old - dl) > RENEW_TOLERANCE:  # the same ban read again: no rewrite
                 delta.put(net, dl)
         return delta
 
