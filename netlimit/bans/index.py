@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from .model import Ban, IPNetwork
 
-
 #: a ban read again whose end moved less than this is not written again (a reconnect reads
 #: every ban with a time left that differs from the one written by the transit time)
 RENEW_TOLERANCE = 1.0
