@@ -231,7 +231,6 @@ class BanFollower:
         return max(0.0, self.clock() - received) if received else 0.0
 
     def _snapshot(self, snap: Snapshot) -> None:
-        self.lists += 1
         t0 = time.monotonic()
         before = set(self.index.bans)
         waited = self._since(snap.received)
@@ -255,6 +254,7 @@ class BanFollower:
             "kernel_ms": round((time.monotonic() - t1) * 1000, 1),
             "kernel_write": how,
         }
+        self.lists += 1  # last: a status that sees the count sees these timings
 
     def _event(self, ev: BanEvent) -> Delta:
         delta = Delta()
