@@ -149,7 +149,14 @@ def schema(
 
 # Layers register their commands here (each import is cheap: heavy modules
 # are imported inside the command functions).
-_LAYERS = ("netlimit.kernel.cli", "netlimit.sidecar.cli", "netlimit.daemon", "netlimit.top", "netlimit.simulate.cli")
+_LAYERS = (
+    "netlimit.kernel.cli",
+    "netlimit.sidecar.cli",
+    "netlimit.daemon",
+    "netlimit.top",
+    "netlimit.simulate.cli",
+    "netlimit.bans.cli",
+)
 for _mod in _LAYERS:
     try:
         _m = importlib.import_module(_mod)

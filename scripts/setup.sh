@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
   iptables iproute2 conntrack        # the kernel layer: iptables-legacy, tc, ip netns
   nftables                           # the nftables backend (nft -f writes table inet netlimit; auto's pick on nf_tables hosts)
+  ipset                              # the legacy backends' ban sets (netlimit-bans4/6: hash:net with timeouts)
   iperf3 hping3 netcat-openbsd       # traffic for tests, demo, benchmarks
   redis-server nginx wrk             # the HTTP layer's real peers
   prometheus tmux                    # monitoring: dashboard queries and alert rules (promtool), `netlimit top` in a terminal

@@ -26,8 +26,10 @@ from .units import (
     PortRange,
     Rate,
     format_bandwidth,
+    format_duration,
     format_size,
     parse_bandwidth,
+    parse_duration,
     parse_port,
     parse_rate,
     parse_size,
@@ -119,6 +121,26 @@ SizeT = Annotated[
 ]
 
 
+DurationT = Annotated[
+    int,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 1},
+                {
+                    "type": "string",
+                    "pattern": r"^\s*\d+\s*(s|sec|secs?|seconds?|m|mins?|minutes?|h|hr|hours?|d|days?)?\s*$",
+                },
+            ],
+            "description": "seconds, or 30s, 15m, 1h, 2d",
+            "examples": ["1m", "15m"],
+        }
+    ),
+]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
@@ -129,6 +151,38 @@ def _check_name(v: str) -> str:
             f"name {v!r} must be 1-48 characters of letters, digits, '-', '_' or '.', starting with a letter or digit"
         )
     return v
+
+
+# --- escalation (a repeat offender banned at L3) ------------------------------------
+
+BAN_MAX_SECONDS = 2_147_483  # ipset's longest timeout (about 24.8 days); nftables takes it too
+
+
+class Escalate(Strict):
+    """After `after` denials within `within`, the client's address (or its prefix) is
+    banned at L3 on every host for `ban` (README: Escalation and bans)."""
+
+    after: int = Field(
+        ge=1,
+        le=1_000_000,
+        description="denials (http) or over-limit packets (network) within `within` that trigger a ban",
+    )
+    within: DurationT = Field(description="the window the denials are counted in, e.g. 1m")
+    ban: DurationT = Field(description="how long the ban lasts, e.g. 15m (at most 24 days)")
+    prefix4: int = Field(32, ge=8, le=32, description="ban the client's IPv4 /prefix4 (24: its /24)")
+    prefix6: int = Field(128, ge=16, le=128, description="ban the client's IPv6 /prefix6 (64: its /64)")
+    reason: str | None = Field(None, min_length=1, max_length=200, description="shown in `netlimit ban list`")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Escalate:
+        if self.within > 86400:
+            raise ValueError(f"within {format_duration(self.within)} is longer than a day: count over at most 1d")
+        if self.ban > BAN_MAX_SECONDS:
+            raise ValueError(f"ban {format_duration(self.ban)} is longer than the kernel keeps one (24 days)")
+        return self
+
+    def prefix(self, version: int) -> int:
+        return self.prefix4 if version == 4 else self.prefix6
 
 
 # --- network (iptables) -----------------------------------------------------------
@@ -162,6 +216,9 @@ class NetworkRule(Strict):
     htable_size: int | None = Field(None, ge=1, le=1 << 20, description="hashlimit buckets in the hash table")
     htable_max: int | None = Field(None, ge=1, le=1 << 24, description="hashlimit max entries")
     htable_expire: int | None = Field(None, ge=1, description="hashlimit entry expiry in milliseconds")
+    escalate: Escalate | None = Field(
+        None, description="ban a source at L3 after this many over-limit packets (README: Escalation and bans)"
+    )
 
     _v_name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 
@@ -322,6 +379,9 @@ class Descriptor(LyftText):
     value_to_metric: bool = Field(False, description="metric names carry this level's request value")
     share_threshold: bool = Field(False, description="every value matching this wildcard shares one counter")
     metadata: dict[str, Any] | None = Field(None, description="kept with the limit; sent as Envoy dynamic metadata")
+    escalate: Escalate | None = Field(
+        None, description="ban the client (remote_address) at L3 after this many denials (README: Escalation and bans)"
+    )
     descriptors: DescriptorList = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -488,6 +548,43 @@ def redis_url_problem(url: str) -> str | None:
     return None
 
 
+# --- bans ------------------------------------------------------------------------
+
+
+MAX_BANS_DEFAULT = 100_000
+
+
+class BansConfig(Strict):
+    """The ban list every host's netlimitd enforces in the kernel (README: Escalation and bans)."""
+
+    store: str | None = Field(
+        None,
+        description="redis://host:6379/0 (shared by the fleet) or memory (this host's netlimitd keeps it); "
+        "default: http.storage",
+    )
+    max_entries: int = Field(
+        MAX_BANS_DEFAULT, ge=1, le=1_000_000, description="most bans kept; beyond it the soonest to expire goes first"
+    )
+    key_prefix: str = Field(
+        "netlimit", pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="Redis key names: <key_prefix>:{bans}..."
+    )
+    socket: str = Field(
+        "/run/netlimit/netlimitd.sock",
+        min_length=1,
+        description="memory store: the status socket of this host's netlimitd, which keeps the list",
+    )
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, v: str | None) -> str | None:
+        if v is None or v == "memory":
+            return v
+        problem = redis_url_problem(v)
+        if problem:
+            raise ValueError(f"store {v!r}: {problem}")
+        return v
+
+
 # --- the file ------------------------------------------------------------------
 
 
@@ -501,6 +598,7 @@ class Config(Strict):
     network: list[NetworkRule] = Field(default_factory=list, description="L3/L4 packet and connection limits")
     bandwidth: list[BandwidthRule] = Field(default_factory=list, description="L3/L4 shaping (tc)")
     http: HttpConfig | None = Field(None, description="L7 sidecar rules")
+    bans: BansConfig | None = Field(None, description="the shared ban list (README: Escalation and bans)")
     on_stop: Literal["flush", "keep"] = Field(
         "flush", description="daemon stop: remove rules (flush) or leave them in place (keep)"
     )
@@ -510,3 +608,38 @@ class Config(Strict):
         "(iptables-legacy-restore) or python-iptables; auto picks nftables where the host's iptables is the "
         "nf_tables variant or legacy x_tables are unusable ($NETLIMIT_BACKEND and --backend override it)",
     )
+
+    @property
+    def escalating_descriptors(self) -> list[tuple[tuple[str, ...], Descriptor]]:
+        """Every http descriptor with `escalate`, with the keys from the root to it."""
+        out: list[tuple[tuple[str, ...], Descriptor]] = []
+
+        def walk(descs: list[Descriptor], keys: tuple[str, ...]) -> None:
+            for d in descs:
+                if d.escalate is not None:
+                    out.append((keys + (d.key,), d))
+                walk(d.descriptors, keys + (d.key,))
+
+        if self.http is not None:
+            walk(self.http.descriptors, ())
+        return out
+
+    @property
+    def bans_on(self) -> bool:
+        """Whether the file uses bans: a `bans:` section or any `escalate`."""
+        return (
+            self.bans is not None
+            or any(r.escalate is not None for r in self.network)
+            or bool(self.escalating_descriptors)
+        )
+
+    @property
+    def ban_store(self) -> str:
+        """Where the ban list lives: bans.store, else http.storage, else memory."""
+        if self.bans is not None and self.bans.store is not None:
+            return self.bans.store
+        return self.http.storage if self.http is not None else "memory"
+
+    @property
+    def max_bans(self) -> int:
+        return self.bans.max_entries if self.bans is not None else MAX_BANS_DEFAULT

@@ -242,3 +242,50 @@ def parse_port(value: object) -> PortRange:
     if last < first:
         raise ValueError(f"port range {value!r} is reversed: write '{last}-{first}'")
     return PortRange(first, last)
+
+
+# --- durations: 30s, 15m, 1h, 2d ---------------------------------------------------
+
+_DURATION_RE = re.compile(r"^\s*(\d+)\s*([A-Za-z]*)\s*$")
+
+
+def parse_duration(value: object) -> int:
+    """Whole seconds from '30s', '15m', '1h', '2d' (the rate units: s, m, h, d and their
+    long names) or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration like '30s', '15m', '1h' or '2d', got {value!r}")
+    if isinstance(value, int):
+        n, unit = value, "second"
+    elif isinstance(value, str) and (m := _DURATION_RE.match(value)):
+        n = int(m.group(1))
+        word = m.group(2).lower() or "s"
+        if word not in _RATE_ALIASES:
+            raise ValueError(f"bad duration unit {m.group(2)!r} in {value!r}: expected s, m, h or d")
+        unit = _RATE_ALIASES[word]
+    else:
+        raise ValueError(f"expected a duration like '30s', '15m', '1h' or '2d', got {value!r}")
+    if n <= 0:
+        raise ValueError(f"duration {value!r} must be at least 1 second")
+    return n * RATE_UNITS[unit]
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact spelling: 900 -> '15m', 90 -> '90s', 86400 -> '1d'
+    (a fraction of a second is rounded up: a time left is never shown as 0)."""
+    s = max(1, int(-(-seconds // 1)))
+    for unit, secs in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s % secs == 0:
+            return f"{s // secs}{unit}"
+    return f"{s}s"
+
+
+def format_left(seconds: float) -> str:
+    """A time left for people: '14m03s', '2h05m', '3d04h', '45s'."""
+    s = max(0, int(seconds))
+    if s >= 86400:
+        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import ipaddress
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,14 +30,17 @@ from . import kernel_limits as kl
 from .loader import Document, Problem, YamlError, load_text
 from .model import (
     BandwidthRule,
+    BansConfig,
     Config,
     Descriptor,
+    Escalate,
     HttpConfig,
     LyftFile,
     NetworkRule,
     RateLimit,
     Replaces,
 )
+from .units import Rate
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
 #: at most this many files in a lyft_config_dir
@@ -446,6 +450,8 @@ def _model_at(loc: tuple[Any, ...], root: type[BaseModel] = Config) -> type[Base
         "descriptors": Descriptor,
         "rate_limit": RateLimit,
         "replaces": Replaces,
+        "escalate": Escalate,
+        "bans": BansConfig,
     }
     for part in loc:
         if isinstance(part, int):
@@ -748,6 +754,7 @@ def _semantic(config: Config, doc: Document, filename: str, warnings: list[Probl
                 )
         if b.protocol != "all" and not b.ports:
             add(p + ("protocol",), b.name, "protocol only narrows port matches: add ports or drop protocol")
+    _escalation(config, doc, add)
     # whole-interface caps: at most one per interface and direction
     seen_whole: dict[tuple[str, str], str] = {}
     for i, b in enumerate(config.bandwidth):
@@ -761,4 +768,80 @@ def _semantic(config: Config, doc: Document, filename: str, warnings: list[Probl
                     f"{seen_whole[k]!r}: one interface has one cap per direction",
                 )
             seen_whole[k] = b.name
+    return out
+
+
+# --- escalation ------------------------------------------------------------------
+
+
+def _covered(net: Any, by: Sequence[Any]) -> bool:
+    return any(net.version == n.version and net.subnet_of(n) for n in by)
+
+
+def _escalation(config: Config, doc: Document, add: Any) -> None:
+    """What the models cannot see about `escalate` and `bans:`: a rule must be able to
+    deny and to name a client, and must be able to ban someone who is neither exempt
+    nor a trusted proxy (those are never banned)."""
+    exempt = list(config.exempt)
+    proxies = list(config.http.trusted_proxies) if config.http is not None else []
+    for i, r in enumerate(config.network):
+        esc = r.escalate
+        if esc is None:
+            continue
+        p = ("network", i, "escalate")
+        if r.action == "log":
+            add(p, r.name, "escalate needs a rule that drops or rejects: action: log never denies, so never bans")
+        if Rate(esc.after, "second", esc.within).exact() is None:
+            add(
+                p + ("within",),
+                r.name,
+                f"the kernel counts over-limit packets as a whole number per second, minute, hour or day: "
+                f"{esc.after} within {esc.within} s is none of them (e.g. within: 1m)",
+            )
+        if r.sources and all(_covered(n, exempt) for n in r.sources):
+            add(p, r.name, "escalate could only ban exempt addresses (every source of this rule is in exempt:)")
+    for path, d in _descriptor_paths(config):
+        esc = d.escalate
+        if esc is None:
+            continue
+        keys = [k for k, _v in path[1]]
+        where = path[0] + ("escalate",)
+        if d.rate_limit is None:
+            add(where, "http", "escalate needs a descriptor with rate_limit: it counts this limit's denials")
+        elif d.shadow_mode:
+            add(where, "http", "escalate on a shadow_mode descriptor never fires: shadow rules never deny")
+        if "remote_address" not in keys:
+            add(
+                where,
+                "http",
+                "escalate bans the client's address: this descriptor (or one above it) needs key remote_address",
+            )
+            continue
+        value = next(v for k, v in reversed(path[1]) if k == "remote_address")
+        if value and not value.endswith("*"):
+            try:
+                addr = ipaddress.ip_network(value, strict=False)
+            except ValueError:
+                continue
+            if _covered(addr, exempt) or _covered(addr, proxies):
+                add(
+                    where,
+                    "http",
+                    f"escalate could only ban {value}, which is exempt or a trusted proxy (never banned)",
+                )
+
+
+def _descriptor_paths(config: Config) -> list[tuple[tuple[tuple[Any, ...], list[tuple[str, str | None]]], Descriptor]]:
+    """Each descriptor with (its position in the file, the (key, value) entries from the root)."""
+    out: list[tuple[tuple[tuple[Any, ...], list[tuple[str, str | None]]], Descriptor]] = []
+
+    def walk(descs: list[Descriptor], where: tuple[Any, ...], entries: list[tuple[str, str | None]]) -> None:
+        for i, d in enumerate(descs):
+            here = where + ("descriptors", i)
+            e = entries + [(d.key, d.value)]
+            out.append(((here, e), d))
+            walk(d.descriptors, here, e)
+
+    if config.http is not None:
+        walk(config.http.descriptors, ("http",), [])
     return out

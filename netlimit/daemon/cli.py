@@ -105,6 +105,13 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"    {line}")
         typer.echo(f"  reloads:     {s['reloads_ok']} ok, {s['reloads_rejected']} rejected")
         typer.echo(f"  drift:       {s['drift_repairs']} repairs (resync every {s['resync_interval']:g} s)")
+        b = s.get("bans")
+        if b:
+            state = "connected" if b.get("connected") else f"UNREACHABLE ({b.get('last_error') or '?'})"
+            typer.echo(
+                f"  bans:        {b['active']} active, {b['in_kernel']} prefixes in the kernel's ban sets; "
+                f"list {b['store']} {state}"
+            )
         for d in s.get("last_drift", [])[:10]:
             typer.echo(f"    last: {d}")
         _print_counters(s.get("counters", []))

@@ -69,12 +69,22 @@ class KernelOps:
             "summary": f"removed {sum(removed.values())} owned objects ({what}); read back: none remain",
         }
 
-    def counters(self, wait: float | None = None) -> list[dict[str, Any]]:
+    def counters(self, wait: float | None = None, ban_sizes: dict[str, int] | None = None) -> list[dict[str, Any]]:
         """[{rule, layer, object, packets, bytes, dropped, ...}] for every owned object.
-        `wait`: how long to wait for an apply in progress (then LockTimeout)."""
+        `wait`: how long to wait for an apply in progress (then LockTimeout).
+        `ban_sizes`: the ban sets' sizes as the daemon knows them (set name -> prefixes):
+        the kernel's sets are then not counted (on nftables a dump of every element)."""
         from ..kernel import reconcile
 
-        return reconcile.list_owned(self.netns, self.desired, backend=self.backend or self.flag, wait=wait)
+        rows = reconcile.list_owned(
+            self.netns, self.desired, backend=self.backend or self.flag, wait=wait, ban_sizes=ban_sizes is None
+        )
+        if ban_sizes is not None:
+            for r in rows:
+                name = str(r.get("table", "")).split(" ")[-1]
+                if name in ban_sizes:
+                    r["table_entries"] = ban_sizes[name]
+        return rows
 
     def hot(self, limit: int = 10) -> list[dict[str, Any]]:
         """The busiest per-source entries of the rules' kernel tables (netlimit.kernel.hot)."""
@@ -84,6 +94,40 @@ class KernelOps:
             return []
         names = [r.name for r in self.config.network]
         return hot_entries(self.netns, self.backend or "", names, limit)
+
+    # --- the ban sets' elements (netlimit.kernel.banset; the sets are the apply's) ---
+
+    def _bans(self, fn, *args):
+        from ..kernel.banset import ban_sets
+        from ..kernel.netns import kernel_lock, run_in_netns
+
+        sets = ban_sets(self.backend or "nftables")
+
+        def work():
+            with kernel_lock():
+                return fn(sets, *args)
+
+        return run_in_netns(self.netns, work)
+
+    def ban_sets_cover(self) -> bool:
+        from ..kernel.banset import ban_sets
+
+        return ban_sets(self.backend or "nftables").cover
+
+    def bans_replace(self, bans) -> None:
+        self._bans(lambda s, b: s.replace(b), bans)
+
+    def bans_change(self, add, remove) -> None:
+        self._bans(lambda s, a, r: s.change(a, r), add, remove)
+
+    def bans_read(self):
+        return self._bans(lambda s: s.read())
+
+    def bans_count(self):
+        return self._bans(lambda s: s.count())
+
+    def kernel_bans(self, rules):
+        return self._bans(lambda s, r: s.kernel_bans(r), rules)
 
     def bandwidth(self) -> dict[str, float]:
         """Configured rate of each bandwidth rule, bytes per second."""

@@ -53,8 +53,14 @@ class Metrics:
             self.applies.labels(r)
         for r in ("ok", "rejected"):
             self.reloads.labels(r)
-        self.registry.register(_RuleCollector(kernel))
+        self._bans = _BanCollector()
+        self.registry.register(_RuleCollector(kernel, self._bans))
+        self.registry.register(self._bans)
         self._server: Any = None
+
+    def follow_bans(self, follower: Any) -> None:
+        """The ban follower whose counters the scrape reads (None: the file uses no bans)."""
+        self._bans.follower = follower
 
     def serve(self, hostport: str) -> None:
         """Serve /metrics on HOST:PORT in a thread: at most ``MAX_CLIENTS`` at once,
@@ -115,8 +121,9 @@ class Metrics:
 
 
 class _RuleCollector:
-    def __init__(self, kernel: KernelOps):
+    def __init__(self, kernel: KernelOps, bans: _BanCollector):
         self.kernel = kernel
+        self.bans = bans
 
     def describe(self):
         return []
@@ -143,7 +150,8 @@ class _RuleCollector:
         for b in config.bandwidth if config is not None else ():
             limit.add_metric([b.name], b.rate / 8)
         try:  # never wait long behind an apply: a scrape has its own timeout
-            rows = self.kernel.counters(wait=2.0)
+            f = self.bans.follower
+            rows = self.kernel.counters(wait=2.0, ban_sizes=f.kernel_sizes() if f is not None else None)
             ok = 1
         except Exception as exc:  # a scrape never crashes the daemon
             log.warning("metrics: cannot read kernel counters: %s", exc)
@@ -160,8 +168,67 @@ class _RuleCollector:
             bytes_.add_metric([rule, layer], b)
             dropped.add_metric([rule, layer], d)
         up.add_metric([], ok)
+        banned = CounterMetricFamily(
+            "netlimit_bans_dropped_packets", "Packets dropped because their source is banned (all ban sets)"
+        )
+        banned.add_metric([], sum(d for (rule, _layer), (_p, _b, d) in agg.items() if rule == "(bans)"))
+        yield banned
         yield packets
         yield bytes_
         yield dropped
         yield limit
         yield up
+
+
+class _BanCollector:
+    """The ban follower's counters (netlimit/daemon/bans.py), read at scrape time."""
+
+    def __init__(self) -> None:
+        self.follower: Any = None
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        f = self.follower
+        if f is None:
+            return
+        st = f.status()
+        active = GaugeMetricFamily("netlimit_bans_active", "Bans in the list this host follows")
+        active.add_metric([], st["active"])
+        kernel = GaugeMetricFamily(
+            "netlimit_bans_in_kernel", "Prefixes in the kernel's ban sets (the outermost ones on nftables)"
+        )
+        kernel.add_metric([], st["in_kernel"])
+        up = GaugeMetricFamily("netlimit_bans_store_up", "1 while the ban list's store is reachable")
+        up.add_metric([], 1 if st["connected"] else 0)
+        added = CounterMetricFamily(
+            "netlimit_bans_added",
+            "Bans this host loaded, by rule and origin (http, network, manual)",
+            labels=["rule", "origin"],
+        )
+        for (rule, origin), n in sorted(f.added.items()):
+            added.add_metric([rule, origin], n)
+        expired = CounterMetricFamily(
+            "netlimit_bans_expired", "Bans that ran out, by rule and origin", labels=["rule", "origin"]
+        )
+        for (rule, origin), n in sorted(f.expired.items()):
+            expired.add_metric([rule, origin], n)
+        simple = [
+            ("netlimit_bans_removed", "Bans removed before their time (ban del, flush, max_entries)", f.removed),
+            ("netlimit_bans_skipped", "Bans not written: exempt addresses and trusted proxies", st["skipped"]),
+            ("netlimit_bans_loads", "Whole reloads of the kernel's ban sets", st["loads"]),
+            ("netlimit_bans_write_errors", "Refused writes to the ban sets (a reload follows)", st["write_errors"]),
+            ("netlimit_bans_kernel_published", "Bans of network escalate handed to the list", st["kernel_published"]),
+        ]  # fmt: skip
+        yield active
+        yield kernel
+        yield up
+        yield added
+        yield expired
+        for name, doc, value in simple:
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c

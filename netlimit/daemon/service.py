@@ -64,6 +64,7 @@ class Daemon:
         self.guard = DropGuard()  # holds back a file that would remove most rules (reload.py)
         self.recheck_at = 0.0  # when to look at a held file again (monotonic; 0: none held)
         self._watch: FileWatch | None = None  # made by start(), before the first apply; loop() takes it
+        self.bans: Any = None  # the ban follower (daemon/bans.py) while the file uses bans
 
     # signals only record what happened and wake the loop
     def _on_signal(self, signum, _frame) -> None:
@@ -73,11 +74,45 @@ class Daemon:
         except OSError:
             pass
 
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:  # a full pipe wakes the loop anyway
+            pass
+
+    def ban_request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A ban request on the status socket (store: memory: this daemon keeps the list)."""
+        bans = self.bans
+        if bans is None:
+            return {"ok": False, "error": "this netlimitd's file uses no bans (add a `bans:` section)"}
+        return bans.request(req)
+
+    def _bans_follow(self, config) -> None:
+        """Start, keep or stop following the ban list as the file says."""
+        if config.bans_on and self.bans is None:
+            from .bans import BanFollower
+
+            self.bans = BanFollower(config, self.kernel, self._wake)
+            self.bans.start()
+            if self.metrics:
+                self.metrics.follow_bans(self.bans)
+        elif config.bans_on:
+            self.bans.configure(config)
+        elif self.bans is not None:
+            self.bans.close()
+            self.bans = None
+            if self.metrics:
+                self.metrics.follow_bans(None)
+
     def status_payload(self) -> dict[str, Any]:
         d = asdict(self.status)
         d["summary"] = self.status.summary()
+        bans = self.bans
+        if bans is not None:
+            d["bans"] = bans.status()
         try:  # the status answers while an apply waits on a lock: counters are then left out
-            d["counters"] = self.kernel.counters(wait=1.0)
+            sizes = self.bans.kernel_sizes() if self.bans is not None else None
+            d["counters"] = self.kernel.counters(wait=1.0, ban_sizes=sizes)
         except Exception as exc:
             d["counters"] = []
             d["counters_error"] = str(exc)
@@ -110,6 +145,8 @@ class Daemon:
         self.status.last_apply_result = "ok"
         self.status.last_apply_changes = int(res.get("changed", 0))
         self.status.backend, self.status.backend_reason = self.kernel.backend or "", self.kernel.backend_reason
+        if self.bans is not None and res.get("changed"):
+            self.bans.after_apply()
         if self.metrics:
             self.metrics.applies.labels("ok").inc()
             self.metrics.apply_seconds.observe(dt)
@@ -148,6 +185,7 @@ class Daemon:
         if not self._apply(loaded, "start"):
             return 2
         self._adopt(loaded)
+        self._bans_follow(loaded.config)
         self._status_srv = open_status_socket(self.socket_path, self)
         if self.metrics and self.metrics_addr:
             self.metrics.serve(self.metrics_addr)
@@ -199,6 +237,7 @@ class Daemon:
                 log.info(f"{why}: file unchanged; checking the kernel")
             if self._apply(loaded, why):
                 self._adopt(loaded)
+                self._bans_follow(loaded.config)
                 self.status.reloads_ok += 1
                 if self.metrics:
                     self.metrics.reloads.labels("ok").inc()
@@ -221,6 +260,13 @@ class Daemon:
             log.warning(f"resync: cannot read the kernel: {exc}")
             return
         self.status.last_drift_time = time.time()
+        if self.bans is not None and not drift:
+            ban_drift = self.bans.verify()  # the elements: not part of the rule set's diff
+            if ban_drift:
+                self.status.last_drift = ban_drift
+                self.status.drift_repairs += 1
+                if self.metrics:
+                    self.metrics.repairs.inc()
         if not drift:
             return
         for d in drift:
@@ -244,7 +290,8 @@ class Daemon:
         try:
             while True:
                 now = time.monotonic()
-                timeout = max(0.0, min(next_resync, next_wd, self.recheck_at or float("inf")) - now)
+                ban_at = self.bans.next_timer() if self.bans is not None else float("inf")
+                timeout = max(0.0, min(next_resync, next_wd, self.recheck_at or float("inf"), ban_at) - now)
                 if not watch.uses_inotify and timeout > 1.0:
                     timeout = 1.0
                 fds = [self._wake_r] + ([watch] if watch.uses_inotify else [])
@@ -258,6 +305,10 @@ class Daemon:
                             pass
                     except BlockingIOError:
                         pass
+                    if self.bans is not None:
+                        self.bans.on_wake()
+                if self.bans is not None:
+                    self.bans.tick()
                 pending, self._pending = self._pending, set()
                 if pending & {signal.SIGTERM, signal.SIGINT}:
                     return self.stop("SIGTERM" if signal.SIGTERM in pending else "SIGINT")
@@ -293,10 +344,17 @@ class Daemon:
                 rc = 2
         else:
             log.info(f"{why}: on_stop keep: rules stay in place")
+            if self.bans is not None:
+                log.info(
+                    f"{why}: on_stop keep: {len(self.bans.index.shown)} bans stay in the kernel and expire on time"
+                )
         self.close()
         return rc
 
     def close(self) -> None:
+        if self.bans is not None:
+            self.bans.close()
+            self.bans = None
         if self._watch is not None:
             self._watch.close()
             self._watch = None

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 DEFAULT_SOCKET = "/run/netlimit/netlimitd.sock"
-#: the longest request line a client may send, the most time it may take, and
+#: the longest request line a client may send (a ban request, JSON from
+#: netlimit.bans.socket_client, is the longest), the most time it may take, and
 #: how many clients are served at once (more are closed at once)
-MAX_REQUEST = 256
+MAX_REQUEST = 4096
 CLIENT_TIMEOUT = 5.0
 MAX_CLIENTS = 8
 
@@ -45,6 +46,7 @@ class DeadlineReader(io.RawIOBase):
 
 class StatusSource(Protocol):
     def status_payload(self) -> dict[str, Any]: ...
+    def ban_request(self, req: dict[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -60,7 +62,7 @@ class Status:
     last_apply_duration: float = 0.0
     last_apply_changes: int = 0
     rejected: str | None = None  # why the newest file on disk is not running
-    held: str | None = None  # a valid file held back because it would remove every rule
+    held: str | None = None  # a valid file held back because it would remove most rules (reload.py)
     rejected_at: float = 0.0
     reloads_ok: int = 0
     reloads_rejected: int = 0
@@ -95,15 +97,27 @@ class _StatusHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         daemon: StatusSource = self.server.daemon_ref  # type: ignore[attr-defined]
         try:
-            self.rfile.readline(MAX_REQUEST)
+            line = self.rfile.readline(MAX_REQUEST)
             self.connection.settimeout(CLIENT_TIMEOUT)  # the answer's own timeout
-            payload = daemon.status_payload()
+            req = _ban_request(line)
+            payload = daemon.ban_request(req) if req is not None else daemon.status_payload()
             self.wfile.write((json.dumps(payload) + "\n").encode())
         except Exception as exc:  # never let a client take the daemon down
             try:
                 self.wfile.write((json.dumps({"error": str(exc)}) + "\n").encode())
             except OSError:
                 pass
+
+
+def _ban_request(line: bytes) -> dict[str, Any] | None:
+    """A JSON request with a "ban" field (None: a status request, e.g. `status\n`)."""
+    if not line.lstrip().startswith(b"{"):
+        return None
+    try:
+        req = json.loads(line)
+    except ValueError:
+        return {"ban": None}
+    return req if isinstance(req, dict) and "ban" in req else {"ban": None}
 
 
 class _StatusServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

@@ -7,13 +7,14 @@ file and HZ give the same objects, names and handles.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
 from ..config import kernel_limits as kl
 from ..config.model import BandwidthRule, Config, NetworkRule
-from ..config.units import PortRange, format_bandwidth
+from ..config.units import PortRange, Rate, format_bandwidth
 from ..config.validate import hashlimit_name
 from .compile_nft import compile_nft
 from .network_common import (
@@ -31,9 +32,14 @@ from .objects import (
     CHAIN_FORWARD,
     CHAIN_INPUT,
     CHAIN_MAX,
+    CHAIN_PREFIX,
+    COMMENT_BANS,
     COMMENT_EXEMPT,
     COMMENT_JUMP,
     IFB_PREFIX,
+    IPSET_BAN_SETS,
+    IPSET_KERNEL_BAN_PREFIX,
+    IPSET_NAME_MAX,
     LOG_CHAIN_PREFIX,
     TC_INGRESS_PRIO,
     TC_MAJOR,
@@ -43,6 +49,7 @@ from .objects import (
     UNLIMITED_BITS,
     Desired,
     Device,
+    IpSet,
     IptChain,
     IptRule,
     Match,
@@ -68,6 +75,25 @@ _PROTO_NUM = {"tcp": 6, "udp": 17}
 
 def log_chain_name(rule_name: str) -> str:
     return LOG_CHAIN_PREFIX + short_name(rule_name, CHAIN_MAX - len(LOG_CHAIN_PREFIX))
+
+
+ESCALATE_CHAIN_PREFIX = f"{CHAIN_PREFIX}-X-"  # NETLIMIT-X-<rule>: an escalating rule's packets over its limit
+
+
+def escalate_chain_name(rule_name: str) -> str:
+    return ESCALATE_CHAIN_PREFIX + short_name(rule_name, CHAIN_MAX - len(ESCALATE_CHAIN_PREFIX))
+
+
+def kernel_ban_ipset(rule_name: str, family: int) -> str:
+    """The ipset a network rule's escalation adds sources to (<= 31 characters)."""
+    head = f"{IPSET_KERNEL_BAN_PREFIX}{family}-"
+    return head + short_name(rule_name, IPSET_NAME_MAX - len(head))
+
+
+def escalate_hashlimit_name(rule_name: str) -> str:
+    """The hashlimit table that counts an escalating rule's over-limit packets per source
+    ('~' never appears in a rule name, so it never collides with a rule's own table)."""
+    return "x~" + hashlib.sha1(rule_name.encode()).hexdigest()[:12]
 
 
 def ifb_name(interface: str) -> str:
@@ -119,7 +145,9 @@ def _host_mask(family: int, prefix: int | None) -> str:
     return str(net.netmask)
 
 
-def _target(rule: NetworkRule, family: int) -> tuple[str, tuple[tuple[str, str | None], ...]]:
+def _target(rule: NetworkRule, family: int, escalating: bool = True) -> tuple[str, tuple[tuple[str, str | None], ...]]:
+    if escalating and rule.escalate is not None:
+        return escalate_chain_name(rule.name), ()
     if rule.action == "drop":
         return "DROP", ()
     if rule.action == "reject":
@@ -245,6 +273,82 @@ def _log_chain_rules(rule: NetworkRule, family: int) -> list[IptRule]:
     ]
 
 
+def _escalate_chain_rules(rule: NetworkRule, family: int) -> list[IptRule]:
+    """An escalating rule's chain: count the source's over-limit packets (hashlimit:
+    `after` per `within`, burst `after`, per source prefix) and, over that, add the
+    prefix to the rule's ipset (its default timeout is the ban); then the action."""
+    esc = rule.escalate
+    assert esc is not None
+    exact = Rate(esc.after, "second", esc.within).exact()
+    assert exact is not None, "validate refuses a `within` no whole rate expresses"
+    chain = escalate_chain_name(rule.name)
+    opts: list[tuple[str, str | None]] = [
+        ("hashlimit-above", _ipt_rate(*exact)),
+        ("hashlimit-burst", str(esc.after)),
+        ("hashlimit-mode", "srcip"),
+        ("hashlimit-name", escalate_hashlimit_name(rule.name)),
+        ("hashlimit-htable-expire", str(esc.within * 1000)),
+        ("hashlimit-srcmask", str(esc.prefix(family))),
+    ]
+    common: dict[str, Any] = dict(
+        family=family, table=TABLE, chain=chain, rule=rule.name, comment=comment_for(rule.name)
+    )
+    target, topts = _target(rule, family, escalating=False)
+    return [
+        IptRule(
+            **common,
+            matches=(Match("hashlimit", tuple(opts)),),
+            target="SET",
+            target_options=(("add-set", f"{kernel_ban_ipset(rule.name, family)} src"),),
+            note=f"escalate: {esc.after} over-limit packets within {esc.within} s -> ban the source's "
+            f"/{esc.prefix(family)} for {esc.ban} s",
+        ),
+        IptRule(**common, target=target, target_options=topts, note=describe_network(rule)),
+    ]
+
+
+def _ban_rules(config: Config, family: int, chain: str) -> list[IptRule]:
+    """After exempt, before every limit: drop the sources of the ban list and of the
+    rules' own escalation."""
+    if not config.bans_on:
+        return []
+    sets = [(IPSET_BAN_SETS[family], "banned (netlimit ban list)")]
+    sets += [
+        (kernel_ban_ipset(r.name, family), f"banned by rule {r.name}")
+        for r in config.network
+        if r.escalate is not None and family in r.families
+    ]
+    return [
+        IptRule(
+            family=family,
+            table=TABLE,
+            chain=chain,
+            rule="",
+            comment=COMMENT_BANS,
+            matches=(Match("set", (("match-set", f"{name} src"),)),),
+            target="DROP",
+            note=note,
+        )
+        for name, note in sets
+    ]
+
+
+def compile_ipsets(config: Config) -> list[IpSet]:
+    """The ipsets the legacy backends need: the ban list's and each escalating rule's."""
+    if not config.bans_on:
+        return []
+    out = [IpSet(IPSET_BAN_SETS[f], "hash:net", f, config.max_bans, 0) for f in (4, 6)]
+    for r in config.network:
+        esc = r.escalate
+        if esc is None:
+            continue
+        for f in r.families:
+            out.append(
+                IpSet(kernel_ban_ipset(r.name, f), "hash:ip", f, config.max_bans, esc.ban, esc.prefix(f), r.name)
+            )
+    return out
+
+
 def compile_network(config: Config) -> tuple[list[IptChain], list[IptRule]]:
     chains: list[IptChain] = []
     rules: list[IptRule] = []
@@ -262,6 +366,11 @@ def compile_network(config: Config) -> tuple[list[IptChain], list[IptRule]]:
             per_chain.setdefault(chain, []).extend(body)
             if r.action == "log":
                 log_rules.append((IptChain(family, TABLE, log_chain_name(r.name), r.name), _log_chain_rules(r, family)))
+            if r.escalate is not None:
+                ch = IptChain(family, TABLE, escalate_chain_name(r.name), r.name)
+                log_rules.append((ch, _escalate_chain_rules(r, family)))
+        if config.bans_on and not per_chain:
+            per_chain[CHAIN_INPUT] = []  # bans alone: dropped on input
         for chain in (CHAIN_INPUT, CHAIN_FORWARD):
             if chain not in per_chain:
                 continue
@@ -279,6 +388,7 @@ def compile_network(config: Config) -> tuple[list[IptChain], list[IptRule]]:
                         note="exempt: never limited",
                     )
                 )
+            rules.extend(_ban_rules(config, family, chain))
             rules.extend(per_chain[chain])
         for ch, body in log_rules:
             chains.append(ch)
@@ -510,4 +620,5 @@ def compile_config(config: Config, hz: int | None = None) -> Desired:
         rule_names=names,
         notes=(f"HZ={hz}",),
         nft=compile_nft(config),
+        ipsets=tuple(compile_ipsets(config)),
     )

@@ -52,8 +52,13 @@ from .network_common import (
     log_prefix,
 )
 from .objects import (
+    COMMENT_BANS,
     COMMENT_EXEMPT,
+    NFT_BAN_SETS,
     NFT_CHAINS,
+    NFT_ESCALATE_PREFIX,
+    NFT_KERNEL_BAN_PREFIX,
+    NFT_OVER_CHAIN_PREFIX,
     NFT_RULE_CHAIN_PREFIX,
     NFT_TAG_LEN,
     NftChain,
@@ -115,7 +120,13 @@ def _masked(family: int, field: str, prefix: int | None) -> str:
     return f"{expr} & {mask}"
 
 
-def _verdict(rule: NetworkRule) -> str:
+def over_chain(rule_name: str) -> str:
+    return f"{NFT_OVER_CHAIN_PREFIX}{rule_name}"
+
+
+def _verdict(rule: NetworkRule, escalating: bool = True) -> str:
+    if escalating and rule.escalate is not None:
+        return f"goto {over_chain(rule.name)}"  # counts the packet for escalation, then the action
     if rule.action == "drop":
         return "counter drop"
     if rule.action == "reject":
@@ -139,15 +150,19 @@ class _Rules:
         self.sets: list[NftSet] = []
         self.rules: list[NftRule] = []
 
-    def set(self, name: str, spec: str, rule: str, holds: str, elements: tuple[str, ...] = ()) -> NftSet:
+    def set(
+        self, name: str, spec: str, rule: str, holds: str, elements: tuple[str, ...] = (), owner: str = COMMENT_EXEMPT
+    ) -> NftSet:
         tag = _tag(name, spec, holds, *elements)
-        s = NftSet(name, spec, rule, f"{comment_for(rule) if rule else COMMENT_EXEMPT} #{tag}", elements)
+        s = NftSet(name, spec, rule, f"{comment_for(rule) if rule else owner} #{tag}", elements)
         self.sets.append(s)
         return s
 
-    def rule(self, chain: str, family: int, name: str, body: str, sets: list[NftSet], note: str) -> None:
+    def rule(
+        self, chain: str, family: int, name: str, body: str, sets: list[NftSet], note: str, owner: str = COMMENT_EXEMPT
+    ) -> None:
         tag = _tag(body, *(s.comment for s in sets))
-        comment = f"{comment_for(name) if name else COMMENT_EXEMPT} #{tag}"
+        comment = f"{comment_for(name) if name else owner} #{tag}"
         self.rules.append(NftRule(chain, body, name, comment, family, tuple(s.name for s in sets), note))
 
 
@@ -243,6 +258,36 @@ def _network(out: _Rules, rule: NetworkRule, family: int, chain: str) -> None:
         out.rule(chain, family, name, f"{match} {extra}update @{s.name} {{ {holds} }} {verdict}", [s], note)
 
 
+def _escalation(out: _Rules, rule: NetworkRule, family: int, max_bans: int) -> NftSet:
+    """An escalating rule's over chain, one family: count the source's over-limit packets
+    (a token bucket of `after` per `within`, per source prefix) and, over it, add the
+    prefix to the rule's kernel ban set (`ban` long); then the rule's own action. Returns
+    the ban set (the base chains drop its sources)."""
+    esc = rule.escalate
+    assert esc is not None
+    name, v = rule.name, str(family)
+    key = _masked(family, "saddr", esc.prefix(family))
+    bans = out.set(
+        f"{NFT_KERNEL_BAN_PREFIX}{v}-{name}",
+        _dynamic_spec(ADDR_TYPE[family], esc.ban * 1000, max_bans),
+        name,
+        key,
+    )
+    exact = Rate(esc.after, "second", esc.within).exact()
+    assert exact is not None, "validate refuses a `within` no whole rate expresses"
+    count = f"{key} limit rate over {exact[0]}/{exact[1]} burst {esc.after} packets"
+    counter = out.set(
+        f"{NFT_ESCALATE_PREFIX}{v}-{name}",
+        _dynamic_spec(ADDR_TYPE[family], esc.within * 1000, SET_DEFAULT_SIZE),
+        name,
+        count,
+    )
+    note = f"escalate: {esc.after} over-limit packets within {esc.within} s -> ban the source's /{esc.prefix(family)}"
+    body = f"meta nfproto {NFPROTO[family]} update @{counter.name} {{ {count} }} add @{bans.name} {{ {key} }}"
+    out.rule(over_chain(name), family, name, body, [counter, bans], note)
+    return bans
+
+
 def compile_nft(config: Config) -> NftTable:
     """The table for `config`'s exempt list and network rules (empty: no chains).
 
@@ -252,6 +297,7 @@ def compile_nft(config: Config) -> NftTable:
     out = _Rules()
     jumps: dict[str, list[str]] = {"input": [], "forward": []}  # base chain -> rule chains, in file order
     rule_chains: list[NftChain] = []
+    kernel_bans: list[tuple[int, str, NftSet]] = []  # (family, the source's key, the rule's ban set)
     for r in config.network:
         chain = f"{NFT_RULE_CHAIN_PREFIX}{r.name}"
         before = len(out.rules)
@@ -260,7 +306,17 @@ def compile_nft(config: Config) -> NftTable:
         if len(out.rules) > before:
             rule_chains.append(NftChain(chain))
             jumps["input" if r.chain == "input" else "forward"].append(r.name)
-    bases = [NftChain(c, NFT_CHAINS[c]) for c in ("input", "forward") if jumps[c]]
+            if r.escalate is not None:
+                rule_chains.append(NftChain(over_chain(r.name)))
+                for family in r.families:
+                    if any(x.chain == chain and x.family == family for x in out.rules[before:]):
+                        bans = _escalation(out, r, family, config.max_bans)
+                        kernel_bans.append((family, _masked(family, "saddr", r.escalate.prefix(family)), bans))
+                out.rule(over_chain(r.name), 0, r.name, _verdict(r, escalating=False), [], describe_network(r))
+    if config.bans_on and not jumps["input"] and not jumps["forward"]:
+        bases = [NftChain("input", NFT_CHAINS["input"])]  # bans alone: dropped on input
+    else:
+        bases = [NftChain(c, NFT_CHAINS[c]) for c in ("input", "forward") if jumps[c]]
     if not bases:
         return NftTable()
     head = _Rules()
@@ -271,6 +327,18 @@ def compile_nft(config: Config) -> NftTable:
             for c in bases:
                 body = f"meta nfproto {NFPROTO[family]} {ADDR[family]} saddr @{s.name} counter return"
                 head.rule(c.name, family, "", body, [s], "exempt: never limited")
+    if config.bans_on:  # after exempt (never banned), before every limit
+        for family in (4, 6):
+            s = head.set(
+                NFT_BAN_SETS[family], f"type {ADDR_TYPE[family]}; flags interval,timeout;", "", "", owner=COMMENT_BANS
+            )
+            for c in bases:
+                body = f"meta nfproto {NFPROTO[family]} {ADDR[family]} saddr @{s.name} counter drop"
+                head.rule(c.name, family, "", body, [s], "banned (netlimit ban list)", owner=COMMENT_BANS)
+        for family, key, bans in kernel_bans:
+            for c in bases:
+                body = f"meta nfproto {NFPROTO[family]} {key} @{bans.name} counter drop"
+                head.rule(c.name, family, "", body, [bans], f"banned by rule {bans.rule}", owner=COMMENT_BANS)
     notes = {r.name: describe_network(r) for r in config.network}
     for c in bases:
         for name in jumps[c.name]:

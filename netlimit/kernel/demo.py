@@ -6,7 +6,9 @@ between them. Everything is torn down at the end, on error and on Ctrl-C.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,8 +28,8 @@ class DemoError(Exception):
     pass
 
 
-def demo_file() -> Path:
-    p = Path(__file__).resolve().parents[2] / "rules" / "demo.yaml"
+def demo_file(name: str = "demo.yaml") -> Path:
+    p = Path(__file__).resolve().parents[2] / "rules" / name
     if not p.exists():
         raise DemoError(f"{p} not found (the demo ships with the source tree)")
     return p
@@ -138,6 +140,114 @@ def _count(srv: str, src: str, nft: bool) -> int:
     if nft:
         return traffic.nft_counter(srv, "ip nldemo", f"demo-count-{src}")
     return traffic.counter_by_comment(srv, f"demo-count-{src}")
+
+
+NETLIMIT = [sys.executable, "-m", "netlimit.cli"]
+HTTP_PORT = 8080
+ESCALATE_AFTER = 10  # rules/demo-escalation.yaml
+
+
+def _until(pred, timeout: float, what: str, step: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(step)
+    raise DemoError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def _http_status(sock) -> int:
+    """One GET /v1/check on a keep-alive connection; its status."""
+    sock.sendall(b"GET /v1/check HTTP/1.1\r\nHost: demo\r\n\r\n")
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise DemoError("the sidecar closed the connection")
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    while len(rest) < length:
+        rest += sock.recv(4096)
+    return int(head.split(b" ", 2)[1])
+
+
+def _escalation(srv: str, cli: str, nft: bool, backend: str) -> Row:
+    """rules/demo-escalation.yaml: netlimitd (keeping the ban list) and a sidecar for the
+    server; the client asks /v1/check until its 10th denial, then its packets are dropped."""
+    import socket
+    import tempfile
+
+    from ..daemon import query_status
+    from .banset import ban_sets
+    from .netns import run_in_netns
+
+    work = Path(tempfile.mkdtemp(prefix="nldemo-"))
+    sock = str(work / "netlimitd.sock")
+    cfg = work / "escalation.yaml"
+    cfg.write_text(demo_file("demo-escalation.yaml").read_text().replace("/run/netlimit/netlimitd.sock", sock))
+    env = dict(os.environ, NETLIMIT_BACKEND=backend)
+    procs: list[subprocess.Popen] = []
+    try:
+        log = open(work / "netlimitd.log", "w")  # noqa: SIM115 - the child writes it
+        daemon = [*NETLIMIT, "daemon", "--config", str(cfg), "--netns", srv, "--socket", sock, "--resync", "60"]
+        procs.append(subprocess.Popen(daemon, stdout=subprocess.DEVNULL, stderr=log, env=env))
+        _until(lambda: os.path.exists(sock) and query_status(sock, timeout=2), 30, "netlimitd", step=0.1)
+        sidecar = [*NETLIMIT, "sidecar", "--config", str(cfg), "--listen", f"{SRV4}:{HTTP_PORT}"]
+        quiet = subprocess.DEVNULL
+        procs.append(subprocess.Popen(["ip", "netns", "exec", srv, *sidecar], stdout=quiet, stderr=quiet))
+
+        def connect():
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((CLI4, 0))
+            s.settimeout(5)
+            try:
+                s.connect((SRV4, HTTP_PORT))
+            except OSError:
+                s.close()
+                return None
+            return s
+
+        conn = _until(lambda: run_in_netns(cli, connect), 30, "the sidecar", step=0.2)
+        denied = asked = 0
+        t0 = 0.0
+        try:
+            while asked < 500 and not t0:
+                asked += 1
+                if _http_status(conn) == 429:
+                    denied += 1
+                    if denied == ESCALATE_AFTER:
+                        t0 = time.monotonic()  # the denial that bans
+        finally:
+            conn.close()
+        me = ipaddress.ip_network(f"{CLI4}/32")
+        sets = ban_sets(backend)
+        _until(lambda: me in (run_in_netns(srv, sets.read) or {}), 10, "the ban in the kernel", step=0.002)
+        ms = (time.monotonic() - t0) * 1000
+        before = _count(srv, CLI4, nft)
+        probe = traffic.udp_flood_start(cli, CLI4, SRV4, 5000, 100, 0.2)  # 20 packets, no rule limits them
+        sent = traffic.flood_result(probe).sent
+        time.sleep(0.2)
+        delivered = _count(srv, CLI4, nft) - before
+        return Row(
+            "escalate",
+            f"GET /v1/check from {CLI4}, 5/s",
+            f"{ESCALATE_AFTER} denials in 10 s -> banned at L3 for 1m",
+            f"banned within {ms:.0f} ms of the {ESCALATE_AFTER}th 429 ({asked} asked); "
+            f"{delivered} of {sent} packets delivered",
+            delivered == 0 and sent > 0,
+        )
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str | None = None) -> bool:
@@ -271,11 +381,16 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str |
                     abs(r.bits_per_second - conf) <= 0.03 * conf,
                 )
             )
+
+        # 4. escalation: HTTP denials -> a ban in the kernel (netlimitd + a sidecar)
+        prog.run("escalation: http denials -> L3 ban", 5)
+        rows.append(_escalation(srv, cli, nft, choice.key))
+        prog.stop()
     except KeyboardInterrupt:
         prog.stop()
         print("\ninterrupted: cleaning up", file=out)
         return False
-    except (traffic.ToolMissing, RuntimeError, subprocess.SubprocessError) as exc:
+    except (traffic.ToolMissing, RuntimeError, subprocess.SubprocessError, OSError) as exc:
         prog.stop()
         raise DemoError(str(exc)) from None
     finally:

@@ -21,6 +21,7 @@ LOG_CHAIN_PREFIX = "NETLIMIT-L-"  # per-rule chain of an `action: log` rule
 COMMENT_PREFIX = "netlimit:"  # every owned rule carries "netlimit:<rule>"
 COMMENT_JUMP = "netlimit: jump"  # the jumps from built-in chains (a space: no rule name can collide)
 COMMENT_EXEMPT = "netlimit: exempt"
+COMMENT_BANS = "netlimit: bans"  # the rules that drop banned sources (README: Escalation and bans)
 CHAIN_MAX = 28  # XT_EXTENSION_MAXNAMELEN - 1
 LOG_PREFIX_MAX = 29
 
@@ -103,6 +104,40 @@ class IptRule:
         return (Match("comment", (("comment", self.comment),)),) + self.matches
 
 
+# --- ipsets (the legacy backends' ban sets) ---------------------------------------------
+
+IPSET_PREFIX = "netlimit-"  # netlimit owns every ipset named netlimit-*
+IPSET_BAN_SETS = {4: "netlimit-bans4", 6: "netlimit-bans6"}  # the ban list (the daemon writes them)
+IPSET_KERNEL_BAN_PREFIX = "netlimit-k"  # netlimit-k4-<rule>: sources a network rule's escalation banned
+IPSET_NAME_MAX = 31
+
+
+@dataclass(frozen=True)
+class IpSet:
+    """An ipset netlimit owns: created before the rules that match it, destroyed after."""
+
+    name: str
+    type: str  # "hash:net" | "hash:ip"
+    family: int  # 4 | 6
+    maxelem: int
+    timeout: int  # the default timeout of an element (0: each element carries its own)
+    netmask: int | None = None  # hash:ip: the prefix an added address is stored as
+    rule: str = ""  # the netlimit rule ("" = the ban list)
+
+    @property
+    def header(self) -> str:
+        """The create options, in the order `ipset list` prints them."""
+        fam = "inet" if self.family == 4 else "inet6"
+        mask = f" netmask {self.netmask}" if self.netmask is not None else ""
+        return f"family {fam} hashsize 1024 maxelem {self.maxelem}{mask} timeout {self.timeout}"
+
+    def header_fields(self) -> dict[str, str]:
+        toks = self.header.split()
+        fields = {toks[i]: toks[i + 1] for i in range(0, len(toks) - 1, 2)}
+        fields.pop("hashsize")  # ipset grows it as the set fills
+        return fields
+
+
 # --- nftables -------------------------------------------------------------------
 # One table `inet netlimit` (IPv4 and IPv6) that netlimit owns whole: base chains
 # `input` and `forward` at NFT_PRIORITY, after conntrack (-200) and before the
@@ -118,6 +153,13 @@ NFT_PRIORITY = -10  # nft spells it "filter - 10"
 NFT_CHAINS = {"input": "input", "forward": "forward"}  # base chain -> hook
 NFT_RULE_CHAIN_PREFIX = "rule-"  # each network rule's own chain: rule-<name>, jumped to in file order
 NFT_TAG_LEN = 12  # hex digits of the fingerprint in every comment
+# The ban list every netlimitd follows (netlimit.bans): one interval set per family whose
+# elements (prefix + timeout) the daemon writes; a rule's own bans (escalate on a network
+# rule) go to a dynamic set per rule and family that the packet path fills itself.
+NFT_BAN_SETS = {4: "bans4", 6: "bans6"}
+NFT_KERNEL_BAN_PREFIX = "kban"  # kban4-<rule>: sources a network rule's escalation banned
+NFT_ESCALATE_PREFIX = "esc"  # esc4-<rule>: over-limit packets per source, counted for escalation
+NFT_OVER_CHAIN_PREFIX = "over-"  # over-<rule>: what an escalating rule does with a packet over its limit
 
 
 @dataclass(frozen=True)
@@ -268,6 +310,7 @@ class Desired:
     rules: tuple[IptRule, ...] = ()
     devices: tuple[Device, ...] = ()
     nft: NftTable = field(default_factory=NftTable)  # the same network rules for the nftables backend
+    ipsets: tuple[IpSet, ...] = ()  # the legacy backends' ban sets (made before the rules that match them)
     rule_names: tuple[str, ...] = ()  # network + bandwidth rule names, file order
     notes: tuple[str, ...] = field(default=())
 

@@ -402,11 +402,16 @@ def list_owned(
     *,
     backend: str | None = None,
     wait: float | None = None,
+    ban_sizes: bool = True,
 ) -> list[dict[str, Any]]:
     """Every owned object with its counters, named by rule (tc names come from
     `desired` if given, else from what the last apply remembered). `wait`: at most
-    that long for this process's own kernel work (LockTimeout)."""
+    that long for this process's own kernel work (LockTimeout). `ban_sizes=False`:
+    leave the ban list's sets uncounted (a dump of every element on nftables;
+    netlimitd knows their size)."""
     chosen = get_backend(backend)
+    if not ban_sizes and hasattr(chosen, "count_bans"):
+        chosen.count_bans = False
 
     def work() -> list[dict[str, Any]]:
         with kernel_lock(wait):

@@ -46,6 +46,8 @@ def _q(value: str) -> str:
 
 # options iptables-save always prints in double quotes
 _ALWAYS_QUOTED = {"comment", "log-prefix"}
+# options whose value is several words ("netlimit-bans4 src"), written as they are
+_WORDS = {"match-set", "add-set", "del-set"}
 
 
 def _opts(options) -> list[str]:
@@ -53,7 +55,7 @@ def _opts(options) -> list[str]:
     for k, v in options:
         out.append(f"--{k}")
         if v is not None:
-            out.append(_dq(v) if k in _ALWAYS_QUOTED else _q(v))
+            out.append(_dq(v) if k in _ALWAYS_QUOTED else v if k in _WORDS else _q(v))
     return out
 
 
@@ -244,6 +246,10 @@ def plan_text(desired: Desired, *, source: str = "", sha256: str = "", backend: 
             "paste into `nft -f -` where the table does not exist yet) ---"
         )
         out.append(nft_text(desired).rstrip("\n"))
+    if not nft and desired.ipsets:
+        out.append("")
+        out.append("# --- ipsets (the ban sets: paste into `ipset restore -exist` before the rules) ---")
+        out.extend(f"create {s.name} {s.type} {s.header}" for s in desired.ipsets)
     for fam in () if nft else (4, 6):
         text = iptables_save_text(desired, fam)
         if text:
@@ -360,6 +366,10 @@ def plan_dict(desired: Desired, *, source: str = "", sha256: str = "", backend: 
             "rules": [rule_dict(r) for r in desired.rules],
             "restore": {FAMILY_TOOL[f]: iptables_save_text(desired, f, headers=False) for f in (4, 6)},
         }
+        if desired.ipsets:
+            out["ipsets"] = [
+                {"name": s.name, "type": s.type, "header": s.header, "rule": s.rule or None} for s in desired.ipsets
+            ]
     return out | {
         "tc": {
             "devices": [

@@ -211,6 +211,9 @@ class Limiter:
         self.rules = rules
         self._ov_rules: RuleSet | None = None  # the rules the override cache was built for
         self._ov_cache: dict[tuple, Rule] = {}
+        #: called with (rule, descriptor) for every enforced denial, in every door; it must
+        #: only queue (the sidecar's escalation, netlimit.bans.escalate, sets it)
+        self.on_over: Callable[[Rule, Sequence[Entry]], None] | None = None
 
     # -- configuration -------------------------------------------------------
 
@@ -466,6 +469,8 @@ class Limiter:
                 continue
             self._log_rule("over", rule, d, dec)
             self.stats.denied.add((rule.name, descriptor_text(d)), cost)
+            if self.on_over is not None:
+                self.on_over(rule, d)
             st = DescriptorStatus(OVER_LIMIT, rule, dec, False, False, src)
             statuses.append(st)
             if quota:

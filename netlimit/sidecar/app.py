@@ -41,6 +41,7 @@ import logging
 import time
 from typing import Any
 
+from ..bans.escalate import escalator_for
 from ..config.model import redis_url_problem
 from ..config.validate import load_file, lyft_dir_path
 from ..errors import ConfigError, StoreError
@@ -135,6 +136,10 @@ class Sidecar:
             log_interval=log_interval,
         )
         self.metrics = Metrics(self.limiter, self.front)
+        # escalation: repeat offenders banned at L3 (netlimit/bans/escalate.py)
+        self.escalator = escalator_for(loaded.config, store, redis_url)
+        self.limiter.on_over = self.escalator.note
+        self.metrics.registry.register(self.escalator)
         self.upstream = upstream
         self.reload_interval = reload_interval
         self.last_reload_error: str | None = None
@@ -210,6 +215,7 @@ class Sidecar:
             )
         self.plan = plan
         self.limiter.set_rules(rules, http.on_store_failure)
+        self.escalator.configure(loaded.config)
         self.loaded = loaded
         self.last_reload_error = None
         self.front.reload(True)
@@ -315,6 +321,7 @@ class Sidecar:
             except StoreError as exc:
                 raise SystemExit(str(exc)) from None
         self._watch_task = asyncio.create_task(self.watch())
+        self.escalator.start()
 
     async def stop(self) -> None:
         if self._recheck is not None:
@@ -325,6 +332,7 @@ class Sidecar:
                 await self._watch_task
             except asyncio.CancelledError:
                 pass
+        await self.escalator.close()
         await self.limiter.close()
 
     # -- what a decision request becomes -----------------------------------------------

@@ -29,9 +29,11 @@ def test_demo_runs_and_cleans_up():
     took = time.monotonic() - t0
     print(out)
     assert p.returncode == 0, out + errout
-    for rule in ("udp-flood", "(exempt)", "new-conns", "max-conns", "bulk-out", "uploads-in"):
+    for rule in ("udp-flood", "(exempt)", "new-conns", "max-conns", "bulk-out", "uploads-in", "escalate"):
         assert rule in out
     assert "all within tolerance" in out and "MISS" not in out
+    # one escalation end to end: 10 HTTP denials, then the client's packets dropped by the kernel
+    assert "10 denials in 10 s -> banned at L3 for 1m" in out and "0 of 20 packets delivered" in out
     assert "backend: nftables (auto: this host's iptables is the nf_tables variant" in out  # Debian 12
     assert "[demo]" in errout  # the progress line
     assert took < 60

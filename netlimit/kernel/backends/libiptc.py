@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ...errors import ApplyError
 from ..iptables_plan import (
     BUILTINS,
     TABLE,
@@ -50,6 +51,14 @@ def _iptc():
 # --- python-iptables <-> IptRule -----------------------------------------------------
 
 
+def _value(option: str, value: str | None) -> str | list[str]:
+    """An option's value as python-iptables takes it: several words ("--match-set
+    netlimit-bans4 src") as a list of arguments, a flag as ""."""
+    if value is None:
+        return ""
+    return value.split(" ") if option in ("match-set", "add-set", "del-set") else value
+
+
 def _table(family: int):
     iptc = _iptc()
     t = iptc.Table(TABLE) if family == 4 else iptc.Table6(TABLE)
@@ -75,7 +84,7 @@ def to_iptc(r: IptRule):
         for m in r.all_matches:
             match = rule.create_match(m.module)
             for k, v in m.options:
-                match.set_parameter(k, v if v is not None else "")
+                match.set_parameter(k, _value(k, v))
         if r.target and owned_chain(r.target):
             # a jump: python-iptables only builds chain targets for chains that
             # already exist, so spell it as the standard target it is
@@ -84,7 +93,7 @@ def to_iptc(r: IptRule):
         else:
             target = rule.create_target(r.target or "")
         for k, v in r.target_options:
-            target.set_parameter(k, v if v is not None else "")
+            target.set_parameter(k, _value(k, v))
     except Exception as exc:  # python-iptables raises ValueError/XTablesError/...
         raise IptablesError(f"rule {r.rule or r.comment!r}: cannot build {r.chain} rule: {exc}", r.rule) from exc
     return rule
@@ -293,6 +302,19 @@ class LibiptcBackend(XtablesBackend):
         except Exception as exc:  # ImportError (no libiptc), IPTCError (no table, no privilege)
             return str(exc)
         return None
+
+    def plan(self, desired, state):
+        if desired.ipsets:
+            # libxt_set resolves a set's name to its kernel index while it builds the rule, so a
+            # rule that matches an ipset cannot be built (nor compared) before the set exists
+            raise ApplyError(
+                "the ban list (bans:, escalate) needs the restore or the nftables backend: python-iptables "
+                "cannot build a rule that matches an ipset before the set exists (apt-get install iptables "
+                "for iptables-legacy-restore)",
+                None,
+                rolled_back=False,
+            )
+        return super().plan(desired, state)
 
     def read_family(self, family: int) -> FamilyState:
         return read_family(family)

@@ -50,8 +50,10 @@ from ...errors import NetlimitError
 from ..edit import edit
 from ..gcpause import no_gc
 from ..objects import (
+    COMMENT_BANS,
     COMMENT_EXEMPT,
     COMMENT_PREFIX,
+    NFT_BAN_SETS,
     NFT_FAMILY,
     NFT_RULE_CHAIN_PREFIX,
     NFT_TABLE,
@@ -418,6 +420,7 @@ def write_script(steps: list[Step]) -> None:
 class NftablesBackend:
     name = "nftables (table inet netlimit)"
     key = "nftables"
+    count_bans = True  # rows(): count the ban list's interval sets (a dump of every element)
 
     def available(self) -> str | None:
         if not shutil.which(NFT):
@@ -472,12 +475,20 @@ class NftablesBackend:
                 dyn = [s for s in r.sets if s in t.sets and not s.startswith("exempt")]
                 if dyn:
                     first_set[r.handle] = dyn[0]
-        sizes = nfnetlink.set_sizes(NFT_TABLE, sorted(set(first_set.values())), NFT_FAMILY) if first_set else {}
+        wanted = sorted(set(first_set.values()))
+        intervals = [n for n in wanted if n in NFT_BAN_SETS.values()]
+        sizes = nfnetlink.set_sizes(NFT_TABLE, [n for n in wanted if n not in intervals], NFT_FAMILY) if wanted else {}
+        if self.count_bans:
+            sizes.update(ban_set_sizes(intervals))
         rows: list[dict[str, Any]] = []
         for chain, rules in t.rules.items():
             base = chain in t.chains and t.chains[chain].hook is not None
             for r in rules:
-                if base and r.comment.startswith(COMMENT_PREFIX) and not r.comment.startswith(COMMENT_EXEMPT):
+                if (
+                    base
+                    and r.comment.startswith(COMMENT_PREFIX)
+                    and not r.comment.startswith((COMMENT_EXEMPT, COMMENT_BANS))
+                ):
                     continue  # a jump to a rule's chain: its rules have the counters
                 row: dict[str, Any] = {
                     "rule": rule_of_comment(r.comment) if r.comment.startswith(COMMENT_PREFIX) else "(not netlimit's)",
@@ -493,6 +504,18 @@ class NftablesBackend:
                     row["table_entries"] = sizes.get(first_set[r.handle])
                 rows.append(row)
         return rows
+
+
+def ban_set_sizes(names: list[str]) -> dict[str, int]:
+    """Prefixes in each interval set (an interval is two elements: count its starts)."""
+    from . import nfelements
+
+    out: dict[str, int] = {}
+    for n in names:
+        c = nfelements.count(NFT_TABLE, n, NFT_FAMILY)
+        if c is not None:
+            out[n] = c
+    return out
 
 
 def _table_of(state: NftState) -> tuple[NftTable, NftTable, list[str]]:

@@ -18,6 +18,7 @@ from ..iptables_plan import TOOL, FamilyPlan, FamilyState, Want, plan_back, plan
 from ..netns import proc_net
 from ..objects import Desired, IptRule, rule_of_comment
 from ..render import rule_line
+from . import ipset
 
 FAMILIES = (4, 6)
 
@@ -26,25 +27,28 @@ FAMILIES = (4, 6)
 class XtablesState:
     families: dict[int, FamilyState] = field(default_factory=dict)
     unavailable: dict[int, str] = field(default_factory=dict)  # family -> why it cannot be read
+    ipsets: dict[str, ipset.LiveSet] = field(default_factory=dict)  # netlimit's ipsets (the ban sets)
 
     @property
     def empty(self) -> bool:
-        return all(s.empty for s in self.families.values())
+        return all(s.empty for s in self.families.values()) and not self.ipsets
 
     def count(self) -> int:
-        return sum(s.count() for s in self.families.values())
+        return sum(s.count() for s in self.families.values()) + len(self.ipsets)
 
 
 @dataclass
 class XtablesPlan:
     families: dict[int, FamilyPlan] = field(default_factory=dict)
+    ipsets: ipset.IpsetPlan = field(default_factory=lambda: ipset.IpsetPlan([], [], []))
 
     @property
     def empty(self) -> bool:
-        return all(p.empty for p in self.families.values())
+        return all(p.empty for p in self.families.values()) and self.ipsets.empty
 
     def lines(self) -> list[str]:
-        return [line for _fam, p in sorted(self.families.items()) for line in p.lines()]
+        out = [line for _fam, p in sorted(self.families.items()) for line in p.lines()]
+        return self.ipsets.lines() + out
 
 
 class XtablesBackend:
@@ -78,10 +82,15 @@ class XtablesBackend:
                 st.unavailable[fam] = why
             else:
                 st.families[fam] = self.read_family(fam)
+        st.ipsets = ipset.read_sets()
         return st
 
     def plan(self, desired: Desired, state: XtablesState) -> XtablesPlan:
-        out = XtablesPlan()
+        if desired.ipsets and ipset.missing() is not None:
+            raise ApplyError(
+                f"the ban list needs ipset on the legacy backends: {ipset.missing()}", None, rolled_back=False
+            )
+        out = XtablesPlan(ipsets=ipset.plan(desired.ipsets, state.ipsets))
         for fam in FAMILIES:
             rules = desired.family_rules(fam)
             if fam in state.unavailable:
@@ -97,15 +106,29 @@ class XtablesBackend:
         return out
 
     def write(self, plan: XtablesPlan) -> None:
-        for _fam, p in sorted(plan.families.items()):
-            if not p.empty:
-                self.write_family(p)
+        """Sets the rules will match first, then the rules, then the sets no rule matches."""
+        ipset.write_before(plan.ipsets)
+        try:
+            for _fam, p in sorted(plan.families.items()):
+                if not p.empty:
+                    self.write_family(p)
+        except Exception:
+            ipset.undo_before(plan.ipsets)
+            raise
+        ipset.write_after(plan.ipsets)
 
     def restore(self, state: XtablesState) -> None:
+        live = ipset.read_sets()
+        back = [s for n, s in state.ipsets.items() if n not in live]
+        if back:  # the sets the earlier rules match, before those rules
+            ipset.restore_sets(back)
         for fam, fst in sorted(state.families.items()):
             p = plan_back(fst, self.read_family(fam))
             if not p.empty:
                 self.write_family(p)
+        extra = [n for n in ipset.read_sets() if n not in state.ipsets]
+        if extra:
+            ipset.write_after(ipset.IpsetPlan([], [], extra))
 
     def rows(self, state: XtablesState) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -130,9 +153,13 @@ class XtablesBackend:
 
 
 def _table_entries(row: dict[str, Any], r: IptRule, family: int) -> None:
-    """The live size of the rule's hashlimit / recent table, from /proc."""
+    """The live size of the rule's hashlimit / recent table (from /proc) or ipset."""
     for m in r.matches:
         opts = dict(m.options)
+        if m.module == "set" and opts.get("match-set"):
+            name = (opts["match-set"] or "").split(" ")[0]
+            row["table"] = f"ipset {name}"
+            row["table_entries"] = ipset.entries(name)
         if m.module == "hashlimit" and "hashlimit-name" in opts:
             row["table"] = f"hashlimit {opts['hashlimit-name']}"
             proc = "ipt_hashlimit" if family == 4 else "ip6t_hashlimit"

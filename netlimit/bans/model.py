@@ -1,0 +1,181 @@
+"""A ban: an address or prefix dropped at L3 until it expires, with who and why.
+
+Pure data and parsing; no store, no kernel.  Times are seconds: `expires` on the
+clock of whoever holds the list (Redis's TIME for the Redis store, the process's
+for the memory one); a holder hands out time *left*, so hosts with skewed clocks
+agree on when a ban ends.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: bounds of the text a ban carries (it comes from operators, rules and the kernel)
+MAX_REASON = 200
+MAX_BY = 100
+MAX_RULE = 100
+#: `origin` of a ban: the layer that added it
+ORIGINS = ("http", "network", "manual")
+
+_CTRL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def clean(text: str, limit: int) -> str:
+    """`text` without control characters, at most `limit` characters."""
+    return _CTRL.sub("?", text)[:limit]
+
+
+def parse_target(text: str) -> IPNetwork:
+    """ADDR or ADDR/LEN as typed by an operator; ValueError with what to type instead."""
+    t = text.strip()
+    try:
+        return ipaddress.ip_network(t, strict=True)
+    except ValueError:
+        try:
+            net = ipaddress.ip_network(t, strict=False)
+        except ValueError:
+            raise ValueError(
+                f"{text!r} is not an IP address or CIDR prefix (e.g. 203.0.113.7 or 2001:db8::/64)"
+            ) from None
+        raise ValueError(f"{text!r} has host bits set: did you mean {net}?") from None
+
+
+def client_prefix(address: str, prefix4: int, prefix6: int) -> IPNetwork | None:
+    """The /prefix4 or /prefix6 holding the client `address` (None: not an address).
+    An IPv4-mapped IPv6 address counts as the IPv4 one."""
+    try:
+        ip = ipaddress.ip_address(address.strip().split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    plen = prefix4 if ip.version == 4 else prefix6
+    return ipaddress.ip_network(f"{ip}/{plen}", strict=False)
+
+
+class Protected:
+    """Who is never banned: exempt networks and trusted proxies, as integer ranges (a
+    whole list of bans is checked at once)."""
+
+    def __init__(self, exempt: list[IPNetwork], proxies: list[IPNetwork]):
+        self.exempt = [(n.version, int(n.network_address), int(n.broadcast_address), n) for n in exempt]
+        self.proxies = [(n.version, int(n.network_address), int(n.broadcast_address), n) for n in proxies]
+
+    def reason(self, net: IPNetwork) -> str | None:
+        """Why `net` must never be banned (None: it may be): it lies inside an exempt
+        network, or it holds a trusted proxy (banning it would cut off every client
+        behind the proxy). A ban that merely holds an exempt address is fine: the kernel
+        matches exempt first."""
+        if not self.exempt and not self.proxies:
+            return None
+        v = net.version
+        lo = int(net.network_address)
+        hi = lo + (1 << (net.max_prefixlen - net.prefixlen)) - 1
+        for ev, elo, ehi, e in self.exempt:
+            if ev == v and elo <= lo and hi <= ehi:
+                return f"{net} is exempt ({e})"
+        for pv, plo, phi, p in self.proxies:
+            if pv == v and lo <= phi and plo <= hi:
+                return f"{net} holds the trusted proxy {p}"
+        return None
+
+
+def skip_reason(net: IPNetwork, exempt: list[IPNetwork], proxies: list[IPNetwork]) -> str | None:
+    """Protected(exempt, proxies).reason(net), for one prefix."""
+    return Protected(exempt, proxies).reason(net)
+
+
+@dataclass(frozen=True, slots=True)
+class Ban:
+    net: IPNetwork
+    expires: float  # on the holder's clock (seconds)
+    rule: str = ""  # the rule that escalated ("" for a manual ban)
+    reason: str = ""
+    by: str = ""  # who added it: "sidecar@host", "netlimitd@host (kernel)", "root@host (cli)"
+    added: float = 0.0  # on the holder's clock
+    origin: str = "manual"  # http | network | manual
+
+    @property
+    def key(self) -> str:
+        return str(self.net)
+
+    def left(self, now: float) -> float:
+        return self.expires - now
+
+    def details(self) -> str:
+        """What the store keeps beside the expiry, as compact JSON."""
+        return json.dumps(
+            {
+                "rule": self.rule,
+                "reason": self.reason,
+                "by": self.by,
+                "added": round(self.added, 3),
+                "origin": self.origin,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def make(
+        cls, net: IPNetwork, expires: float, *, rule: str = "", reason: str = "", by: str = "", added: float = 0.0,
+        origin: str = "manual",
+    ) -> Ban:  # fmt: skip
+        return cls(
+            net,
+            float(expires),
+            clean(rule, MAX_RULE),
+            clean(reason, MAX_REASON),
+            clean(by, MAX_BY),
+            float(added),
+            origin if origin in ORIGINS else "manual",
+        )
+
+    @classmethod
+    def from_store(cls, member: str | bytes, expires: float, details: str | bytes | None) -> Ban | None:
+        """A ban as a store holds it (None: a member that is not a prefix)."""
+        if isinstance(member, bytes):
+            member = member.decode("ascii", "replace")
+        try:  # the class straight away: ip_network would try IPv4 first (a whole list: 2x faster)
+            net: IPNetwork = ipaddress.IPv6Network(member) if ":" in member else ipaddress.IPv4Network(member)
+        except ValueError:
+            return None
+        d: dict[str, Any] = {}
+        if details:
+            try:
+                loaded = json.loads(details)
+                d = loaded if isinstance(loaded, dict) else {}
+            except ValueError:
+                d = {}
+
+        def text(k: str) -> str:
+            v = d.get(k)
+            return v if isinstance(v, str) else ""
+
+        added = d.get("added")
+        return cls.make(
+            net,
+            expires,
+            rule=text("rule"),
+            reason=text("reason"),
+            by=text("by"),
+            added=float(added) if isinstance(added, (int, float)) else 0.0,
+            origin=text("origin") or "manual",
+        )
+
+    def as_json(self, now: float) -> dict[str, Any]:
+        """`ban list --json` / the status socket: times left, not clock values."""
+        return {
+            "net": str(self.net),
+            "left": round(max(0.0, self.expires - now), 3),
+            "rule": self.rule,
+            "reason": self.reason,
+            "by": self.by,
+            "age": round(max(0.0, now - self.added), 3) if self.added else None,
+            "origin": self.origin,
+        }

@@ -1,0 +1,442 @@
+"""netlimitd's side of the ban list: load it into the kernel, follow it, repair it,
+and hand the bans the kernel made by itself to the fleet.
+
+The list lives in Redis (`bans.store: redis://...`, shared by every host) or, for a
+single host, here (`store: memory`: this daemon keeps it and serves it on its status
+socket to the CLI and a local sidecar). Either way the main loop only ever sees
+inbox items (netlimit.bans.follow): a whole list ("snapshot", on start and on every
+reconnect) or one change ("event"), and turns them into kernel writes through the
+index (netlimit.bans.index: what the kernel set must hold; the outermost prefixes only
+on nftables, whose interval sets refuse overlaps).
+
+Consistency: the kernel is written with changes while they apply cleanly; any refusal
+(a set recreated by an apply, an element that expired as it was removed) makes the next
+step a full reload (flush + every element in one transaction: no moment without bans).
+After an apply that changed anything, and when the periodic check finds the sets
+differing from the list (drift), the sets are reloaded whole.
+
+Bans are never written for exempt addresses or trusted proxies (skipped, counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import Counter
+from typing import Any
+
+from ..bans.follow import Inbox, RedisFollower
+from ..bans.index import BanIndex, Delta
+from ..bans.model import Ban, IPNetwork, Protected, parse_target
+from ..bans.store import BanEvent, MemoryBanList, Snapshot
+from ..logevery import LogEvery
+from .kernel_ops import KernelOps
+
+log = logging.getLogger("netlimit.daemon")
+
+#: expiries are handled at most this often (a list of 100,000 bans expires continuously)
+EXPIRE_EVERY = 0.25
+#: after a refused write, the next full reload is tried this much later
+RETRY_AFTER = 1.0
+#: the kernel's own bans are read this often at most
+KERNEL_POLL = 1.0
+#: every this many drift checks compares every prefix (the others compare counts)
+FULL_CHECK_EVERY = 10
+#: distinct `rule` label values in the metrics (a list may carry any text; the rest: "other")
+MAX_RULE_LABELS = 100
+
+
+class BanFollower:
+    def __init__(self, config: Any, kernel: KernelOps, wake, *, netns: str | None = None):
+        self.kernel = kernel
+        self.netns = netns
+        self.wake = wake
+        self.clock = time.monotonic
+        self.store_url = config.ban_store
+        self.key_prefix = config.bans.key_prefix if config.bans is not None else "netlimit"
+        self.max_entries = config.max_bans
+        self.inbox = Inbox(wake)
+        self.index = BanIndex(self.max_entries, cover=True, clock=self.clock)
+        self.redis: RedisFollower | None = None
+        self.memory: MemoryBanList | None = None
+        self.host = socket.gethostname()
+        self.need_reload = False
+        self.kernel_known = False  # the kernel's sets hold what this process wrote (else: reload whole)
+        self.retry_at = 0.0
+        self.next_expire = 0.0
+        self.next_poll = 0.0
+        self.kernel_seen: dict[tuple[str, IPNetwork], float] = {}  # kernel bans handed on -> deadline
+        self.protected = Protected([], [])
+        self.escalating: list[tuple[str, int, int]] = []
+        self._log = LogEvery(10.0)
+        # counters (status, metrics)
+        self.loads = 0
+        self.load_seconds = 0.0  # the last whole write of the sets
+        self.list_timings: dict[str, Any] = {}  # the last whole list: read, index, kernel (ms)
+        self.lists = 0  # whole lists received (start, reconnects)
+        self.events = 0
+        self.writes = 0
+        self.write_errors = 0
+        self.skipped = 0
+        self.drift_repairs = 0
+        self.verifies = 0
+        self.kernel_published = 0
+        self.added: Counter[tuple[str, str]] = Counter()  # (rule, origin)
+        self.expired: Counter[tuple[str, str]] = Counter()
+        self.removed = 0
+        self.last_error = ""
+        self.configure(config)
+
+    # --- set-up ------------------------------------------------------------------------
+
+    def configure(self, config: Any) -> None:
+        """The parts of a (re)loaded file the follower uses every time (exempt, trusted
+        proxies, the escalating network rules). The store, its key prefix and
+        max_entries take effect at restart."""
+        self.protected = Protected(
+            list(config.exempt), list(config.http.trusted_proxies) if config.http is not None else []
+        )
+        self.escalating = [
+            (r.name, r.escalate.prefix4, r.escalate.prefix6) for r in config.network if r.escalate is not None
+        ]
+        if config.ban_store != self.store_url:
+            log.warning("bans.store changed to %s: it takes effect when netlimitd restarts", config.ban_store)
+
+    def start(self) -> None:
+        """Once the first apply made the sets: start following the list."""
+        self.index.cover = self.kernel.ban_sets_cover()
+        if self.store_url == "memory":
+            self.memory = MemoryBanList(self.max_entries, clock=time.time, on_event=self.inbox.event)
+            self._adopt_kernel()
+        else:
+            self.redis = RedisFollower(
+                self.store_url, key_prefix=self.key_prefix, max_entries=self.max_entries, inbox=self.inbox
+            )
+            self.redis.start()
+
+    def _adopt_kernel(self) -> None:
+        """store: memory: what the kernel sets still hold (a restart after a crash, or
+        on_stop: keep) is the list we start from."""
+        try:
+            held = self.kernel.bans_read() or {}
+        except Exception as exc:
+            log.warning("bans: cannot read the kernel's ban sets: %s", exc)
+            held = {}
+        assert self.memory is not None
+        for net, left in held.items():
+            if left is not None and left > 0:
+                self.memory.add(net, left, reason="kept in the kernel across a restart", by=f"netlimitd@{self.host}")
+        self.memory.on_event = self.inbox.event
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis.stop()
+
+    # --- the main loop's calls -----------------------------------------------------------
+
+    def next_timer(self) -> float:
+        """When the main loop must call `tick` (monotonic)."""
+        t = [self.next_poll if self.escalating else float("inf")]
+        nd = self.index.next_deadline()
+        if nd is not None:
+            t.append(max(nd, self.next_expire))
+        if self.need_reload:
+            t.append(self.retry_at)
+        return min(t)
+
+    def on_wake(self) -> None:
+        """Drain the inbox and write what it changes."""
+        items = self.inbox.drain()
+        if not items:
+            return
+        delta = Delta()
+        for kind, item in items:
+            if kind == "snapshot":
+                self._snapshot(item)
+                delta = Delta()  # the reload wrote everything
+            elif kind == "event":
+                self.events += 1
+                delta.merge(self._event(item))
+            elif kind == "down":
+                self.last_error = str(item)
+        self._write(delta)
+
+    def tick(self) -> None:
+        now = self.clock()
+        if self.need_reload and now >= self.retry_at:
+            self.reload("retry")
+        if now >= self.next_expire:
+            self.next_expire = now + EXPIRE_EVERY
+            gone, delta = self.index.expire(now)
+            for b in gone:
+                self.expired[self._labels(b)] += 1
+            self._write(delta)
+        if self.escalating and now >= self.next_poll:
+            self.next_poll = now + KERNEL_POLL
+            self.poll_kernel()
+
+    def after_apply(self) -> None:
+        """An apply changed the rule set: a ban set may have been made anew (empty)."""
+        self.kernel_known = False
+        if self.loads or self.store_url == "memory":
+            self.reload("after an apply")
+
+    def verify(self) -> list[str]:
+        """Drift: compare the kernel's sets with the list; reload them when they differ.
+        Most checks compare counts (on nftables a dump of every element, no more); every
+        FULL_CHECK_EVERY-th one compares every prefix."""
+        self.verifies += 1
+        full = self.verifies % FULL_CHECK_EVERY == 1
+        try:
+            held = self.kernel.bans_read() if full else None
+            count = len(held) if held is not None else (None if full else self.kernel.bans_count())
+        except Exception as exc:
+            return [f"bans: cannot read the ban sets: {exc}"]
+        if count is None:
+            return ["bans: a ban set is missing"]  # the rule-set diff sees it too; its apply reloads
+        now = self.clock()
+        if held is None:
+            want = len(self.index.shown)
+            soon = sum(1 for dl in self.index.shown.values() if dl - now <= 1.0)  # may be gone already
+            if want - soon <= count <= want:
+                return []
+            why = f"bans: the kernel's ban sets hold {count} prefixes, the list {want}"
+        else:
+            wanted = {n for n, dl in self.index.shown.items() if dl - now > 1.0}
+            missing = wanted - set(held)
+            extra = {n for n in set(held) - set(self.index.shown) if (held[n] or 0) > 1.0}
+            if not missing and not extra:
+                return []
+            why = f"bans: the kernel's ban sets lack {len(missing)} and have {len(extra)} unknown prefixes"
+        log.warning("drift: %s; reloading them", why)
+        self.drift_repairs += 1
+        self.kernel_known = False
+        self.reload("drift")
+        return [why]
+
+    # --- list changes ----------------------------------------------------------------------
+
+    def _allowed(self, ban: Ban) -> bool:
+        why = self.protected.reason(ban.net)
+        if why is None:
+            return True
+        self.skipped += 1
+        if self._log.due("skip") >= 0:
+            log.warning("bans: not banning %s (%s, from %s)", ban.net, why, ban.by or "?")
+        return False
+
+    def _since(self, received: float) -> float:
+        """Seconds an item waited since a follower had it (its time left counts from then)."""
+        return max(0.0, self.clock() - received) if received else 0.0
+
+    def _snapshot(self, snap: Snapshot) -> None:
+        t0 = time.monotonic()
+        before = set(self.index.bans)
+        waited = self._since(snap.received)
+        live = [(b, left - waited) for b, left in snap.bans if self._allowed(b)]
+        for b, _left in live:
+            if b.net not in before:
+                self.added[self._labels(b)] += 1
+        delta = self.index.replace(live)
+        t1 = time.monotonic()
+        self.last_error = ""
+        if self.kernel_known:  # a reconnect: the kernel holds what we wrote; write the difference
+            self._write(delta)
+            how = "changes"
+        else:  # the first list since start, an apply or a refusal: the whole set, one transaction
+            self.reload("list loaded")
+            how = "whole"
+        self.list_timings = {
+            "bans": len(live),
+            "read_ms": round(snap.read_seconds * 1000, 1),
+            "index_ms": round((t1 - t0) * 1000, 1),
+            "kernel_ms": round((time.monotonic() - t1) * 1000, 1),
+            "kernel_write": how,
+        }
+        self.lists += 1  # last: a status that sees the count sees these timings
+
+    def _event(self, ev: BanEvent) -> Delta:
+        delta = Delta()
+        if ev.op == "add" and ev.ban is not None:
+            if self._allowed(ev.ban):
+                self.added[self._labels(ev.ban)] += 1
+                delta.merge(self.index.put(ev.ban, ev.left - self._since(ev.received)))
+            for n in ev.evicted:
+                self.removed += 1
+                delta.merge(self.index.remove(n))
+        elif ev.op == "del" and ev.net is not None:
+            self.removed += 1
+            delta.merge(self.index.remove(ev.net))
+        elif ev.op == "flush":
+            self.removed += len(self.index)
+            delta.merge(self.index.clear())
+        return delta
+
+    # --- kernel writes -----------------------------------------------------------------------
+
+    def reload(self, why: str) -> None:
+        """Write the whole set (one transaction)."""
+        now = self.clock()
+        bans = {n: dl - now for n, dl in self.index.shown.items() if dl - now > 0.05}
+        t0 = time.monotonic()
+        try:
+            self.kernel.bans_replace(bans)
+        except Exception as exc:
+            self._failed(f"loading {len(bans)} bans ({why})", exc)
+            return
+        dt = time.monotonic() - t0
+        self.loads += 1
+        self.load_seconds = dt
+        self.need_reload = False
+        self.kernel_known = True
+        log.info("bans: %d in the kernel (%s, %.0f ms)", len(bans), why, dt * 1000)
+
+    def _write(self, delta: Delta) -> None:
+        if delta.empty:
+            return
+        if self.need_reload:  # a full reload is due anyway
+            return
+        now = self.clock()
+        add = {n: dl - now for n, dl in delta.add.items() if dl - now > 0.05}
+        try:
+            self.kernel.bans_change(add, list(delta.remove))  # the writer orders them (by integer)
+            self.writes += 1
+        except Exception as exc:
+            self._failed(f"writing {len(add)} additions and {len(delta.remove)} removals", exc)
+            self.reload("after a refused change")
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self.write_errors += 1
+        self.need_reload = True
+        self.kernel_known = False
+        self.retry_at = self.clock() + RETRY_AFTER
+        self.last_error = f"{what}: {exc}"
+        if self._log.due("write") >= 0:
+            log.warning("bans: %s failed: %s; retrying with a full reload", what, exc)
+
+    # --- the kernel's own bans ----------------------------------------------------------------
+
+    def poll_kernel(self) -> None:
+        """Hand the bans the packet path added (a network rule's escalate) to the list."""
+        try:
+            found = self.kernel.kernel_bans(self.escalating)
+        except Exception as exc:
+            if self._log.due("poll") >= 0:
+                log.warning("bans: cannot read the rules' own ban sets: %s", exc)
+            return
+        now = self.clock()
+        for k in [k for k, dl in self.kernel_seen.items() if dl <= now]:
+            del self.kernel_seen[k]
+        for rule, net, left in found:
+            key = (rule, net)
+            dl = now + left
+            old = self.kernel_seen.get(key)
+            if old is not None and dl - old < 5.0:  # known (renewals within a few seconds are noise)
+                continue
+            if len(self.kernel_seen) >= self.max_entries:
+                break
+            self.kernel_seen[key] = dl
+            why = self.protected.reason(net)
+            if why is not None:
+                self.skipped += 1
+                continue
+            details = {
+                "rule": rule,
+                "reason": f"network rule {rule}: over-limit packets",
+                "by": f"netlimitd@{self.host} (kernel)",
+                "origin": "network",
+            }
+            if self.redis is not None:
+                ok = self.redis.publish(net, left, **details)
+            elif self.memory is not None:
+                self.memory.add(net, left, extend=True, **details)
+                ok = True
+            else:  # pragma: no cover - start() made one
+                ok = False
+            if ok:
+                self.kernel_published += 1
+
+    # --- the status socket (store: memory) -----------------------------------------------------
+
+    def request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A ban request from the CLI or a sidecar (netlimit.bans.socket_client)."""
+        op = req.get("ban")
+        if self.memory is None:
+            return {
+                "ok": False,
+                "error": f"this netlimitd follows the list in {self.store_url}: change it there "
+                "(netlimit ban ... --config FILE)",
+            }
+        try:
+            if op == "list":
+                snap = self.memory.snapshot()
+                return {
+                    "ok": True,
+                    "bans": [b.as_json(b.expires - left) for b, left in snap.bans],
+                    "evicted": snap.evicted,
+                }
+            if op == "flush":
+                return {"ok": True, "removed": self.memory.flush()}
+            net = parse_target(str(req.get("net", "")))
+            if op == "del":
+                return {"ok": True, "removed": self.memory.delete(net)}
+            if op == "add":
+                ttl = float(req.get("ttl", 0))
+                if not 0 < ttl <= 2_147_483:
+                    return {"ok": False, "error": f"ttl {ttl:g} s is out of range (1 s to 24 days)"}
+                why = self.protected.reason(net)
+                if why is not None:
+                    self.skipped += 1
+                    return {"ok": False, "refused": True, "error": f"refused: {why}: never banned"}
+                res = self.memory.add(
+                    net,
+                    ttl,
+                    rule=str(req.get("rule", "")),
+                    reason=str(req.get("reason", "")),
+                    by=str(req.get("by", "")),
+                    origin=str(req.get("origin", "manual")),
+                    extend=bool(req.get("extend", False)),
+                )
+                return {"ok": True, "added": res.added, "left": res.left, "evicted": [str(n) for n in res.evicted]}
+        except (TypeError, ValueError) as exc:
+            return {"ok": False, "error": str(exc)}
+        return {"ok": False, "error": f"unknown ban request {op!r}: add, del, list or flush"}
+
+    # --- reporting -------------------------------------------------------------------------------
+
+    def _labels(self, b: Ban) -> tuple[str, str]:
+        rule = b.rule or "(manual)"
+        known = {r for r, _o in self.added} | {r for r, _o in self.expired}
+        if rule not in known and len(known) >= MAX_RULE_LABELS:
+            rule = "(other)"
+        return rule, b.origin
+
+    def kernel_sizes(self) -> dict[str, int]:
+        """The ban sets' sizes as written (what `counters` shows instead of counting them)."""
+        n = {4: 0, 6: 0}
+        for net in list(self.index.shown):  # one C-level copy: the main loop may be changing it
+            n[net.version] += 1
+        return {"bans4": n[4], "bans6": n[6], "netlimit-bans4": n[4], "netlimit-bans6": n[6]}
+
+    def status(self) -> dict[str, Any]:
+        r = self.redis
+        return {
+            "store": self.store_url,
+            "connected": r.connected if r is not None else True,
+            "active": len(self.index),
+            "in_kernel": len(self.index.shown),
+            "max_entries": self.max_entries,
+            "loads": self.loads,
+            "lists": self.lists,
+            "last_load_ms": round(self.load_seconds * 1000, 1),
+            "last_list": self.list_timings,
+            "events": self.events,
+            "writes": self.writes,
+            "write_errors": self.write_errors,
+            "skipped": self.skipped,
+            "evicted": self.index.evicted,
+            "drift_repairs": self.drift_repairs,
+            "kernel_published": self.kernel_published,
+            "last_error": self.last_error or (r.last_error if r is not None else ""),
+        }

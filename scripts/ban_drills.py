@@ -1,0 +1,634 @@
+#!/usr/bin/env python3
+"""Escalation and bans, measured with real traffic (README: Escalation and bans).
+
+    .venv/bin/python scripts/ban_drills.py                       # everything, the README's figures
+    .venv/bin/python scripts/ban_drills.py --only latency --trials 20
+    ... --bans 100000 --backend nftables|restore|both --json FILE
+
+The fleet: one LAN (a bridge in a namespace of its own) joining host A, host B and a
+client, each a namespace; one real Redis on a unix socket (reachable from every
+namespace); a real netlimitd per host (started from the root namespace with --netns)
+and a real sidecar inside host A (`ip netns exec`), all following the same file:
+`http:` with `escalate: {after: 10, within: 10s, ban: 5m}` on remote_address.
+
+latency  per trial a fresh client address floods HTTP on host A (GET /v1/check,
+         keep-alive, 5/second allowed) while it sends a UDP probe to an echo server on
+         host B every millisecond. The time from the client receiving its 10th 429 (the
+         denial that bans) to the first probe host B drops (the last one answered + 1).
+         IPv4 and IPv6 trials alternate. Goal: p99 <= 1 s.
+load     `--bans` prefixes (IPv4 /32 and /24, IPv6 /64 and /128, no two overlapping)
+         written into a host's ban sets in one transaction (the kernel part of a load),
+         read back; then the same list in Redis and a daemon made to reconnect: read +
+         index + kernel, as the daemon reports them. Per backend.
+outage   a client banned for 4 s; Redis is killed: host B keeps dropping it, then lets
+         it through again when its time is up (measured against the expiry); Redis comes
+         back empty and the daemons follow it again.
+restart  host B's daemon restarted (on_stop: keep): the kernel's set is the same before
+         and after, each prefix once.
+
+Only namespaces this script creates are touched (nlb-<pid>-...); every loop is bounded
+in count and time; everything is stopped in `finally`. Exit 1 when a promise is broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from netlimit.bans.redis_store import ADD_LUA, RedisBanList, keys  # noqa: E402 - after the sys.path entry
+from netlimit.kernel.backends import nfelements  # noqa: E402
+from netlimit.kernel.banset import ban_sets  # noqa: E402
+from netlimit.kernel.netns import run_in_netns  # noqa: E402
+
+EXE = str(Path(sys.executable).with_name("netlimit"))
+N = ipaddress.ip_network
+A4, B4, A6, B6 = "198.18.0.1", "198.18.0.3", "2001:db8::1", "2001:db8::3"
+HTTP_PORT, ECHO_PORT = 8080, 7007
+AFTER = 10  # the escalation's `after`
+PROBE_EVERY = 0.001
+
+FILE = """\
+version: 1
+on_stop: keep
+exempt: [127.0.0.0/8, "::1/128"]
+bans:
+  store: {store}
+  max_entries: {max_entries}
+http:
+  domain: drills
+  storage: {store}
+  actions: [[remote_address]]
+  descriptors:
+    - key: remote_address
+      rate_limit: {{unit: second, requests_per_unit: 5}}
+      escalate: {{after: {after}, within: 10s, ban: 5m}}
+"""
+
+ECHO = r"""
+import select, socket, sys
+socks = []
+for fam, addr in ((socket.AF_INET, sys.argv[1]), (socket.AF_INET6, sys.argv[2])):
+    s = socket.socket(fam, socket.SOCK_DGRAM)
+    s.bind((addr, int(sys.argv[3])))
+    socks.append(s)
+while True:
+    for s in select.select(socks, [], [], 1.0)[0]:
+        data, peer = s.recvfrom(64)
+        s.sendto(data, peer)
+"""
+
+
+def sh(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=check)
+
+
+def wait_for(pred, timeout: float, what: str, step: float = 0.02):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(step)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+# --- the fleet --------------------------------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    tag: str
+    tmp: Path
+    backend: str
+    max_entries: int
+    ns: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    clients4: list[str] = field(default_factory=list)
+    clients6: list[str] = field(default_factory=list)
+
+    @property
+    def sock(self) -> str:
+        return str(self.tmp / "redis.sock")
+
+    @property
+    def store(self) -> str:
+        return f"unix://{self.sock}"
+
+    @property
+    def config(self) -> Path:
+        return self.tmp / "netlimit.yaml"
+
+    def daemon_sock(self, host: str) -> str:
+        return str(self.tmp / f"netlimitd-{host}.sock")
+
+    # processes
+    def start_redis(self) -> None:
+        self.procs["redis"] = subprocess.Popen(
+            ["redis-server", "--port", "0", "--unixsocket", self.sock, "--unixsocketperm", "700", "--save", "",
+             "--appendonly", "no", "--dir", str(self.tmp), "--logfile", str(self.tmp / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        wait_for(lambda: os.path.exists(self.sock) and self.redis().r.ping(), 10, "redis")
+
+    def stop_redis(self) -> None:
+        p = self.procs.pop("redis", None)
+        if p is not None:
+            p.kill()
+            p.wait(timeout=10)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.sock)
+
+    def redis(self) -> RedisBanList:
+        return RedisBanList(self.store, max_entries=self.max_entries)
+
+    def start_daemon(self, host: str) -> None:
+        env = dict(os.environ, NETLIMIT_BACKEND=self.backend)
+        log = open(self.tmp / f"daemon-{host}.log", "a")
+        self.procs[f"daemon-{host}"] = subprocess.Popen(
+            [EXE, "daemon", "--config", str(self.config), "--netns", self.ns[host], "--resync", "30",
+             "--socket", self.daemon_sock(host)],
+            stdout=subprocess.DEVNULL, stderr=log, env=env,
+        )  # fmt: skip
+        wait_for(lambda: (self.status(host) or {}).get("bans", {}).get("connected"), 30, f"daemon {host}", step=0.25)
+
+    def stop_daemon(self, host: str) -> None:
+        p = self.procs.pop(f"daemon-{host}", None)
+        if p is not None and p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+
+    def status(self, host: str) -> dict | None:
+        from netlimit.daemon import query_status
+
+        try:
+            return query_status(self.daemon_sock(host), timeout=10)
+        except (OSError, ValueError):
+            return None
+
+    def start_sidecars(self) -> None:
+        """Two sidecars on host A sharing the Redis: one per address family (a listener
+        serves one address)."""
+        for fam, addr in ((4, A4), (6, f"[{A6}]")):
+            log = open(self.tmp / f"sidecar{fam}.log", "a")
+            self.procs[f"sidecar{fam}"] = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns["a"], EXE, "sidecar", "--config", str(self.config), "--listen",
+                 f"{addr}:{HTTP_PORT}"],
+                stdout=subprocess.DEVNULL, stderr=log,
+            )  # fmt: skip
+
+        def up(dst: str):
+            try:
+                s = in_ns(self.ns["c"], lambda: socket.create_connection((dst, HTTP_PORT), timeout=1))
+                s.close()
+                return True
+            except OSError:
+                return False
+
+        for dst in (A4, A6):
+            wait_for(lambda dst=dst: up(dst), 30, f"the sidecar on {dst}", step=0.2)
+
+    def start_echo(self) -> None:
+        self.procs["echo"] = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns["b"], sys.executable, "-c", ECHO, B4, B6, str(ECHO_PORT)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def kernel(self, host: str) -> dict:
+        return run_in_netns(self.ns[host], lambda: ban_sets(self.backend).read()) or {}
+
+
+def in_ns(ns: str, fn):
+    """fn() in a thread inside `ns`: sockets it makes live there, wherever they are used."""
+    return run_in_netns(ns, fn)
+
+
+@contextlib.contextmanager
+def fleet(backend: str, clients: int, max_entries: int):
+    tag = f"nlb-{os.getpid() % 100000}"
+    tmp = Path(tempfile.mkdtemp(prefix="netlimit-bans-"))
+    os.chmod(tmp, 0o700)
+    f = Fleet(tag, tmp, backend, max_entries)
+    try:
+        for h in ("lan", "a", "b", "c"):
+            f.ns[h] = f"{tag}-{h}"
+            sh("ip", "netns", "add", f.ns[h])
+            sh("ip", "-n", f.ns[h], "link", "set", "lo", "up")
+        lan = f.ns["lan"]
+        sh("ip", "-n", lan, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", lan, "link", "set", "br0", "up")
+        f.clients4 = [f"198.18.0.{10 + i}" for i in range(clients)]
+        f.clients6 = [f"2001:db8::{0x100 + i:x}" for i in range(clients)]
+        for h, a4s, a6s in (("a", [A4], [A6]), ("b", [B4], [B6]), ("c", f.clients4, f.clients6)):
+            ns = f.ns[h]
+            sh("ip", "link", "add", f"{h}0", "netns", ns, "type", "veth", "peer", "name", f"l{h}", "netns", lan)
+            sh("ip", "-n", lan, "link", "set", f"l{h}", "master", "br0")
+            sh("ip", "-n", lan, "link", "set", f"l{h}", "up")
+            for a in a4s:
+                sh("ip", "-n", ns, "addr", "add", f"{a}/24", "dev", f"{h}0")
+            for a in a6s:
+                sh("ip", "-n", ns, "addr", "add", f"{a}/64", "dev", f"{h}0", "nodad")
+            sh("ip", "-n", ns, "link", "set", f"{h}0", "up")
+        f.config.write_text(FILE.format(store=f.store, max_entries=max_entries, after=AFTER))
+        f.start_redis()
+        f.start_daemon("a")
+        f.start_daemon("b")
+        f.start_sidecars()
+        f.start_echo()
+        yield f
+    finally:
+        for name in list(f.procs):
+            p = f.procs.pop(name)
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+        for ns in f.ns.values():
+            sh("ip", "netns", "del", ns, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- latency: Nth denial on A -> dropped on B -------------------------------------------------
+
+
+class Prober:
+    """UDP probes from `src` (in the client namespace) to B's echo server, one per ms."""
+
+    def __init__(self, f: Fleet, src: str):
+        fam = socket.AF_INET6 if ":" in src else socket.AF_INET
+        dst = B6 if ":" in src else B4
+
+        def make():
+            s = socket.socket(fam, socket.SOCK_DGRAM)
+            s.bind((src, 0))
+            s.connect((dst, ECHO_PORT))
+            s.settimeout(0.2)
+            return s
+
+        self.sock = in_ns(f.ns["c"], make)
+        self.sent: list[float] = []
+        self.answered: set[int] = set()
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._send, daemon=True),
+            threading.Thread(target=self._recv, daemon=True),
+        ]
+
+    def __enter__(self) -> Prober:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(5)
+        self.sock.close()
+
+    def _send(self) -> None:
+        seq = 0
+        nxt = time.monotonic()
+        while not self.stop.is_set() and seq < 200_000:
+            now = time.monotonic()
+            if now < nxt:
+                time.sleep(nxt - now)
+            self.sent.append(time.monotonic())
+            with contextlib.suppress(OSError):
+                self.sock.send(seq.to_bytes(4, "big"))
+            seq += 1
+            nxt += PROBE_EVERY
+
+    def _recv(self) -> None:
+        while not self.stop.is_set():
+            try:
+                data = self.sock.recv(64)
+            except (TimeoutError, OSError):
+                continue
+            if len(data) == 4:
+                self.answered.add(int.from_bytes(data, "big"))
+
+    def answering(self) -> bool:
+        n = len(self.sent)
+        return any(s in self.answered for s in range(max(0, n - 300), max(0, n - 50)))
+
+    def first_answer_after(self, t: float) -> float | None:
+        """The send time of the first probe sent after `t` that was answered."""
+        sent = self.sent
+        times = [sent[s] for s in list(self.answered) if s < len(sent) and sent[s] > t]
+        return min(times) if times else None
+
+    def dropped_since(self) -> float | None:
+        """When the probes stopped getting through: the send time of the first one after
+        the last answered (None: the last 200 sent are not all unanswered yet)."""
+        n = len(self.sent)
+        last = max(self.answered, default=-1)
+        if n - last < 200:
+            return None
+        return self.sent[last + 1]
+
+
+def _http(sock: socket.socket) -> int:
+    sock.sendall(b"GET /v1/check HTTP/1.1\r\nHost: a\r\n\r\n")
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    while len(rest) < length:
+        rest += sock.recv(4096)
+    return status
+
+
+def trial(f: Fleet, src: str) -> dict:
+    fam = socket.AF_INET6 if ":" in src else socket.AF_INET
+    dst = A6 if ":" in src else A4
+
+    def connect():
+        s = socket.socket(fam, socket.SOCK_STREAM)
+        s.bind((src, 0))
+        s.settimeout(5)
+        s.connect((dst, HTTP_PORT))
+        return s
+
+    with Prober(f, src) as probe:
+        wait_for(probe.answering, 10, "probes answered before the flood")
+        http = in_ns(f.ns["c"], connect)
+        denials = 0
+        t0 = 0.0
+        try:
+            for _ in range(1000):
+                if _http(http) == 429:
+                    denials += 1
+                    if denials == AFTER:
+                        t0 = time.monotonic()  # the denial that bans
+                        break
+        finally:
+            http.close()
+        if not t0:
+            raise RuntimeError(f"{src}: {denials} denials in 1000 requests")
+        t1 = wait_for(probe.dropped_since, 15, f"{src}'s probes dropped on host B", step=0.01)
+    return {"client": src, "ms": round((t1 - t0) * 1000, 2)}
+
+
+def latency(f: Fleet, trials: int) -> dict:
+    rows = []
+    for i in range(trials):
+        src = f.clients6[i] if i % 2 else f.clients4[i]
+        rows.append(trial(f, src))
+    ms = [r["ms"] for r in rows]
+    out = {
+        "trials": rows,
+        "p50_ms": round(pct(ms, 0.5), 2),
+        "p99_ms": round(pct(ms, 0.99), 2),
+        "max_ms": max(ms),
+        "mean_ms": round(statistics.mean(ms), 2),
+        "ipv4_p50_ms": round(pct([r["ms"] for r in rows if ":" not in r["client"]] or [0], 0.5), 2),
+        "ipv6_p50_ms": round(pct([r["ms"] for r in rows if ":" in r["client"]] or [0], 0.5), 2),
+    }
+    out["ok"] = all(r["ms"] > 0 for r in rows)
+    return out
+
+
+# --- load: a large list into the kernel -----------------------------------------------------------
+
+
+def many_bans(n: int, seed: int = 7) -> dict:
+    """`n` prefixes, none inside another: IPv4 /32 and /24 (never in the same /24),
+    IPv6 /64 (in 2001:db8::/32) and /128 (in 2001:db9::/32)."""
+    rnd = random.Random(seed)
+    out: dict = {}
+    used24: set[int] = set()
+    while len(out) < n:
+        k = rnd.random()
+        if k < 0.8:
+            base = rnd.randrange(1 << 16, 0xDF0000)  # the number of a /24
+            if base in used24 or base >> 16 in (127, 198):  # loopback is exempt; 198.18/15 is the fleet
+                continue
+            used24.add(base)
+            net = (
+                N(f"{ipaddress.IPv4Address(base << 8 | 7)}/32")
+                if k < 0.6
+                else N(f"{ipaddress.IPv4Address(base << 8)}/24")
+            )
+        elif k < 0.9:
+            net = N(f"2001:db8:{rnd.randrange(1 << 16):x}:{rnd.randrange(1 << 16):x}::/64")
+        else:
+            net = N(f"2001:db9:{rnd.randrange(1 << 16):x}:{rnd.randrange(1 << 16):x}::7/128")
+        out[net] = 3600.0
+    return out
+
+
+def counter(f: Fleet, host: str, name: str) -> int:
+    """A counter of the host's daemon's ban status (-1: no answer)."""
+    return int(((f.status(host) or {}).get("bans") or {}).get(name, -1))
+
+
+def timings(f: Fleet, host: str) -> dict:
+    return wait_for(lambda: ((f.status(host) or {}).get("bans") or {}).get("last_list"), 30, "a status", step=0.25)
+
+
+def load(f: Fleet, n: int) -> dict:
+    """The kernel part alone, then the whole path in a daemon: a restart (the whole set,
+    one transaction) and a reconnect (the difference)."""
+    bans = many_bans(n)
+    sets = ban_sets(f.backend)
+    host = f.ns["b"]
+    f.stop_daemon("b")  # the set is ours alone for the kernel figure
+    try:
+        t0 = time.monotonic()
+        run_in_netns(host, lambda: sets.replace(bans))
+        write_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        held = run_in_netns(host, sets.read) or {}
+        read_s = time.monotonic() - t0
+        kernel_ok = set(held) == set(bans)
+        if f.backend == "nftables":
+            els = run_in_netns(host, lambda: nfelements.read("netlimit", "bans4")) or []
+            starts = [e.key for e in els if not e.end]
+            kernel_ok = kernel_ok and len(starts) == len(set(starts))
+        run_in_netns(host, lambda: sets.replace({}))
+    finally:
+        f.start_daemon("b")
+    lst = f.redis()
+    try:
+        lst.flush()
+        pipe = lst.r.pipeline(transaction=False)
+        script = lst.r.register_script(ADD_LUA)
+        z, d, c, ch = keys("netlimit")
+        details = '{"rule":"","reason":"load drill"}'
+        for i, net in enumerate(bans):
+            script(keys=[z, d, c], args=[str(net), 3_600_000, details, f.max_entries, "0", ch], client=pipe)
+            if i % 5000 == 4999:
+                pipe.execute()
+        pipe.execute()
+        wait_for(lambda: len(f.kernel("b")) == n, 120, "the list in host B's kernel", step=0.5)
+        # a restart: the whole list read, indexed and written in one transaction
+        f.stop_daemon("b")
+        f.start_daemon("b")
+        restart = wait_for(lambda: counter(f, "b", "lists") >= 1 and timings(f, "b"), 60, "the load", step=0.25)
+        restart_ok = len(f.kernel("b")) == n
+        # a reconnect (Redis drops every subscriber): the list read again, the difference written
+        before = wait_for(lambda: counter(f, "b", "lists") + 1, 30, "a status", step=0.25) - 1
+        lst.r.client_kill_filter(_type="pubsub")
+        wait_for(lambda: counter(f, "b", "lists") > before, 60, "the reconnect", step=0.25)
+        reconnect = timings(f, "b")
+        daemon_ok = restart_ok and len(f.kernel("b")) == n
+        lst.flush()
+        wait_for(lambda: not f.kernel("b"), 60, "the flush in host B's kernel", step=0.25)
+    finally:
+        lst.close()
+    return {
+        "bans": n,
+        "kernel_write_s": round(write_s, 3),
+        "kernel_read_s": round(read_s, 3),
+        "daemon_restart": restart,
+        "daemon_reconnect": reconnect,
+        "ok": kernel_ok and daemon_ok,
+    }
+
+
+# --- outage: Redis down ----------------------------------------------------------------------------
+
+
+def outage(f: Fleet) -> dict:
+    src = f.clients4[-1]
+    lst = f.redis()
+    with Prober(f, src) as probe:
+        wait_for(probe.answering, 10, "probes answered")
+        lst.add(N(f"{src}/32"), 4.0, reason="outage drill")
+        expires = time.monotonic() + 4.0
+        lst.close()
+        dropped = wait_for(probe.dropped_since, 10, "the ban on host B")
+        f.stop_redis()
+        wait_for(
+            lambda: not (f.status("b") or {}).get("bans", {}).get("connected", True),
+            15,
+            "B to see Redis gone",
+            step=0.25,
+        )
+        held_while_down = probe.first_answer_after(dropped) is None
+        resumed = wait_for(lambda: probe.first_answer_after(dropped), 15, "the ban to end", step=0.005)
+    late_ms = round((resumed - expires) * 1000, 1)
+    f.start_redis()
+    wait_for(lambda: (f.status("b") or {}).get("bans", {}).get("connected"), 30, "B back on Redis", step=0.25)
+    wait_for(lambda: (f.status("a") or {}).get("bans", {}).get("connected"), 30, "A back on Redis", step=0.25)
+    return {"held_while_redis_down": held_while_down, "ended_after_expiry_ms": late_ms,
+            "ok": held_while_down and -100 <= late_ms <= 1500}  # fmt: skip
+
+
+# --- restart -----------------------------------------------------------------------------------------
+
+
+def restart(f: Fleet, n: int) -> dict:
+    lst = f.redis()
+    try:
+        lst.flush()
+        for net in list(many_bans(n, seed=11))[:n]:
+            lst.add(net, 600.0, reason="restart drill")
+        wait_for(lambda: len(f.kernel("b")) == n, 30, "the list in B's kernel", step=0.1)
+        before = set(f.kernel("b"))
+        f.stop_daemon("b")
+        kept = set(f.kernel("b"))  # on_stop: keep
+        f.start_daemon("b")
+        wait_for(lambda: counter(f, "b", "loads") >= 1, 30, "the reload after the restart", step=0.25)
+        after = f.kernel("b")
+        dupes = 0
+        if f.backend == "nftables":
+            els = run_in_netns(f.ns["b"], lambda: nfelements.read("netlimit", "bans4") or []) + (
+                run_in_netns(f.ns["b"], lambda: nfelements.read("netlimit", "bans6") or [])
+            )
+            starts = [e.key for e in els if not e.end]
+            dupes = len(starts) - len(set(starts))
+        lst.flush()
+    finally:
+        lst.close()
+    return {
+        "bans": n,
+        "same_set": before == set(after) and kept == before,
+        "duplicates": dupes,
+        "ok": before == set(after) and kept == before and dupes == 0,
+    }
+
+
+# --- main ----------------------------------------------------------------------------------------------
+
+
+def run(backend: str, args) -> dict:
+    out: dict = {"backend": backend}
+    only = set(args.only.split(",")) if args.only else {"latency", "load", "outage", "restart"}
+    with fleet(backend, max(args.trials, 2) + 2, max(args.bans, 1000) + 10) as f:
+        if "latency" in only:
+            out["latency"] = latency(f, args.trials)
+            print(f"[{backend}] latency: {json.dumps({k: v for k, v in out['latency'].items() if k != 'trials'})}")
+        if "load" in only:
+            out["load"] = load(f, args.bans)
+            print(f"[{backend}] load: {json.dumps(out['load'])}")
+        if "outage" in only:
+            out["outage"] = outage(f)
+            print(f"[{backend}] outage: {json.dumps(out['outage'])}")
+        if "restart" in only:
+            out["restart"] = restart(f, min(args.bans, 2000))
+            print(f"[{backend}] restart: {json.dumps(out['restart'])}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--bans", type=int, default=100_000)
+    ap.add_argument("--backend", choices=("nftables", "restore", "both"), default="both")
+    ap.add_argument("--only", default="", help="comma-separated: latency,load,outage,restart")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("ban_drills.py: run as root (it creates network namespaces)", file=sys.stderr)
+        return 64
+    for tool in ("redis-server", "nft", "ipset", "iptables-legacy-restore"):
+        if not shutil.which(tool):
+            print(f"ban_drills.py: {tool} is missing (scripts/setup.sh installs it)", file=sys.stderr)
+            return 64
+    backends = ("nftables", "restore") if args.backend == "both" else (args.backend,)
+    results = [run(b, args) for b in backends]
+    if args.json:
+        args.json.write_text(json.dumps({"results": results}, indent=2))
+    ok = all(part.get("ok", True) for r in results for part in r.values() if isinstance(part, dict))
+    print("all promises kept" if ok else "A PROMISE WAS BROKEN")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

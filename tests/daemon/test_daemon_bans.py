@@ -1,0 +1,236 @@
+"""netlimitd and the ban list, as real processes: two "hosts" (namespaces, each with its
+daemon) following one real Redis; a host's own list (store: memory) behind its status
+socket; restarts, a Redis that goes away, drift of the elements, and the bans a
+network rule's escalate makes in one host's kernel reaching the other."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from daemon_proc import Daemon, sh, wait_for
+
+from netlimit.bans.redis_store import RedisBanList, keys
+from netlimit.kernel.banset import ban_sets
+from netlimit.kernel.netns import run_in_netns
+
+pytestmark = [pytest.mark.netns, pytest.mark.redis]
+N = ipaddress.ip_network
+EXE = str(Path(sys.executable).with_name("netlimit"))
+
+FILE = """\
+version: 1
+on_stop: {on_stop}
+exempt: [127.0.0.0/8, "::1/128"]
+bans:
+  store: {store}
+  key_prefix: {prefix}
+  socket: {socket}
+network:
+  - name: udp-flood
+    protocol: udp
+    ports: [5000]
+    limit: 10/second
+{escalate}"""
+
+
+def text(
+    store: str, prefix: str = "netlimit", on_stop: str = "flush", socket: str = "/nonexistent", escalate: str = ""
+):
+    return FILE.format(store=store, prefix=prefix, on_stop=on_stop, socket=socket, escalate=escalate)
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """Two namespaces, each a "host" for a daemon."""
+    names = [f"nlt-b{os.getpid() % 100000}-{i}" for i in range(2)]
+    try:
+        for ns in names:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        yield names
+    finally:
+        for ns in names:
+            sh("ip", "netns", "del", ns, check=False)
+
+
+@pytest.fixture
+def daemons(tmp_path):
+    made: list[Daemon] = []
+
+    def make(ns: str, config: str, name: str, **kw) -> Daemon:
+        home = tmp_path / name  # its own file and status socket
+        home.mkdir()
+        d = Daemon(home, ns, config, **kw)
+        made.append(d)
+        return d
+
+    try:
+        yield make
+    finally:
+        for d in made:
+            d.kill()
+
+
+@pytest.fixture
+def redis_list(redis_server):
+    made = []
+
+    def make(prefix: str) -> RedisBanList:
+        lst = RedisBanList(redis_server.url, key_prefix=prefix)
+        made.append((lst, prefix))
+        return lst
+
+    try:
+        yield make
+    finally:
+        for lst, prefix in made:
+            lst.r.delete(*keys(prefix)[:3])
+            lst.close()
+
+
+def kernel(ns: str, backend: str = "nftables") -> dict:
+    return run_in_netns(ns, lambda: ban_sets(backend).read()) or {}
+
+
+def metrics(d: Daemon) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{d.metrics_port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def ban(config: Path, *args: str) -> subprocess.CompletedProcess:
+    r = subprocess.run([EXE, "ban", *args, "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_a_ban_reaches_every_hosts_kernel_and_a_restart_loads_the_same_set(hosts, daemons, redis_server, redis_list):
+    prefix = f"nlt{os.getpid()}a"
+    lst = redis_list(prefix)
+    lst.add(N("192.0.2.0/24"), 600)  # there before any daemon
+    cfg = text(redis_server.url, prefix, on_stop="keep")
+    a, b = daemons(hosts[0], cfg, "a"), daemons(hosts[1], cfg, "b")
+    a.start()
+    b.start()
+    for ns in hosts:
+        wait_for(lambda ns=ns: N("192.0.2.0/24") in kernel(ns), 15, f"the list loaded in {ns}")
+    ban(a.config, "add", "198.51.100.7", "--ttl", "1h")
+    ban(a.config, "add", "198.51.100.0/24", "--ttl", "30m")  # the outer one hides the /32 on nftables
+    ban(a.config, "add", "2001:db8:7::/64", "--ttl", "1h")
+    want = {N("192.0.2.0/24"), N("198.51.100.0/24"), N("2001:db8:7::/64")}
+    for ns in hosts:
+        wait_for(lambda ns=ns: set(kernel(ns)) == want, 10, f"the bans in {ns}")
+    ban(a.config, "del", "198.51.100.0/24")  # the inner /32 shows
+    want = {N("192.0.2.0/24"), N("198.51.100.7/32"), N("2001:db8:7::/64")}
+    for ns in hosts:
+        wait_for(lambda ns=ns: set(kernel(ns)) == want, 10, f"the lifted ban in {ns}")
+    st = b.status()["bans"]
+    assert st["connected"] and st["active"] == 3 and st["in_kernel"] == 3
+    sizes = {r["table"]: r["table_entries"] for r in b.status()["counters"] if r["rule"] == "(bans)"}
+    assert sizes == {"set bans4": 2, "set bans6": 1}  # `status` and `list` show the sets' sizes
+    m = metrics(b)
+    assert m[("netlimit_bans_active", ())] == 3 and m[("netlimit_bans_in_kernel", ())] == 3
+    assert m[("netlimit_bans_store_up", ())] == 1 and m[("netlimit_bans_removed_total", ())] == 1
+    assert m[("netlimit_bans_added_total", (("origin", "manual"), ("rule", "(manual)")))] == 4
+    # a restart (on_stop: keep leaves the set) loads the same list: no duplicates, none lost
+    assert b.stop() == 0
+    assert set(kernel(hosts[1])) == want  # kept while the daemon is down
+    lst.add(N("203.0.113.0/24"), 600)  # a change while it is down
+    b.start()
+    want.add(N("203.0.113.0/24"))
+    wait_for(lambda: set(kernel(hosts[1])) == want, 15, "the list reloaded after the restart")
+    held = run_in_netns(
+        hosts[1], lambda: __import__("netlimit.kernel.backends.nfelements", fromlist=["x"]).read("netlimit", "bans4")
+    )
+    starts = [e.key for e in held if not e.end]
+    assert len(starts) == len(set(starts)) == 3  # each prefix once
+
+
+def test_redis_down_bans_stay_and_end_on_time_then_the_list_is_followed_again(hosts, daemons, redis_factory):
+    server = redis_factory()
+    lst = RedisBanList(server.url)
+    d = daemons(hosts[0], text(server.url), "a")
+    d.start()
+    try:
+        lst.add(N("198.51.100.1/32"), 4)
+        lst.add(N("198.51.100.2/32"), 600)
+        wait_for(lambda: len(kernel(hosts[0])) == 2, 10, "the bans in the kernel")
+        server.stop()
+        wait_for(lambda: not d.status()["bans"]["connected"], 15, "the daemon to see Redis gone")
+        assert len(kernel(hosts[0])) == 2  # still enforced
+        t0 = time.monotonic()
+        wait_for(lambda: set(kernel(hosts[0])) == {N("198.51.100.2/32")}, 10, "the 4 s ban to end")
+        assert time.monotonic() - t0 < 6
+        out = subprocess.run([EXE, "status", "--socket", d.sock], capture_output=True, text=True, timeout=30).stdout
+        assert "list redis://" in out and "UNREACHABLE" in out
+        server.start()  # back, and empty: the kernel follows the list
+        lst2 = RedisBanList(server.url)
+        lst2.add(N("203.0.113.9/32"), 60)
+        wait_for(lambda: set(kernel(hosts[0])) == {N("203.0.113.9/32")}, 20, "the list followed again")
+        lst2.close()
+    finally:
+        lst.close()
+
+
+def test_drift_of_the_elements_is_repaired(hosts, daemons, redis_server, redis_list):
+    prefix = f"nlt{os.getpid()}c"
+    lst = redis_list(prefix)
+    d = daemons(hosts[0], text(redis_server.url, prefix), "a", resync=0.5)
+    d.start()
+    lst.add(N("198.51.100.0/24"), 600)
+    wait_for(lambda: kernel(hosts[0]), 10, "the ban in the kernel")
+    sh("ip", "netns", "exec", hosts[0], "nft", "flush", "set", "inet", "netlimit", "bans4")
+    wait_for(lambda: N("198.51.100.0/24") in kernel(hosts[0]), 10, "the ban put back")
+    sh("ip", "netns", "exec", hosts[0], "nft", "delete", "table", "inet", "netlimit")
+    wait_for(lambda: N("198.51.100.0/24") in kernel(hosts[0]), 10, "the table and the ban put back")
+    assert d.status()["drift_repairs"] >= 2
+
+
+def test_a_hosts_own_list_behind_its_socket(hosts, daemons, tmp_path):
+    d = daemons(hosts[0], text("memory", on_stop="keep", socket=str(tmp_path / "a" / "netlimitd.sock")), "a")
+    d.start()
+    ban(d.config, "add", "198.51.100.0/24", "--ttl", "10m", "--reason", "by hand")
+    wait_for(lambda: N("198.51.100.0/24") in kernel(hosts[0]), 10, "the ban in the kernel")
+    r = subprocess.run([EXE, "ban", "add", "127.0.0.1", "--ttl", "1m", "--config", str(d.config)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 1 and "exempt" in r.stderr
+    out = ban(d.config, "list").stdout
+    assert "198.51.100.0/24" in out and "by hand" in out
+    # restarted (on_stop: keep): the list is what the kernel kept
+    assert d.stop() == 0
+    d.start()
+    out = ban(d.config, "list").stdout
+    assert "198.51.100.0/24" in out and "kept in the kernel" in out
+    ban(d.config, "flush")
+    wait_for(lambda: not kernel(hosts[0]), 10, "the flush in the kernel")
+
+
+def test_a_network_rules_kernel_bans_reach_the_other_host(topo, daemons, redis_server, redis_list):
+    prefix = f"nlt{os.getpid()}e"
+    redis_list(prefix)
+    esc = "    escalate: {after: 20, within: 1m, ban: 1h, prefix4: 24, prefix6: 64}\n"
+    cfg = text(redis_server.url, prefix, escalate=esc)
+    a, b = daemons(topo.srv, cfg, "a"), daemons(topo.cli, cfg, "b")
+    a.start()
+    b.start()
+    code = (
+        "import socket; s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+        f"s.bind(({topo.cli6!r}, 0))\n"
+        f"for _ in range(300): s.sendto(b'x', ({topo.srv6!r}, 5000))"
+    )
+    topo.cx("python3", "-c", code)  # over 10/second, then over the escalation's 20
+    wait_for(lambda: N("2001:db8::/64") in kernel(topo.cli), 15, "host A's kernel ban in host B's kernel")
+    st = a.status()["bans"]
+    assert st["kernel_published"] >= 1

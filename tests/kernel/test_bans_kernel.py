@@ -1,0 +1,143 @@
+"""The kernel's ban sets with real traffic between two namespaces, under nftables and
+the legacy restore backend: a banned source is dropped before any limit, an exempt one
+never; a ban ends in the kernel on time by itself; the rule set's applies never touch
+the elements; a network rule's escalate bans a flooding source in the kernel."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+
+import pytest
+
+from netlimit.kernel import reconcile
+from netlimit.kernel.backends import nfelements
+from netlimit.kernel.banset import ban_sets
+from netlimit.kernel.netns import run_in_netns
+
+pytestmark = pytest.mark.netns
+N = ipaddress.ip_network
+
+CONFIG = """
+version: 1
+exempt: ["{exempt}/32"]
+bans: {{max_entries: 1000}}
+network:
+  - name: udp-flood
+    protocol: udp
+    ports: [5000]
+    limit: {limit}
+    burst: 10
+{escalate}
+"""
+
+
+def send(topo, src: str, dst: str, n: int = 20, port: int = 5001) -> None:
+    """`n` UDP packets from `src` (an address of the client namespace)."""
+    fam = "AF_INET6" if ":" in src else "AF_INET"
+    code = (
+        f"import socket; s = socket.socket(socket.{fam}, socket.SOCK_DGRAM); s.bind(({src!r}, 0))\n"
+        f"for _ in range({n}): s.sendto(b'x' * 16, ({dst!r}, {port}))"
+    )
+    topo.cx("python3", "-c", code)
+
+
+def dropped(topo, backend: str) -> int:
+    rows = reconcile.list_owned(topo.srv, backend=backend)
+    return sum(int(r["dropped"] or 0) for r in rows if r["rule"] == "(bans)")
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s: {what}")
+
+
+def sets(topo, backend: str, fn):
+    s = ban_sets(backend)
+    return run_in_netns(topo.srv, lambda: fn(s))
+
+
+def test_banned_sources_are_dropped_until_their_ban_ends(topo, any_backend):
+    text = CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate="")
+    topo.apply(text)
+    send(topo, topo.cli6, topo.srv6, n=1)  # neighbours known before the ban (it drops ICMPv6 too)
+    base = dropped(topo, any_backend)
+    assert base == 0
+    sets(
+        topo,
+        any_backend,
+        lambda s: s.replace(
+            {N(f"{topo.cli4}/32"): 2.0, N(f"{topo.cli4b}/32"): 60.0, N("2001:db8::/120"): 60.0, N("203.0.113.0/24"): 60}
+        ),
+    )
+    send(topo, topo.cli4, topo.srv4)
+    send(topo, topo.cli4b, topo.srv4)  # exempt: never dropped, banned or not
+    send(topo, topo.cli6, topo.srv6)
+    assert dropped(topo, any_backend) == 40
+    held = sets(topo, any_backend, lambda s: s.read())
+    assert set(held) == {N(f"{topo.cli4}/32"), N(f"{topo.cli4b}/32"), N("2001:db8::/120"), N("203.0.113.0/24")}
+    # the kernel ends the 2 s ban by itself (no daemon here)
+    wait_for(lambda: N(f"{topo.cli4}/32") not in sets(topo, any_backend, lambda s: s.read()), 10, "the ban to end")
+    send(topo, topo.cli4, topo.srv4)
+    assert dropped(topo, any_backend) == 40
+    # changes: one removed, one added, in one transaction
+    sets(topo, any_backend, lambda s: s.change({N(f"{topo.cli4}/32"): 60.0}, [N("2001:db8::/120")]))
+    send(topo, topo.cli4, topo.srv4)
+    send(topo, topo.cli6, topo.srv6)
+    assert dropped(topo, any_backend) == 60
+    rows = reconcile.list_owned(topo.srv, backend=any_backend)
+    sizes = {r["table"]: r["table_entries"] for r in rows if r["rule"] == "(bans)" and r.get("table")}
+    assert sorted(sizes.values()) == [0, 3] and any("bans4" in k for k, v in sizes.items() if v == 3), sizes
+
+
+def test_applies_leave_the_elements_alone(topo, any_backend):
+    text = CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate="")
+    topo.apply(text)
+    sets(topo, any_backend, lambda s: s.replace({N("198.51.100.0/24"): 300.0, N("2001:db8:5::/64"): 300.0}))
+    assert not topo.apply(text).changed  # a no-op apply
+    res = topo.apply(text.replace("100/second", "50/second"))  # a changed rule
+    assert res.changed
+    held = sets(topo, any_backend, lambda s: s.read())
+    assert set(held) == {N("198.51.100.0/24"), N("2001:db8:5::/64")} and all(290 < v <= 300 for v in held.values())
+
+
+def test_a_network_rules_escalate_bans_the_flooding_source_in_the_kernel(topo, any_backend):
+    esc = "    escalate: {after: 20, within: 1m, ban: 1h, prefix4: 24, prefix6: 64}"
+    topo.apply(CONFIG.format(exempt=topo.cli4b, limit="10/second", escalate=esc))
+    send(topo, topo.cli4, topo.srv4, n=200, port=5000)  # 10 pass (burst), ~190 over the limit
+    found = sets(topo, any_backend, lambda s: s.kernel_bans([("udp-flood", 24, 64)]))
+    assert [(r, str(n)) for r, n, _ in found] == [("udp-flood", "198.18.0.0/24")]
+    assert 3500 < found[0][2] <= 3600
+    before = dropped(topo, any_backend)
+    send(topo, topo.cli4, topo.srv4, n=10, port=6000)  # banned: every packet, any port
+    assert dropped(topo, any_backend) == before + 10
+    send(topo, topo.cli4b, topo.srv4, n=200, port=5000)  # exempt: never banned
+    assert len(sets(topo, any_backend, lambda s: s.kernel_bans([("udp-flood", 24, 64)]))) == 1
+
+
+def test_netlink_batches_are_all_or_nothing(topo):
+    """nftables refuses overlapping intervals and deleting what is not there: the whole
+    batch then changes nothing."""
+    topo.apply(CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate=""))
+
+    def work():
+        nfelements.write([nfelements.Change("netlimit", "bans4", True, add={N("10.0.0.0/24"): 60})])
+        for bad in (
+            [nfelements.Change("netlimit", "bans4", True, add={N("10.1.0.0/24"): 60, N("10.0.0.7/32"): 60})],
+            [
+                nfelements.Change("netlimit", "bans4", True, add={N("10.2.0.0/24"): 60}),
+                nfelements.Change("netlimit", "bans6", True, delete=[N("2001:db8::/64")]),
+            ],
+        ):
+            with pytest.raises(OSError):
+                nfelements.write(bad)
+        return nfelements.prefixes(nfelements.read("netlimit", "bans4") or [], interval=True)
+
+    held = run_in_netns(topo.srv, work)
+    assert list(held) == [N("10.0.0.0/24")]
+    assert run_in_netns(topo.srv, lambda: nfelements.read("netlimit", "no-such-set")) is None
