@@ -18,7 +18,10 @@ from ..iptables_plan import TOOL, FamilyPlan, FamilyState, Want, plan_back, plan
 from ..netns import proc_net
 from ..objects import Desired, IptRule, rule_of_comment
 from ..render import rule_line
-from . import ipset
+from .ipset import IpsetPlan, LiveSet, read_sets, restore_sets, undo_before, write_after, write_before
+from .ipset import entries as ipset_entries
+from .ipset import missing as ipset_missing
+from .ipset import plan as plan_ipsets
 
 FAMILIES = (4, 6)
 
@@ -27,7 +30,7 @@ FAMILIES = (4, 6)
 class XtablesState:
     families: dict[int, FamilyState] = field(default_factory=dict)
     unavailable: dict[int, str] = field(default_factory=dict)  # family -> why it cannot be read
-    ipsets: dict[str, ipset.LiveSet] = field(default_factory=dict)  # netlimit's ipsets (the ban sets)
+    ipsets: dict[str, LiveSet] = field(default_factory=dict)  # netlimit's ipsets (the ban sets)
 
     @property
     def empty(self) -> bool:
@@ -40,7 +43,7 @@ class XtablesState:
 @dataclass
 class XtablesPlan:
     families: dict[int, FamilyPlan] = field(default_factory=dict)
-    ipsets: ipset.IpsetPlan = field(default_factory=lambda: ipset.IpsetPlan([], [], []))
+    ipsets: IpsetPlan = field(default_factory=lambda: IpsetPlan([], [], []))
 
     @property
     def empty(self) -> bool:
@@ -82,15 +85,15 @@ class XtablesBackend:
                 st.unavailable[fam] = why
             else:
                 st.families[fam] = self.read_family(fam)
-        st.ipsets = ipset.read_sets()
+        st.ipsets = read_sets()
         return st
 
     def plan(self, desired: Desired, state: XtablesState) -> XtablesPlan:
-        if desired.ipsets and ipset.missing() is not None:
+        if desired.ipsets and ipset_missing() is not None:
             raise ApplyError(
-                f"the ban list needs ipset on the legacy backends: {ipset.missing()}", None, rolled_back=False
+                f"the ban list needs ipset on the legacy backends: {ipset_missing()}", None, rolled_back=False
             )
-        out = XtablesPlan(ipsets=ipset.plan(desired.ipsets, state.ipsets))
+        out = XtablesPlan(ipsets=plan_ipsets(desired.ipsets, state.ipsets))
         for fam in FAMILIES:
             rules = desired.family_rules(fam)
             if fam in state.unavailable:
@@ -107,28 +110,28 @@ class XtablesBackend:
 
     def write(self, plan: XtablesPlan) -> None:
         """Sets the rules will match first, then the rules, then the sets no rule matches."""
-        ipset.write_before(plan.ipsets)
+        write_before(plan.ipsets)
         try:
             for _fam, p in sorted(plan.families.items()):
                 if not p.empty:
                     self.write_family(p)
         except Exception:
-            ipset.undo_before(plan.ipsets)
+            undo_before(plan.ipsets)
             raise
-        ipset.write_after(plan.ipsets)
+        write_after(plan.ipsets)
 
     def restore(self, state: XtablesState) -> None:
-        live = ipset.read_sets()
+        live = read_sets()
         back = [s for n, s in state.ipsets.items() if n not in live]
         if back:  # the sets the earlier rules match, before those rules
-            ipset.restore_sets(back)
+            restore_sets(back)
         for fam, fst in sorted(state.families.items()):
             p = plan_back(fst, self.read_family(fam))
             if not p.empty:
                 self.write_family(p)
-        extra = [n for n in ipset.read_sets() if n not in state.ipsets]
+        extra = [n for n in read_sets() if n not in state.ipsets]
         if extra:
-            ipset.write_after(ipset.IpsetPlan([], [], extra))
+            write_after(IpsetPlan([], [], extra))
 
     def rows(self, state: XtablesState) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -159,7 +162,7 @@ def _table_entries(row: dict[str, Any], r: IptRule, family: int) -> None:
         if m.module == "set" and opts.get("match-set"):
             name = (opts["match-set"] or "").split(" ")[0]
             row["table"] = f"ipset {name}"
-            row["table_entries"] = ipset.entries(name)
+            row["table_entries"] = ipset_entries(name)
         if m.module == "hashlimit" and "hashlimit-name" in opts:
             row["table"] = f"hashlimit {opts['hashlimit-name']}"
             proc = "ipt_hashlimit" if family == 4 else "ip6t_hashlimit"
