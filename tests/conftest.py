@@ -71,6 +71,18 @@ def redis_server():
             server.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A REAL Redis Cluster (3 primaries, 3 replicas, cluster-node-timeout 2 s) for the
+    whole session, shared by the conformance suite, the cluster store and the ban list
+    tests (distinct key prefixes; tests that kill or reshard make clusters of their own)."""
+    from redis_cluster import RedisCluster
+
+    _require_redis_server()
+    with tempfile.TemporaryDirectory(prefix="netlimit-cluster-") as d, RedisCluster(Path(d)) as cluster:
+        yield cluster
+
+
 @pytest.fixture
 def redis_factory():
     """Start extra throw-away servers (for tests that pause or kill them)."""

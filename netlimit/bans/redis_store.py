@@ -16,7 +16,10 @@ left without trusting its clock. A message lost (a follower disconnected) is not
 ban lost: a follower loads the whole list on every (re)connect.
 
 Two faces: :class:`RedisBanList` (blocking, redis-py: the CLI and netlimitd) and
-:class:`AsyncRedisBanList` (asyncio, redis-py: the sidecar's escalation).
+:class:`AsyncRedisBanList` (asyncio, redis-py: the sidecar's escalation), on every
+storage URL the sidecar takes (one server, unix socket, Redis Cluster, Sentinel, TLS:
+:func:`redis_py_client`). In a cluster the keys share one slot and the channel's
+messages reach every node; behind Sentinel the client follows the primary.
 """
 
 from __future__ import annotations
@@ -76,6 +79,12 @@ redis.call('PUBLISH', ARGV[1], cjson.encode({op = 'flush'}))
 return n
 """
 
+SNAPSHOT_LUA = """
+local t = redis.call('TIME')
+return {t[1], t[2], redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES'),
+        redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
+"""
+
 #: the longest message a follower reads (an add naming many evicted prefixes is the largest)
 MAX_MESSAGE = 1 << 20
 
@@ -103,6 +112,63 @@ def _add_result(res: Any) -> AddResult:
         except ValueError:
             continue
     return AddResult(bool(int(added)), (float(_text(exp)) - float(_text(now))) / 1000, nets)
+
+
+def redis_py_client(url: str, timeout: float, *, aio: bool = False) -> Any:
+    """A redis-py client (``redis.asyncio`` with ``aio``) for a storage URL of any form
+    config/redis_url.py parses: one server or a unix socket (``Redis``), a cluster
+    (``RedisCluster`` from the seed nodes), Sentinel (the monitored primary, followed
+    across failovers), TLS and its options, AUTH/ACL users."""
+    import redis
+    import redis.asyncio as aioredis
+
+    from ..config.redis_url import parse_redis_url
+
+    u = parse_redis_url(url)
+    mod: Any = aioredis if aio else redis
+    if u.other:  # options only redis-py knows: its own URL parser (one server only)
+        return mod.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    kw: dict[str, Any] = dict(
+        socket_timeout=timeout, socket_connect_timeout=timeout, username=u.username, password=u.password
+    )
+    if u.tls:
+        kw["ssl"] = True
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"):
+            if name in u.options:
+                kw[name] = u.options[name]
+        kw["ssl_check_hostname"] = u.check_hostname
+    if u.kind == "unix":
+        kw.pop("ssl", None)
+        return mod.Redis(unix_socket_path=u.path, db=u.db, **kw)
+    if u.kind == "single":
+        host, port = u.hosts[0]
+        return mod.Redis(host=host, port=port, db=u.db, **kw)
+    if u.kind == "cluster":
+        cluster: Any = aioredis.cluster if aio else redis.cluster
+        nodes = [cluster.ClusterNode(h, p) for h, p in u.hosts]
+        return cluster.RedisCluster(startup_nodes=nodes, **kw)
+    sentinel_mod: Any = aioredis.sentinel if aio else redis.sentinel
+    skw: dict[str, Any] = dict(socket_timeout=timeout, socket_connect_timeout=timeout)
+    if "sentinel_username" in u.options:
+        skw["username"] = u.options["sentinel_username"]
+    if "sentinel_password" in u.options:
+        skw["password"] = u.options["sentinel_password"]
+    if u.tls:
+        skw.update({k: v for k, v in kw.items() if k.startswith("ssl")})
+    sentinels = sentinel_mod.Sentinel(list(u.hosts), sentinel_kwargs=skw, **kw)
+    return sentinels.master_for(u.service, db=u.db)
+
+
+def _pairs(flat: Any) -> list[tuple[Any, Any]]:
+    """A Lua script's flat [k1, v1, k2, v2, ...] reply as pairs."""
+    flat = list(flat or [])
+    return list(zip(flat[0::2], flat[1::2]))
+
+
+def _snapshot_reply(res: Any) -> Snapshot:
+    """SNAPSHOT_LUA's reply: TIME, the sorted set with scores, the two hashes (flat lists)."""
+    secs, usecs, members, details, counters = res
+    return _snapshot((secs, usecs), _pairs(members), dict(_pairs(details)), dict(_pairs(counters)))
 
 
 def _snapshot(now_reply: Any, members: Any, details: Any, counters: Any) -> Snapshot:
@@ -166,15 +232,14 @@ class RedisBanList:
     seconds; a failure raises redis.exceptions.RedisError (ConnectionError, TimeoutError)."""
 
     def __init__(self, url: str, *, key_prefix: str = "netlimit", max_entries: int = 100_000, timeout: float = 2.0):
-        import redis
-
         self.url = url
         self.max_entries = max_entries
         self.zkey, self.dkey, self.nkey, self.channel = keys(key_prefix)
-        self.r = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self.r = redis_py_client(url, timeout)
         self._add = self.r.register_script(ADD_LUA)
         self._del = self.r.register_script(DEL_LUA)
         self._flush = self.r.register_script(FLUSH_LUA)
+        self._snap = self.r.register_script(SNAPSHOT_LUA)
 
     def add(
         self,
@@ -201,14 +266,9 @@ class RedisBanList:
         return int(self._flush(keys=[self.zkey, self.dkey], args=[self.channel]))
 
     def snapshot(self) -> Snapshot:
-        """The whole list, read in one transaction (MULTI: TIME, ZRANGE, HGETALL)."""
-        p = self.r.pipeline(transaction=True)
-        p.time()
-        p.zrange(self.zkey, 0, -1, withscores=True)
-        p.hgetall(self.dkey)
-        p.hgetall(self.nkey)
-        now, members, details, counters = p.execute()
-        return _snapshot(now, members, details, counters)
+        """The whole list, read atomically by one script (TIME, the set, the details, the
+        counters: one slot in a cluster, so no MULTI across nodes)."""
+        return _snapshot_reply(self._snap(keys=[self.zkey, self.dkey, self.nkey]))
 
     def close(self) -> None:
         self.r.close()
@@ -218,11 +278,9 @@ class AsyncRedisBanList:
     """The same list from an asyncio loop (the sidecar): `add` only."""
 
     def __init__(self, url: str, *, key_prefix: str = "netlimit", max_entries: int = 100_000, timeout: float = 1.0):
-        import redis.asyncio as aioredis
-
         self.max_entries = max_entries
         self.zkey, self.dkey, self.nkey, self.channel = keys(key_prefix)
-        self.r = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self.r = redis_py_client(url, timeout, aio=True)
         self._add = self.r.register_script(ADD_LUA)
 
     async def add(

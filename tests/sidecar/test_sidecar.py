@@ -735,7 +735,7 @@ def test_unreachable_store_local_closed_open_never_5xx(tmp_path):
         assert rs[0].header("X-RateLimit-Remaining") == "2" and rs[3].header("Retry-After") == "1200"
         sc.wait_line(
             r"WARNING store failure \(connection\): redis token_bucket for .*deciding with the "
-            r"local in-memory store \(on_store_failure: local\), retrying every 1s"
+            r"local in-memory store \(on_store_failure: local\), retrying every 0.25s"
         )
         h = sc.get("/healthz").json()
         assert (h["store"], h["store_available"]) == ("redis", False)
