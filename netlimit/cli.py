@@ -151,6 +151,7 @@ def schema(
 # are imported inside the command functions).
 _LAYERS = (
     "netlimit.kernel.cli",
+    "netlimit.demo",
     "netlimit.sidecar.cli",
     "netlimit.daemon",
     "netlimit.top",

@@ -131,3 +131,51 @@ def test_the_check_is_not_vacuous():
     assert "netlimit.limit.limiter" in edges["netlimit.rls.servicer"]
     assert "grpc" in ext["netlimit.rls.servicer"]
     assert "netlimit.limit.rules" in edges["netlimit.limit.limiter"]
+
+
+# What each part of netlimit may import of netlimit's own (docs/architecture.md says the
+# same in prose), besides the shared top-level helpers; a layer's CLI module (and the
+# demo, which registers its command) may import the CLI frame.
+SHARED = (
+    "netlimit.errors",
+    "netlimit.listen",
+    "netlimit.watch",
+    "netlimit.reload",
+    "netlimit.logs",
+    "netlimit.logevery",
+    "netlimit.sdnotify",
+)
+MAY_IMPORT = {
+    "netlimit.config": set(),
+    "netlimit.kernel": {"netlimit.config"},
+    "netlimit.limit": {"netlimit.config"},
+    "netlimit.rls": {"netlimit.limit"},
+    "netlimit.bans": {"netlimit.config", "netlimit.limit"},
+    "netlimit.simulate": {"netlimit.config", "netlimit.limit"},
+    "netlimit.sidecar": {"netlimit.config", "netlimit.limit", "netlimit.rls", "netlimit.bans"},
+    "netlimit.daemon": {"netlimit.config", "netlimit.kernel", "netlimit.bans", "netlimit.install"},
+    "netlimit.install": {"netlimit.config"},
+    "netlimit.top": {"netlimit.daemon"},
+    "netlimit.demo": {"netlimit.config", "netlimit.kernel", "netlimit.daemon"},
+}
+
+
+def _part(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_each_part_imports_only_what_the_architecture_allows():
+    edges, _ = _graph()
+    assert set(MAY_IMPORT) <= {_part(m) for m in edges}, "a part named here no longer exists"
+    bad = []
+    for m, targets in edges.items():
+        part = _part(m)
+        if part not in MAY_IMPORT:
+            continue  # the shared helpers and the CLI frame themselves
+        for t in targets:
+            if _part(t) == part or t in SHARED or _part(t) in MAY_IMPORT[part]:
+                continue
+            if t in ("netlimit", "netlimit.cli") and (m.endswith(".cli") or m == "netlimit.demo"):
+                continue  # a layer's commands use the frame's exit codes and error printing
+            bad.append(f"{m} -> {t}")
+    assert not bad, "imports docs/architecture.md does not allow:\n" + "\n".join(sorted(bad))

@@ -1,4 +1,4 @@
-"""`netlimit plan / apply / list / flush / demo` (registered by netlimit/cli.py).
+"""`netlimit plan / apply / list / flush` (registered by netlimit/cli.py).
 
 Importing this module is cheap: python-iptables and pyroute2 are imported by
 the commands that touch the kernel, so `netlimit validate` and `netlimit plan`
@@ -307,26 +307,6 @@ def register(app: typer.Typer) -> None:  # one function per command below
             raise typer.Exit(base.EXIT_FAILED) from None
         if not quiet:
             typer.echo(describe_flush(res, netns))
-
-    @app.command()
-    def demo(
-        duration: float = typer.Option(4.0, "--seconds", min=1.0, max=10.0, help="Length of each traffic run."),
-        keep: bool = typer.Option(False, "--keep", help="Leave the namespaces up for a look (then `ip netns del`)."),
-        backend: str | None = _backend_option(),
-    ) -> None:
-        """Show netlimit working: two throw-away namespaces, rules/demo.yaml, real traffic,
-        configured vs measured. Never touches this host's own namespace."""
-        base = _cli()
-        _need_root("demo")
-        from .demo import DemoError, run_demo
-
-        try:
-            ok = run_demo(duration=duration, keep=keep, backend=backend)
-        except DemoError as exc:
-            base.err(f"error: {exc}")
-            raise typer.Exit(base.EXIT_FAILED) from None
-        if not ok:
-            raise typer.Exit(base.EXIT_FAILED)
 
 
 _LAYER_WORDS = {"nftables": "nftables", "restore": "iptables/ip6tables", "python-iptables": "iptables/ip6tables"}

@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import traffic
+import typer
+
+from .kernel import traffic
 
 SRV_IF, CLI_IF = "srv0", "cli0"
 SRV4, CLI4, CLI4_EXEMPT = "198.18.0.1", "198.18.0.2", "198.18.0.3"
@@ -29,7 +31,7 @@ class DemoError(Exception):
 
 
 def demo_file(name: str = "demo.yaml") -> Path:
-    p = Path(__file__).resolve().parents[2] / "rules" / name
+    p = Path(__file__).resolve().parents[1] / "rules" / name
     if not p.exists():
         raise DemoError(f"{p} not found (the demo ships with the source tree)")
     return p
@@ -183,9 +185,9 @@ def _escalation(srv: str, cli: str, nft: bool, backend: str) -> Row:
     import socket
     import tempfile
 
-    from ..daemon import query_status
-    from .banset import ban_sets
-    from .netns import run_in_netns
+    from .daemon import query_status
+    from .kernel.banset import ban_sets
+    from .kernel.netns import run_in_netns
 
     work = Path(tempfile.mkdtemp(prefix="nldemo-"))
     sock = str(work / "netlimitd.sock")
@@ -252,11 +254,11 @@ def _escalation(srv: str, cli: str, nft: bool, backend: str) -> Row:
 
 def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str | None = None) -> bool:
     """The demo on `backend` (default: what `apply` would pick here, auto)."""
-    from ..config.validate import ConfigError, load_file
-    from ..errors import NetlimitError
-    from .backends import choose
-    from .compile import compile_config
-    from .reconcile import ApplyError, apply
+    from .config.validate import ConfigError, load_file
+    from .errors import NetlimitError
+    from .kernel.backends import choose
+    from .kernel.compile import compile_config
+    from .kernel.reconcile import ApplyError, apply
 
     out = out or sys.stdout
     path = demo_file()
@@ -416,3 +418,28 @@ def format_rows(rows: list[Row]) -> str:
     table = [heads] + [(r.rule, r.what, r.configured, r.measured, "ok" if r.ok else "MISS") for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(heads))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+
+
+def register(app: typer.Typer) -> None:
+    """`netlimit demo` (netlimit/cli.py registers every layer's commands)."""
+    from .kernel.cli import _backend_option
+
+    @app.command()
+    def demo(
+        duration: float = typer.Option(4.0, "--seconds", min=1.0, max=10.0, help="Length of each traffic run."),
+        keep: bool = typer.Option(False, "--keep", help="Leave the namespaces up for a look (then `ip netns del`)."),
+        backend: str | None = _backend_option(),
+    ) -> None:
+        """Show netlimit working: two throw-away namespaces, rules/demo.yaml, real traffic,
+        configured vs measured. Never touches this host's own namespace."""
+        from . import cli as base
+        from .kernel.cli import _need_root
+
+        _need_root("demo")
+        try:
+            ok = run_demo(duration=duration, keep=keep, backend=backend)
+        except DemoError as exc:
+            base.err(f"error: {exc}")
+            raise typer.Exit(base.EXIT_FAILED) from None
+        if not ok:
+            raise typer.Exit(base.EXIT_FAILED)
