@@ -121,6 +121,7 @@ def redis_py_client(url: str, timeout: float, *, aio: bool = False) -> Any:
     across failovers), TLS and its options, AUTH/ACL users."""
     import redis
     import redis.asyncio as aioredis
+    from redis.backoff import NoBackoff
 
     from ..config.redis_url import parse_redis_url
 
@@ -128,8 +129,15 @@ def redis_py_client(url: str, timeout: float, *, aio: bool = False) -> Any:
     mod: Any = aioredis if aio else redis
     if u.other:  # options only redis-py knows: its own URL parser (one server only)
         return mod.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    # no retries inside redis-py (its constructors default to three with back-off, several
+    # seconds on a dead server): the callers bound every call, and the follower has its own
+    # reconnect loop
     kw: dict[str, Any] = dict(
-        socket_timeout=timeout, socket_connect_timeout=timeout, username=u.username, password=u.password
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        username=u.username,
+        password=u.password,
+        retry=(aioredis.retry.Retry if aio else redis.retry.Retry)(NoBackoff(), 0),
     )
     if u.tls:
         kw["ssl"] = True
