@@ -107,6 +107,29 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str] | tuple[None, str]] = [
         ],
         "Failed calls to Redis and decisions made without it (local, open or closed, as on_store_failure says).",
     ),
+    (None, "Bans (L7 and network escalate, pushed to the kernel)"),
+    (
+        "Bans in the list and in the kernel",
+        "short",
+        [
+            (f"max by (instance) (netlimit_bans_active{{{I}}})", "{{instance}} active"),
+            (f"max by (instance) (netlimit_bans_in_kernel{{{I}}})", "{{instance}} prefixes in the kernel"),
+            (f"min(netlimit_bans_store_up{{{I}}})", "ban list reachable (1)"),
+        ],
+        "Bans the fleet's list holds, the prefixes this host's kernel drops, and whether the list's store answers.",
+    ),
+    (
+        "Bans added by rule and origin; packets dropped by bans",
+        "short",
+        [
+            (
+                f"sum by (rule, origin) (increase(netlimit_bans_added_total{{{I}}}[{RI}]))",
+                "added: {{rule}} ({{origin}})",
+            ),
+            (f"sum(rate(netlimit_bans_dropped_packets_total{{{I}}}[{RI}]))", "packets dropped by bans /s"),
+        ],
+        "New bans per rule (origin http, network or manual), and what the ban sets drop.",
+    ),
     (None, "Operations: reloads, applies, drift, targets"),
     (
         "Config reloads and rejections",

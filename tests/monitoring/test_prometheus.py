@@ -42,10 +42,11 @@ def need(tool: str) -> str:
     return path
 
 
-def daemon_config(topo) -> str:
+def daemon_config(topo, bans_socket: str | None = None) -> str:
+    bans = f"bans: {{store: memory, socket: {bans_socket}}}\n" if bans_socket else ""
     return f"""\
 version: 1
-network:
+{bans}network:
   - name: udp-flood
     protocol: udp
     ports: [5000]
@@ -126,7 +127,8 @@ def api(port: int, path: str, **params) -> dict:
 
 def test_every_panel_has_data_from_a_real_prometheus(topo, tmp_path):
     prometheus, promtool = need("prometheus"), need("promtool")
-    d = Daemon(tmp_path, topo.srv, daemon_config(topo), resync=1.0)
+    sock = str(tmp_path / "netlimitd.sock")  # the Daemon's status socket: the memory ban list's door
+    d = Daemon(tmp_path, topo.srv, daemon_config(topo, sock), resync=1.0)
     up = sc = prom = None
     try:
         d.start()
@@ -170,8 +172,16 @@ def test_every_panel_has_data_from_a_real_prometheus(topo, tmp_path):
             assert request(sc.port, "GET", "/search").status == 200
         traffic.flood_result(flood)
         traffic.flood_result(shaped)
-        d.edit(daemon_config(topo).replace("limit: 100/second", "limit: 200/second"))
+        d.edit(daemon_config(topo, sock).replace("limit: 100/second", "limit: 200/second"))
         wait_for(lambda: d.status()["reloads_ok"] >= 1, 30, "the daemon's reload")
+        ban = subprocess.run(
+            [str(Path(sys.executable).with_name("netlimit")), "ban", "add", "198.51.100.0/24", "--ttl", "10m"]
+            + ["--config", str(d.config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ban.returncode == 0, ban.stderr
 
         dash = json.loads(DASHBOARD.read_text())
         qs = queries(dash)
@@ -207,6 +217,7 @@ def test_every_panel_has_data_from_a_real_prometheus(topo, tmp_path):
         assert value("netlimit_bandwidth_limit_bytes_per_second") == 2_000_000 / 8
         assert value('netlimit_http_rule_over_limit_total{rule="login"}') == 20
         assert value('netlimit_http_rule_shadow_over_limit_total{rule="search-trial"}') == 25
+        assert value("netlimit_bans_in_kernel") == 1 and value("netlimit_bans_added_total") == 1
 
         for v in dash["templating"]["list"]:
             if v["type"] != "query":
