@@ -106,9 +106,21 @@ class LockTimeout(Exception):
     pass
 
 
+_writer_fds: list[int] = []  # the writer locks this process holds (see writer_lock_fds)
+
+
+def writer_lock_fds() -> tuple[int, ...]:
+    """The writer locks (writer_lock) this process holds, for `pass_fds` of a child that
+    writes the kernel (nft, iptables-legacy-restore): a flock lasts while any process holds
+    its file open, so if we are killed (kill -9) after starting the child, the next writer
+    still waits until the orphan has written, instead of reading and writing beside it."""
+    return tuple(_writer_fds)
+
+
 @contextmanager
-def _flock(path: str, timeout: float, busy: str, create: bool = True) -> Iterator[None]:
-    """Hold an exclusive flock on `path`, waiting up to `timeout` s (then LockTimeout(busy))."""
+def _flock(path: str, timeout: float, busy: str, create: bool = True, hand_down: bool = False) -> Iterator[None]:
+    """Hold an exclusive flock on `path`, waiting up to `timeout` s (then LockTimeout(busy)).
+    hand_down: list the fd in writer_lock_fds() while held."""
     flags = (os.O_CREAT | os.O_RDWR) if create else os.O_RDONLY
     fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
     try:
@@ -123,9 +135,13 @@ def _flock(path: str, timeout: float, busy: str, create: bool = True) -> Iterato
                 if time.monotonic() > deadline:
                     raise LockTimeout(busy) from None
                 time.sleep(0.05)
+        if hand_down:
+            _writer_fds.append(fd)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if fd in _writer_fds:
+            _writer_fds.remove(fd)
+        os.close(fd)  # releases the lock (once no child holds it open either)
 
 
 def xtables_lock(timeout: float = 10.0):
@@ -170,9 +186,13 @@ def writer_lock(netns: str | None = None, timeout: float = 60.0):
             f"another netlimit apply/flush in namespace {netns} has held its lock ({path}) "
             f"for {timeout:.0f} s; nothing was changed",
             create=False,
+            hand_down=True,
         )
     os.makedirs(LOCK_DIR, exist_ok=True)
     path = os.path.join(LOCK_DIR, "apply.lock")
     return _flock(
-        path, timeout, f"another netlimit apply/flush has held {path} for {timeout:.0f} s; nothing was changed"
+        path,
+        timeout,
+        f"another netlimit apply/flush has held {path} for {timeout:.0f} s; nothing was changed",
+        hand_down=True,
     )

@@ -43,12 +43,14 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import NetlimitError
 from ..edit import edit
 from ..gcpause import no_gc
+from ..netns import writer_lock_fds
 from ..objects import (
     COMMENT_BANS,
     COMMENT_EXEMPT,
@@ -388,8 +390,24 @@ _WHERE = re.compile(r"^(?:/dev/stdin|-):(\d+):[\d-]+: Error: (.*)$", re.M)
 
 
 def _run(script: str) -> subprocess.CompletedProcess:
+    # The script goes through an unlinked file, whole before nft starts: if we are killed
+    # (kill -9) while nft runs, it still reads every line (through a pipe it would read up
+    # to where our write stopped, and a cut that still parses would commit part of the
+    # plan). nft also holds our writer lock until it exits (writer_lock_fds).
     env = dict(os.environ, LC_ALL="C")
-    return subprocess.run([NFT, "-f", "-"], input=script, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as fh:
+        fh.write(script)
+        fh.flush()
+        fh.seek(0)
+        return subprocess.run(
+            [NFT, "-f", "-"],
+            stdin=fh,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=env,
+            pass_fds=writer_lock_fds(),
+        )
 
 
 def write_script(steps: list[Step]) -> None:

@@ -59,7 +59,7 @@ from ..iptables_plan import (
     pre_remove_ops,
     want_of,
 )
-from ..netns import proc_net
+from ..netns import proc_net, writer_lock_fds
 from ..objects import COMMENT_PREFIX, IptRule, owned_chain, owned_comment
 from ..savefmt import canon, parse_spec
 from .xtables import XtablesBackend
@@ -85,12 +85,21 @@ def _run(cmd: list[str], input: str | None = None) -> subprocess.CompletedProces
         return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=_env())
     # The input goes through an unlinked file, whole before the child starts: if we are
     # killed (kill -9) while it runs, it still reads every block to its COMMIT, never a
-    # truncated last block (a pipe would end where our write stopped).
+    # truncated last block (a pipe would end where our write stopped); and it holds our
+    # writer lock until it exits (writer_lock_fds), so the next writer waits for it.
     with tempfile.TemporaryFile("w+", encoding="utf-8") as fh:
         fh.write(input)
         fh.flush()
         fh.seek(0)
-        return subprocess.run(cmd, stdin=fh, capture_output=True, text=True, timeout=TIMEOUT_S, env=_env())
+        return subprocess.run(
+            cmd,
+            stdin=fh,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=_env(),
+            pass_fds=writer_lock_fds(),
+        )
 
 
 # --- reading ------------------------------------------------------------------------------
