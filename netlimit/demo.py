@@ -159,24 +159,25 @@ def _until(pred, timeout: float, what: str, step: float = 0.02):
     raise DemoError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def _http_status(sock) -> int:
-    """One GET /v1/check on a keep-alive connection; its status."""
-    sock.sendall(b"GET /v1/check HTTP/1.1\r\nHost: demo\r\n\r\n")
-    buf = b""
-    while b"\r\n\r\n" not in buf:
+def check_status(sock, host: str = "demo") -> int:
+    """One GET /v1/check on a keep-alive connection; the answer's status, read with
+    llhttp (httptools) up to the end of its message. ConnectionError when the peer closes."""
+    import httptools
+
+    sock.sendall(b"GET /v1/check HTTP/1.1\r\nHost: " + host.encode() + b"\r\n\r\n")
+    done: list[bool] = []
+
+    class _End:
+        def on_message_complete(self) -> None:
+            done.append(True)
+
+    parser = httptools.HttpResponseParser(_End())
+    while not done:
         chunk = sock.recv(4096)
         if not chunk:
-            raise DemoError("the sidecar closed the connection")
-        buf += chunk
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        if k.strip().lower() == b"content-length":
-            length = int(v)
-    while len(rest) < length:
-        rest += sock.recv(4096)
-    return int(head.split(b" ", 2)[1])
+            raise ConnectionError("the sidecar closed the connection")
+        parser.feed_data(chunk)
+    return parser.get_status_code()
 
 
 def _escalation(srv: str, cli: str, nft: bool, backend: str) -> Row:
@@ -221,10 +222,12 @@ def _escalation(srv: str, cli: str, nft: bool, backend: str) -> Row:
         try:
             while asked < 500 and not t0:
                 asked += 1
-                if _http_status(conn) == 429:
+                if check_status(conn) == 429:
                     denied += 1
                     if denied == ESCALATE_AFTER:
                         t0 = time.monotonic()  # the denial that bans
+        except ConnectionError as exc:
+            raise DemoError(str(exc)) from None
         finally:
             conn.close()
         me = ipaddress.ip_network(f"{CLI4}/32")

@@ -54,6 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from netlimit.bans.redis_store import ADD_LUA, RedisBanList, keys  # noqa: E402 - after the sys.path entry
+from netlimit.demo import check_status  # noqa: E402
 from netlimit.kernel.backends import nfelements  # noqa: E402
 from netlimit.kernel.banset import ban_sets  # noqa: E402
 from netlimit.kernel.netns import run_in_netns  # noqa: E402
@@ -353,26 +354,6 @@ class Prober:
         return self.sent[last + 1]
 
 
-def _http(sock: socket.socket) -> int:
-    sock.sendall(b"GET /v1/check HTTP/1.1\r\nHost: a\r\n\r\n")
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        k, _, v = line.partition(b":")
-        if k.strip().lower() == b"content-length":
-            length = int(v)
-    while len(rest) < length:
-        rest += sock.recv(4096)
-    return status
-
-
 def trial(f: Fleet, src: str) -> dict:
     fam = socket.AF_INET6 if ":" in src else socket.AF_INET
     dst = A6 if ":" in src else A4
@@ -391,7 +372,7 @@ def trial(f: Fleet, src: str) -> dict:
         t0 = 0.0
         try:
             for _ in range(1000):
-                if _http(http) == 429:
+                if check_status(http, "a") == 429:
                     denials += 1
                     if denials == AFTER:
                         t0 = time.monotonic()  # the denial that bans
