@@ -98,6 +98,10 @@ class Metrics:
         class Server(ThreadingHTTPServer):
             daemon_threads = True
             address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            # socketserver's default backlog is 5: a burst of scrapers (or of idle clients)
+            # beyond it has its SYNs dropped and retried a second later. The slots above
+            # bound the threads; the backlog only has to hold a burst until they drop it.
+            request_queue_size = 128
 
             def process_request(self, request, client_address):
                 if not slots.acquire(blocking=False):
