@@ -41,6 +41,9 @@ from .results import RuleResult, SimResult, Unreadable
 MAX_EXAMPLES = 5
 #: distinct descriptors (or paths) cached between a request's fields and its counters
 CACHE_MAX = 200_000
+#: seconds a line may be logged earlier than a line above it before the replay says so:
+#: logs stamped to the second by several workers step back by one now and then
+STEP_BACK = 1.0
 
 
 class RuleFront:
@@ -112,6 +115,9 @@ class Replay:
         self.unmatched = 0
         self.first = math.inf  # the earliest and latest request times
         self.last = -math.inf
+        self.back = 0  # lines logged more than STEP_BACK earlier than the latest above them
+        self.back_max = 0.0
+        self.back_at = ""  # where the largest step back was (file:line)
         self.warnings: list[str] = []
         self.files: list[str] = []
         self.formats: list[str] = []
@@ -211,6 +217,8 @@ class Replay:
                 t = r[0]
                 if t > last:
                     last = t
+                elif last - t > STEP_BACK:
+                    self._stepped_back(last - t, label, lineno)
                 if t < first:
                     first = t
                 if by_peer:
@@ -259,6 +267,11 @@ class Replay:
         if log.error:
             self.warnings.append(log.error)
 
+    def _stepped_back(self, by: float, label: str, lineno: int) -> None:
+        self.back += 1
+        if by > self.back_max:
+            self.back_max, self.back_at = by, f"{label}:{lineno}"
+
     def _unreadable(self, label: str, lineno: int, reason: str, line: str) -> None:
         self.unreadable += 1
         if len(self.examples) < MAX_EXAMPLES:
@@ -289,6 +302,17 @@ class Replay:
             evictions=out["evictions"],
             warnings=list(self.warnings),
         )
+        if self.back:
+            # the sidecar's clock never goes back; fed an earlier time, an algorithm keeps
+            # its later state (limit/algorithms/__init__.py): never refilled, so it can deny
+            # what a replay in time order would admit
+            res.warnings.append(
+                f"{self.back} request{'s are' if self.back > 1 else ' is'} logged more than {STEP_BACK:g} s earlier "
+                f"than a request above {'them' if self.back > 1 else 'it'} (by up to {self.back_max:g} s, at "
+                f"{self.back_at}); the replay takes lines in log order and a counter never goes back in time, "
+                "so it may deny what a replay in time order would admit: merge or sort the logs by time "
+                "(several servers' logs, or a format that stamps when a request began)"
+            )
         if res.evictions:
             res.warnings.append(
                 f"the memory store was full ({res.evictions} states dropped, as the sidecar's would with "

@@ -357,6 +357,22 @@ def test_rotated_logs_replay_oldest_first(tmp_path):
     assert res.first == T0 and res.last == T0 + 100
 
 
+def test_lines_logged_out_of_time_order_are_reported(tmp_path):
+    """Two servers' logs replayed one after the other: the second one's lines step
+    back in time, which the replay says (where and by how much); a step of one second
+    (workers stamping to the second) is not worth a word."""
+    jitter = [combined("10.6.0.1", T0 + t) for t in (0, 2, 1, 3)]
+    res = _sim(tmp_path, TEN_PER_SECOND % "fixed_window", jitter)
+    assert not any("earlier than a request above" in w for w in res.warnings)
+    cfg = load_file(config(tmp_path / "rules.yaml", TEN_PER_SECOND % "fixed_window"))
+    a = write(tmp_path / "a.log", [combined("10.6.0.2", T0 + t) for t in range(0, 60, 10)])
+    b = write(tmp_path / "b.log", [combined("10.6.0.3", T0 + 5 + t) for t in range(0, 60, 10)])
+    res = replay(cfg, [str(a), str(b)], progress=False)
+    (w,) = [w for w in res.warnings if "earlier than a request above" in w]
+    # b's lines at 5, 15, ... 45 s come after a's last line at 50 s; 55 s does not step back
+    assert w.startswith("5 requests are logged more than 1 s earlier") and f"by up to 45 s, at {b}:1" in w
+
+
 def test_unreadable_lines_are_counted_with_their_line_numbers(tmp_path):
     lines = [combined("10.6.0.1", T0 + i) for i in range(10)]
     lines[3] = lines[3][:40]
