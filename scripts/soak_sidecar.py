@@ -83,10 +83,8 @@ async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
                     n = int(line.split(b":", 1)[1])
             if n:
                 await reader.readexactly(n)
-            if head.startswith(b"GET /hoard "):  # big answers: a hoarder's buffers fill in a few requests
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(HOARD_BODY) + HOARD_BODY)
-            else:
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            body = HOARD_BODY if head.startswith(b"GET /hoard ") else b"ok"
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, asyncio.CancelledError):
         pass
