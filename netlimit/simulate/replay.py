@@ -207,6 +207,7 @@ class Replay:
         unmatched = 0
         first = self.first
         last = self.last
+        step_back = STEP_BACK
         for chunk in log.chunks():
             for line in chunk:
                 lineno += 1
@@ -217,7 +218,7 @@ class Replay:
                 t = r[0]
                 if t > last:
                     last = t
-                elif last - t > STEP_BACK:
+                elif last - t > step_back:
                     self._stepped_back(last - t, label, lineno)
                 if t < first:
                     first = t
