@@ -31,6 +31,7 @@ import time
 
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; the socket module lacks the name
 HARD_LIMIT_S = 120.0  # no command ever runs longer than this
+MAX_TIMES = 100_000  # arrival times the watcher keeps per flow (the floods send a few thousand)
 MAX_PPS = 5000.0
 
 
@@ -205,10 +206,12 @@ def watch(a) -> None:
             ts = time.time()
         src = socket.inet_ntoa(data[12:16])
         key = f"{src} {'udp' if proto == 17 else 'tcp'}/{dport}"
-        f = flows.setdefault(key, {"count": 0, "first": ts, "last": ts})
+        f = flows.setdefault(key, {"count": 0, "first": ts, "last": ts, "times": []})
         f["count"] += 1
         f["first"] = min(f["first"], ts)
         f["last"] = max(f["last"], ts)
+        if len(f["times"]) < MAX_TIMES:
+            f["times"].append(ts)
         last_seen = time.monotonic()
     stop.set()
     # PACKET_STATISTICS (SOL_PACKET=263, 6): packets seen / dropped by this socket
@@ -219,6 +222,8 @@ def watch(a) -> None:
         seen, drops = -1, -1
     for f in flows.values():
         f["span"] = f["last"] - f["first"]
+        # arrival times from the flow's first packet, in µs steps (what a token-bucket replay needs)
+        f["times"] = [round(t - f["first"], 6) for t in sorted(f["times"])]
     _out({"flows": flows, "socket_drops": drops, "socket_packets": seen})
 
 

@@ -1,0 +1,69 @@
+"""The scenario's expectation for a hashlimit: a token bucket replayed over arrival times.
+
+Pure logic, no hosts: vagrant/scenario.py's `bucket_passes` must give rate x T
++ burst for even floods, everything for traffic under the rate, and fewer
+after a pause (the bucket banks at most its burst), which is what a stalled
+VM's clumped arrivals get from the kernel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _scenario():
+    spec = importlib.util.spec_from_file_location("netlimit_vagrant_scenario", ROOT / "vagrant" / "scenario.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sc = _scenario()
+
+
+def test_an_even_flood_passes_rate_times_span_plus_burst():
+    times = [i / 300 for i in range(1800)]  # 300/s for 6 s
+    got = sc.bucket_passes(times, 20.0, 10)
+    assert abs(got - (20.0 * times[-1] + 10)) <= 1
+
+
+def test_traffic_under_the_rate_all_passes():
+    times = [i / 4 for i in range(24)]
+    assert sc.bucket_passes(times, 20.0, 10) == 24
+
+
+def test_a_pause_in_the_arrivals_costs_what_the_bucket_could_not_bank():
+    # 300/s, then nothing for 2.4 s (the VM stalled), then the queued packets in a clump and 300/s again
+    before = [i / 300 for i in range(900)]
+    clump = [before[-1] + 2.4 + i * 1e-5 for i in range(200)]
+    after = [clump[-1] + (i + 1) / 300 for i in range(700)]
+    times = before + clump + after
+    span = times[-1] - times[0]
+    got = sc.bucket_passes(times, 20.0, 10)
+    # the pause refills 10 tokens, not 48: about 38 fewer than rate x T + burst
+    assert abs(got - (20.0 * (span - 2.4) + 10 + 10)) <= 2
+    assert 20.0 * span + 10 - got > 30
+    assert sc.longest_gap(times) >= 2.4
+
+
+@given(
+    gaps=st.lists(st.floats(min_value=0.0, max_value=0.5), min_size=1, max_size=400),
+    rate=st.floats(min_value=1.0, max_value=200.0),
+    burst=st.integers(min_value=1, max_value=50),
+)
+def test_never_more_than_rate_times_span_plus_burst_nor_more_than_arrived(gaps, rate, burst):
+    times, t = [], 0.0
+    for g in gaps:
+        t += g
+        times.append(t)
+    got = sc.bucket_passes(times, rate, burst)
+    assert 0 < got <= len(times)
+    assert got <= rate * (times[-1] - times[0]) + burst + 1e-9
