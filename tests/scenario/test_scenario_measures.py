@@ -1,15 +1,22 @@
-"""The scenario's expectation for a hashlimit: a token bucket replayed over arrival times.
+"""How the scenario measures, without hosts.
 
-Pure logic, no hosts: vagrant/scenario.py's `bucket_passes` must give rate x T
-+ burst for even floods, everything for traffic under the rate, and fewer
-after a pause (the bucket banks at most its burst), which is what a stalled
-VM's clumped arrivals get from the kernel.
+vagrant/scenario.py's `bucket_passes` (the expectation for a hashlimit: a
+token bucket replayed over arrival times) must give rate x T + burst for even
+floods, everything for traffic under the rate, and fewer after a pause (the
+bucket banks at most its burst), which is what a stalled VM's clumped arrivals
+get from the kernel. vagrant/tools.py's `StallWatch` must notice a process
+that was stopped.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hypothesis import given
@@ -67,3 +74,38 @@ def test_never_more_than_rate_times_span_plus_burst_nor_more_than_arrived(gaps, 
     got = sc.bucket_passes(times, rate, burst)
     assert 0 < got <= len(times)
     assert got <= rate * (times[-1] - times[0]) + burst + 1e-9
+
+
+STALL_PROBE = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("tools", sys.argv[1])
+tools = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tools)
+w = tools.StallWatch()
+print("READY", flush=True)
+sys.stdin.read()
+print(json.dumps(w.result()), flush=True)
+"""
+
+
+def test_stall_watch_notices_a_stopped_process():
+    p = subprocess.Popen(
+        [sys.executable, "-c", STALL_PROBE, str(ROOT / "vagrant" / "tools.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout.readline().strip() == "READY"
+        time.sleep(0.1)  # its first tick
+        os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(0.8)  # the stall itself: what a host that stops scheduling a VM does to it
+        os.kill(p.pid, signal.SIGCONT)
+        out, _ = p.communicate("", timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["longest_stall_s"] >= 0.7, res
+    assert res["stalled_s"] >= res["longest_stall_s"]
