@@ -20,7 +20,9 @@ What is measured (each printed configured vs measured; exit 1 on any miss):
          = what a token bucket (rate, burst) lets pass of the arrivals as the
          limiter's NIC timestamped them (rate x T + burst when they come
          evenly; fewer when a stalled VM gets them in clumps);
-         `client` sends under the limit at the same time: all delivered.
+         `client` sends under the limit at the same time: every packet that
+         arrives passes (or, when a stall clumped them, what the same replay
+         over the client's arrivals says).
   2. L4  SYN flood from `flood` (new connections, hashlimit): the same
          replay; `client` opens real connections meanwhile: all connect and
          every SYN of theirs that arrives passes the rules.
@@ -624,9 +626,8 @@ class Scenario:
         # too, so a slow connect alone is no miss.
         cflow = w_res["flows"].get(f"{ADDR['client']} {'udp' if proto == 'udp' else 'tcp'}/{port}") or {}
         ctimes, came, cgot = cflow.get("times") or [], arrived["client"], delivered["client"]
-        clumped = len(ctimes) == came and bucket_passes(ctimes, rate, burst) < came
-        if clumped:
-            cexp = bucket_passes(ctimes, rate, burst)
+        cexp = bucket_passes(ctimes, rate, burst) if len(ctimes) == came else came
+        if cexp < came:  # clumped
             configured = (
                 f"every arrival passes; after a {longest_gap(ctimes):.2f} s pause they came in a clump: "
                 f"the bucket passes {cexp} of {came}"
