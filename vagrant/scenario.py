@@ -480,10 +480,10 @@ class Scenario:
                     ("raw", "PREROUTING", ":in", []),
                     ("filter", "INPUT", "", ["-j", "ACCEPT"]),
                 ):
-                    r = ["-t", table, "-s", ADDR[role], *m, "-m", "comment", "--comment"]
-                    r += [f"{COUNTER}:{proto}:{role}{suffix}", *target]
-                    if self.lim.run(["iptables-legacy", r[0], r[1], "-C", chain, *r[2:]], check=False).returncode:
-                        self.lim.run(["iptables-legacy", r[0], r[1], "-A", chain, *r[2:]])
+                    rule = [chain, "-s", ADDR[role], *m, "-m", "comment", "--comment"]
+                    rule += [f"{COUNTER}:{proto}:{role}{suffix}", *target]
+                    if self.lim.run(["iptables-legacy", "-t", table, "-C", *rule], check=False).returncode:
+                        self.lim.run(["iptables-legacy", "-t", table, "-A", *rule])
         self.say(
             f"limiter ready: netlimitd running {self.deploy.config_path} ({want[:12]}), sidecar answers, "
             f"private interface {self.iface}"
@@ -595,8 +595,11 @@ class Scenario:
 
         delivered = {role: diff(f"{COUNTER}:{proto}:{role}") for role in ("client", "flood")}
         arrived = {role: diff(f"{COUNTER}:{proto}:{role}:in") for role in ("client", "flood")}
-        key = f"{ADDR['flood']} {'udp' if proto == 'udp' else 'tcp'}/{port}"
-        fflow = w_res["flows"].get(key)
+        flows = {
+            role: w_res["flows"].get(f"{ADDR[role]} {'udp' if proto == 'udp' else 'tcp'}/{port}") or {}
+            for role in ("client", "flood")
+        }
+        fflow = flows["flood"]
         if not fflow:
             raise ScenarioError(f"the limiter saw no {proto} flood packets (watch: {w_res})")
         span = fflow["span"]
@@ -624,17 +627,13 @@ class Scenario:
         # is cut by the bucket, rightly: then the replay over the client's own arrival times
         # is what must pass. A SYN the client retransmitted across a stall arrives and passes
         # too, so a slow connect alone is no miss.
-        cflow = w_res["flows"].get(f"{ADDR['client']} {'udp' if proto == 'udp' else 'tcp'}/{port}") or {}
-        ctimes, came, cgot = cflow.get("times") or [], arrived["client"], delivered["client"]
+        ctimes, came, cgot = flows["client"].get("times") or [], arrived["client"], delivered["client"]
         cexp = bucket_passes(ctimes, rate, burst) if len(ctimes) == came else came
+        configured = f"every {'packet' if proto == 'udp' else 'SYN'} that arrives passes"
+        client_ok = cgot == came > 0
         if cexp < came:  # clumped
-            configured = (
-                f"every arrival passes; after a {longest_gap(ctimes):.2f} s pause they came in a clump: "
-                f"the bucket passes {cexp} of {came}"
-            )
+            configured += f"; after a {longest_gap(ctimes):.2f} s pause they came in a clump: the bucket passes {cexp}"
             client_ok = self.packets_ok(cgot, cexp) and came > 0
-        else:
-            configured, client_ok = "every packet that arrives passes", cgot == came > 0
         if proto == "udp":
             sent = c_res["sent"]
             self.add_row(
@@ -650,7 +649,7 @@ class Scenario:
             self.add_row(
                 label,
                 f"client {n} connections at {p.client_conn_rate:g}/s (own bucket)",
-                "all connect; " + configured.replace("packet", "SYN"),
+                "all connect; " + configured,
                 f"{ok} of {n} connected, slowest {c_res['max_connect_s'] * 1000:.0f} ms; "
                 f"{came} SYNs arrived, {cgot} passed",
                 ok == n > 0 and came >= n and client_ok,

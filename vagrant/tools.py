@@ -210,10 +210,8 @@ def watch(a) -> None:
             ts = time.time()
         src = socket.inet_ntoa(data[12:16])
         key = f"{src} {'udp' if proto == 17 else 'tcp'}/{dport}"
-        f = flows.setdefault(key, {"count": 0, "first": ts, "last": ts, "times": []})
+        f = flows.setdefault(key, {"count": 0, "times": []})
         f["count"] += 1
-        f["first"] = min(f["first"], ts)
-        f["last"] = max(f["last"], ts)
         if len(f["times"]) < MAX_TIMES:
             f["times"].append(ts)
         last_seen = time.monotonic()
@@ -225,9 +223,10 @@ def watch(a) -> None:
     except OSError:
         seen, drops = -1, -1
     for f in flows.values():
-        f["span"] = f["last"] - f["first"]
         # arrival times from the flow's first packet, in µs steps (what a token-bucket replay needs)
-        f["times"] = [round(t - f["first"], 6) for t in sorted(f["times"])]
+        times = sorted(f["times"])
+        f["span"] = times[-1] - times[0]
+        f["times"] = [round(t - times[0], 6) for t in times]
     _out({"flows": flows, "socket_drops": drops, "socket_packets": seen})
 
 
@@ -242,7 +241,7 @@ class StallWatch:
     TICK, THRESHOLD = 0.02, 0.25
 
     def __init__(self) -> None:
-        self.longest = self.total = 0.0
+        self.longest = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -256,14 +255,13 @@ class StallWatch:
             prev = now
             if late > self.THRESHOLD:
                 self.longest = max(self.longest, late)
-                self.total += late
             if stopped:
                 break
 
     def result(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=1)
-        return {"stalled_s": round(self.total, 3), "longest_stall_s": round(self.longest, 3)}
+        return {"longest_stall_s": round(self.longest, 3)}
 
 
 def bulk_serve(a) -> None:

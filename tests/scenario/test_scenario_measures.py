@@ -10,7 +10,6 @@ that was stopped.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -21,19 +20,12 @@ from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
+from vagrant_scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _scenario():
-    spec = importlib.util.spec_from_file_location("netlimit_vagrant_scenario", ROOT / "vagrant" / "scenario.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sc = _scenario()
+sc = load_scenario()
 
 
 def test_an_even_flood_passes_rate_times_span_plus_burst():
@@ -108,4 +100,3 @@ def test_stall_watch_notices_a_stopped_process():
             p.wait()
     res = json.loads(out.strip().splitlines()[-1])
     assert res["longest_stall_s"] >= 0.7, res
-    assert res["stalled_s"] >= res["longest_stall_s"]

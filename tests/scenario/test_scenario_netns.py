@@ -10,7 +10,6 @@ everything removed in a finally, nothing added to the machine's own namespace
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import itertools
 import os
@@ -21,17 +20,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from vagrant_scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 _seq = itertools.count()
-
-
-def _scenario():
-    spec = importlib.util.spec_from_file_location("netlimit_vagrant_scenario", ROOT / "vagrant" / "scenario.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class _Tee(io.StringIO):
@@ -61,7 +53,7 @@ def test_limiter_yaml_is_what_the_scenario_measures():
     """No root: the shipped limiter.yaml is valid netlimit and the scenario reads every number from it."""
     from netlimit.config.validate import load_file
 
-    sc = _scenario()
+    sc = load_scenario()
     path = ROOT / "vagrant" / "limiter.yaml"
     load_file(path)  # raises ConfigError with file:line:col
     text = path.read_text()
@@ -84,7 +76,7 @@ def test_scenario_in_namespaces():
     missing = [t for t in ("ip", "iptables-legacy", "iptables-legacy-save", "tc") if not shutil.which(t)]
     if missing:
         pytest.fail(f"missing: {', '.join(missing)} (apt-get install iproute2 iptables)", pytrace=False)
-    sc = _scenario()
+    sc = load_scenario()
     prefix = f"nlsc-{os.getpid()}-{next(_seq)}"
     root_before, names_before = _root_snapshot(), _names_files()
     params = sc.Params(flood_seconds=4.0, bulk_seconds=5.0)
