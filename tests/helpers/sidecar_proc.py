@@ -44,6 +44,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def logged_at(m: re.Match) -> float:
+    """When a netlimit process logged the line a ``wait_line`` match is in: its leading
+    ``%(asctime)s`` (netlimit/logs.py; local time, to the millisecond)."""
+    stamp = m.string[:23]
+    return time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:23]) / 1000
+
+
 def write_config(path: Path, text: str) -> Path:
     """Replace the file atomically (write + rename, as editors do)."""
     tmp = path.with_name(path.name + ".tmp")

@@ -23,6 +23,7 @@ from sidecar_proc import (
     Upstream,
     free_port,
     get_metrics,
+    logged_at,
     metric,
     netlimit_cmd,
     request,
@@ -700,19 +701,13 @@ def test_reload_never_reads_a_half_written_file_and_holds_one_without_rules(tmp_
         applied = sc.wait_line(r"reloaded \(held file\): domain 'api', 0 rules", timeout=10, start=mark)
         sc.wait_line(r"the file still removes most rules after 1 s: applying it", timeout=10, start=mark)
         # the hold, on the sidecar's own clock (a loaded machine can only make it longer)
-        assert _logged_at(applied) - _logged_at(held) >= 0.9
+        assert logged_at(applied) - logged_at(held) >= 0.9
         # during the hold the running rules answer; only a check that a loaded machine
         # delayed past the hold's end may see the new file
-        assert during == "4" or _logged_at(applied) <= answered + 0.001, (during, applied.string)
+        assert during == "4" or logged_at(applied) <= answered + 0.001, (during, applied.string)
         assert limit() is None
     finally:
         assert sc.stop() == 0
-
-
-def _logged_at(m: re.Match) -> float:
-    """When the sidecar logged the line ``m`` matched, by its leading time (local, ms)."""
-    stamp = m.string[:23]
-    return time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:23]) / 1000
 
 
 STORE_DOWN = """\
