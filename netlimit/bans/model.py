@@ -48,9 +48,19 @@ def parse_target(text: str) -> IPNetwork:
 
 def client_prefix(address: str, prefix4: int, prefix6: int) -> IPNetwork | None:
     """The /prefix4 or /prefix6 holding the client `address` (None: not an address).
-    An IPv4-mapped IPv6 address counts as the IPv4 one."""
+    An IPv4-mapped IPv6 address counts as the IPv4 one.  A network (a
+    ``remote_address`` key under http.client_prefix, e.g. ``2001:db8::/64``) is
+    the client: banned whole when it is wider than the prefix."""
+    text = address.strip().split("%", 1)[0]
+    if "/" in text:
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            return None
+        plen = prefix4 if net.version == 4 else prefix6
+        return net if net.prefixlen <= plen else net.supernet(new_prefix=plen)
     try:
-        ip = ipaddress.ip_address(address.strip().split("%", 1)[0])
+        ip = ipaddress.ip_address(text)
     except ValueError:
         return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:

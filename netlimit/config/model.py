@@ -465,6 +465,31 @@ ActionT = Annotated[str, BeforeValidator(_check_action)]
 ActionList = Annotated[list[ActionT], Field(min_length=1)]
 
 
+class ClientPrefix(Strict):
+    """What one client is to ``remote_address``: an IPv4 address, or the IPv6 /64
+    any host is given (2^64 addresses to rotate through)."""
+
+    ipv4: int = Field(
+        32, ge=0, le=32, description="IPv4 clients: the prefix length that is one client (32: the address)"
+    )
+    ipv6: int = Field(
+        64, ge=0, le=128, description="IPv6 clients: the prefix length that is one client (64: a host's /64)"
+    )
+
+
+class PathMatch(Strict):
+    """How the ``path`` action sees a path (over-counting is the safe side for a
+    limiter): the variants an application routes to one handler are one path."""
+
+    case: Literal["insensitive", "sensitive"] = Field(
+        "insensitive", description="insensitive: /LOGIN and /Login are /login (paths and rule values lower-cased)"
+    )
+    trailing_slash: Literal["ignore", "keep"] = Field("ignore", description="ignore: /login/ is /login")
+    params: Literal["strip", "keep"] = Field(
+        "strip", description="strip: ;jsessionid=...-style matrix parameters are cut from each segment"
+    )
+
+
 class HttpConfig(Strict):
     domain: str = Field(
         "", description="Lyft domain of the descriptors (required unless lyft_config_dir holds the domains)"
@@ -481,6 +506,15 @@ class HttpConfig(Strict):
     )
     descriptors: DescriptorList = Field(default_factory=list)
     trusted_proxies: list[CIDR] = Field(default_factory=list, description="peers whose X-Forwarded-For is believed")
+    client_prefix: ClientPrefix = Field(
+        default_factory=lambda: ClientPrefix.model_validate({}),
+        description="remote_address is the client's network of this prefix length, written canonically "
+        "(2001:db8:1:2::/64; an IPv4 address at 32): docs/security.md",
+    )
+    path_match: PathMatch = Field(
+        default_factory=lambda: PathMatch.model_validate({}),
+        description="how paths are matched: case, trailing slash, matrix parameters (docs/security.md)",
+    )
     on_store_failure: Literal["open", "local", "closed"] = Field(
         "local", description="when Redis is slow or down: allow (open), decide locally (local), or deny (closed)"
     )

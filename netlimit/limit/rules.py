@@ -49,6 +49,7 @@ from typing import Any
 from ..config.loader import Problem
 from ..config.model import Descriptor, HttpConfig
 from ..config.validate import ConfigError, Loaded, LyftLoaded
+from .actions import ActionPlan
 from .algorithms import Limit
 
 log = logging.getLogger("netlimit.limit")
@@ -426,8 +427,13 @@ def build(
     rules: list[Rule] = []
     if domain is None:
         domain = http.domain
+    #: the http: section's domain is matched against what its actions build: its
+    #: path and address values are written as those are (http.path_match,
+    #: http.client_prefix); lyft_config_dir domains get the doors' descriptors as sent
+    value_of = None
     if descriptors is None:
         descriptors = http.descriptors
+        value_of = ActionPlan.of(http).rule_value
     ratio = http.near_limit_ratio
 
     def walk(
@@ -441,13 +447,14 @@ def build(
         for i, d in enumerate(descs):
             here = where + ("descriptors", i)
             child = Node()
-            if not d.value:
+            value = d.value if value_of is None or not d.value else value_of(d.key, d.value)
+            if not value:
                 node.by_key.setdefault(d.key, child)
-            elif "*" in d.value:
-                first, rest = wildcard(d.value)
+            elif "*" in value:
+                first, rest = wildcard(value)
                 node.wild.setdefault(d.key, []).append((first, rest, child))
             else:
-                node.exact.setdefault(d.key, {}).setdefault(d.value, child)
+                node.exact.setdefault(d.key, {}).setdefault(value, child)
             node.has_children = True
             k2 = keys + (d.key,)
             s2 = stat + (_stat_part(d),)

@@ -45,7 +45,7 @@ from ..bans.escalate import escalator_for
 from ..config.model import redis_url_problem
 from ..config.validate import load_file, lyft_dir_path
 from ..errors import ConfigError, StoreError
-from ..limit.actions import ActionPlan, path_of_uri
+from ..limit.actions import ActionPlan, BadAddress
 from ..limit.headers import PROBLEM_HEADER, problem_body, rate_headers
 from ..limit.limiter import OVER_LIMIT, CheckResult, Limiter
 from ..limit.metrics import FrontStats, Metrics
@@ -54,7 +54,7 @@ from ..limit.stores import MemoryStore, RedisStore
 from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
 from . import responses
-from .http11 import ServerState
+from .http11 import ClientError, ServerState
 
 log = logging.getLogger("netlimit.sidecar")
 
@@ -112,7 +112,7 @@ class Sidecar:
         http = loaded.config.http
         assert http is not None
         self.loaded = loaded
-        self.plan = ActionPlan(http.actions, http.trusted_proxies)
+        self.plan = ActionPlan.of(http)
         self.front = FrontStats()
         self.redis_override = redis_url
         self.storage = redis_url or http.storage
@@ -165,7 +165,7 @@ class Sidecar:
             rules = from_loaded(loaded)
             http = loaded.config.http
             assert http is not None
-            plan = ActionPlan(http.actions, http.trusted_proxies)
+            plan = ActionPlan.of(http)
         except ConfigError as exc:
             for p in exc.problems:
                 log.error("%s", p)
@@ -337,13 +337,14 @@ class Sidecar:
 
     # -- what a decision request becomes -----------------------------------------------
 
-    def descriptors(self, peer: str, h: Any, method: str, path: Any) -> list:
-        """``h.get`` takes lower-case names."""
+    def descriptors(self, peer: str, h: Any, method: str, path: Any, xff: str | None = None) -> list:
+        """``h.get`` takes lower-case names and gives a field's first line;
+        ``xff``: every X-Forwarded-For line, joined (default: ``h``'s)."""
         plan = self.plan
         if (
             not self._xff_warned
             and plan.needs_remote
-            and h.get("x-forwarded-for") is not None
+            and (xff is not None or h.get("x-forwarded-for") is not None)
             and peer not in plan.trusted
         ):
             self._xff_warned = True
@@ -354,21 +355,26 @@ class Sidecar:
                 peer,
                 peer,
             )
-        return plan.build(peer, method, path, h)
+        try:
+            return plan.build(peer, method, path, h, xff)
+        except BadAddress as exc:  # never a key of its own: refused
+            raise ClientError(400, str(exc)) from None
 
-    def check_request(self, peer: str, h: Any, query: str) -> tuple[list, int] | Reply:
-        """GET /v1/check[?deny_status=403]: (descriptors, deny status) or an error reply."""
-        deny_status = 429
+    def check_request(self, peer: str, h: Any, query: str, xff: str | None = None) -> tuple[list, int] | Reply:
+        """GET /v1/check[?deny_status=403]: (descriptors, deny status) or an error
+        reply.  A repeated ``deny_status`` counts once, the first (as a header)."""
+        deny_status = 0
         if query:
             for part in query.split("&"):
                 k, _, ds = part.partition("=")
-                if k == "deny_status":
+                if k == "deny_status" and not deny_status:
                     if not (ds.isascii() and ds.isdigit() and len(ds) == 3) or not 400 <= int(ds) <= 499:
                         self.front.request("check", "bad_request")
                         return Reply.problem(
                             400, "Bad Request", f"deny_status must be a 4xx status code, got {ds[:20]!r}"
                         )
                     deny_status = int(ds)
+        deny_status = deny_status or 429
         plan = self.plan
         path = "/"  # the path and the method only when an action uses them
         if plan.needs_path:
@@ -381,14 +387,15 @@ class Sidecar:
                     "the actions use 'path' but the request has no X-Original-URI header "
                     "(nginx: proxy_set_header X-Original-URI $request_uri;)",
                 )
-            path = path_of_uri(uri)
+            path = plan.path_of(uri)
         method = (h.get("x-original-method") or h.get("x-forwarded-method") or "GET") if plan.needs_method else "GET"
-        return self.descriptors(peer, h, method, path), deny_status
+        return self.descriptors(peer, h, method, path, xff), deny_status
 
-    def authz_request(self, peer: str, h: Any, method: str, path: str, query: str) -> list:
+    def authz_request(self, peer: str, h: Any, method: str, path: str, query: str, xff: str | None = None) -> list:
         """Envoy ext_authz (path_prefix /v1/authz): the original path follows the prefix."""
         tail = path[len("/v1/authz") :] or "/"
-        return self.descriptors(peer, h, method, lambda: path_of_uri(tail))
+        path_of = self.plan.path_of
+        return self.descriptors(peer, h, method, lambda: path_of(tail), xff)
 
     def decision_reply(self, endpoint: str, result: CheckResult, deny_status: int) -> Reply:
         headers = rate_headers(result)

@@ -93,14 +93,14 @@ class Endpoints:
     # -- decisions ----------------------------------------------------------------------
 
     def _check(self, conn: HttpConnection, req: Request) -> Any:
-        prep = self.sc.check_request(conn.peer, req.fields, req.query)
+        prep = self.sc.check_request(conn.peer, req.fields, req.query, req.xff)
         if isinstance(prep, Reply):
             return prep.encode(req.keep, req.http10, req.method == "HEAD")
         descs, deny = prep
         return self._decided(req, 0, descs, deny)
 
     def _decide(self, conn: HttpConnection, req: Request, kind: int, deny: int) -> Any:
-        descs = self.sc.authz_request(conn.peer, req.fields, req.method, req.path, req.query)
+        descs = self.sc.authz_request(conn.peer, req.fields, req.method, req.path, req.query, req.xff)
         return self._decided(req, kind, descs, deny)
 
     def _decided(self, req: Request, kind: int, descs: list, deny: int) -> Any:

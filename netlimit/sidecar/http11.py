@@ -71,11 +71,11 @@ _CR_LF = (b"\r", b"\n")
 _bad_log = LogEvery(10.0)
 #: field names as sent -> (lower-case text, what on_header checks: see _SPECIAL);
 #: names repeat, so each is decoded and looked up once
-_NAMES: dict[bytes, tuple[str, tuple[int, bool] | None]] = {}
+_NAMES: dict[bytes, tuple[str, tuple[int, bool, int] | None]] = {}
 _METHODS: dict[bytes, str] = {}  # llhttp's method names -> text
 
 
-def _name(raw: bytes) -> tuple[str, tuple[int, bool] | None]:
+def _name(raw: bytes) -> tuple[str, tuple[int, bool, int] | None]:
     if len(_NAMES) >= 4096:  # clients choose names: bounded
         _NAMES.clear()
     lname = raw.decode("latin-1").lower()
@@ -213,6 +213,7 @@ class Request:
         "_size",
         "_seen",
         "_dup",
+        "xff",
     )
 
     def __init__(self) -> None:
@@ -222,7 +223,14 @@ class Request:
         self.query = ""
         self.http10 = False
         self.headers: list[tuple[str, str]] = []  # every field as sent (when the handler wants them all)
-        self.fields: dict[str, str] = {}  # lower-case name -> value; repeated fields joined with ", "
+        #: lower-case name -> the value of its FIRST field line (what Starlette, Go's
+        #: Header.Get and Java's getHeader read, and nginx 1.22's $http_<name>: a header
+        #: action keys on it, so repeating a field makes no new key); Transfer-Encoding
+        #: alone is joined (framing: every line counts)
+        self.fields: dict[str, str] = {}
+        #: every X-Forwarded-For line joined with ", " (RFC 9110 §5.3: one list; the
+        #: client is its right-most untrusted address), None without one
+        self.xff: str | None = None
         self.keep = True
         self.expect_continue = False
         self.continued = False
@@ -232,6 +240,7 @@ class Request:
         self._size = 0
         self._seen = 0  # the fields of _UNIQUE seen (their bits, see _SPECIAL)
         self._dup = ""  # one of them seen twice
+        self.xff = None
 
 
 class Handler(Protocol):
@@ -628,6 +637,8 @@ class HttpConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         cur = self.cur
         assert cur is not None
+        if not self.in_head:  # a trailer field of a chunked body: dropped, as nginx does (never a header)
+            return
         if cur._size == 0 and not (
             self._line is None
             and self._at0
@@ -640,8 +651,9 @@ class HttpConnection(asyncio.Protocol):
         if info is None:
             info = _name(name)
         lname, special = info
+        joined = 0
         if special is not None:
-            bit, edge = special
+            bit, edge, joined = special
             if edge and b"\t" in self._piece and _edge_tab(self._piece, name):
                 cur.error = cur.error or ClientError(400, f"a tab around the value of {lname!r}")
             if cur._seen & bit:
@@ -653,8 +665,14 @@ class HttpConnection(asyncio.Protocol):
         v = value.decode("latin-1")
         if wanted is None:
             cur.headers.append((name.decode("latin-1"), v))
-        old = cur.fields.get(lname)
-        cur.fields[lname] = v if old is None else f"{old}, {v}"  # RFC 9110 §5.3: one list
+        if joined:  # RFC 9110 §5.3: repeated lines are one list
+            if joined == _XFF:
+                cur.xff = v if cur.xff is None else f"{cur.xff}, {v}"
+            elif lname in cur.fields:
+                cur.fields[lname] = f"{cur.fields[lname]}, {v}"
+                return
+        if lname not in cur.fields:  # the first line wins (see Request.fields)
+            cur.fields[lname] = v
 
     def _check_line(self, cur: Request) -> None:
         """llhttp also takes ``RTSP/1.0`` (and ``ICE/1.0`` after SOURCE) for a
@@ -983,11 +1001,15 @@ _UNIQUE = frozenset(
 #: fields nginx validates with a tab at either end of the value kept (it takes only
 #: spaces for optional whitespace; llhttp, as RFC 9110, takes tabs too and drops them)
 _EDGE_TAB = frozenset(("host", "content-length", "transfer-encoding"))
+#: list fields whose repeated lines are joined: Transfer-Encoding in Request.fields
+#: (framing), X-Forwarded-For in Request.xff (its first line stays in fields)
+_JOINED, _XFF = 1, 2
+_LISTS = {"transfer-encoding": _JOINED, "x-forwarded-for": _XFF}
 #: what on_header checks beyond collecting, by field (one lookup for the usual field):
 #: (the field's bit in Request._seen if it may appear once, whether tabs around its
-#: value are refused)
-_SPECIAL = {name: (1 << i if name in _UNIQUE else 0, name in _EDGE_TAB)
-            for i, name in enumerate(sorted(_UNIQUE | _EDGE_TAB))}  # fmt: skip
+#: value are refused, whether its lines are joined: _LISTS)
+_SPECIAL = {name: (1 << i if name in _UNIQUE else 0, name in _EDGE_TAB, _LISTS.get(name, 0))
+            for i, name in enumerate(sorted(_UNIQUE | _EDGE_TAB | _LISTS.keys()))}  # fmt: skip
 _HOST_BIT = _SPECIAL["host"][0]
 _HOSTS_OK: dict[str, bool] = {}  # Host values checked (they repeat: checked once)
 #: the authority of an absolute-form target, as nginx parses it: letters, digits, '.'

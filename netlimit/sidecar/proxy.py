@@ -42,7 +42,6 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from ..limit.actions import path_of_uri
 from ..limit.headers import problem_body, rate_headers
 from ..limit.limiter import OVER_LIMIT, CheckResult
 from ..limit.request import CheckRequest
@@ -378,7 +377,8 @@ class Proxy:
 
     def handle(self, conn: HttpConnection, req: Request) -> Any:
         sc = self.sc
-        descs = sc.descriptors(conn.peer, req.fields, req.method, lambda: path_of_uri(req.path))
+        path_of = sc.plan.path_of
+        descs = sc.descriptors(conn.peer, req.fields, req.method, lambda: path_of(req.path), req.xff)
         lim = sc.limiter
         if lim.is_sync:
             result = lim.check_nowait(CheckRequest.simple(lim.rules.domain, descs))

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config.validate import Loaded
-from ..limit.actions import ActionPlan, path_of_uri
+from ..limit.actions import ActionPlan, BadAddress
 from ..limit.rules import Rule, RuleSet, from_loaded
 from .figures import BatchPart, Figures, FiguresProcess, RuleSpec
 from .logs import MAX_LINE, OVERLONG, Needs, OpenLog
@@ -85,7 +85,7 @@ class Replay:
         self.ruleset: RuleSet = from_loaded(loaded)  # ConfigError when there is no http: section
         assert http is not None
         self.loaded = loaded
-        self.plan = ActionPlan(http.actions, http.trusted_proxies)
+        self.plan = ActionPlan.of(http)
         self.fronts: dict[str, RuleFront] = {}
         specs: list[RuleSpec] = []
         self.max_keys = http.max_keys
@@ -107,7 +107,7 @@ class Replay:
         self._by_peer = not self.needs.request and not self.needs.headers
         self._cache: dict[Any, tuple[Entry, ...]] = {}
         self._paths: dict[str, str] = {}
-        self._path_gate = _path_gate(http)
+        self._path_gate = _path_gate(http, self.plan)
         self.lines = 0
         self.requests = 0
         self.unreadable = 0
@@ -128,7 +128,7 @@ class Replay:
         """The request fields the file's actions read (what a parser must extract)."""
         http = loaded.config.http
         assert http is not None
-        plan = ActionPlan(http.actions, http.trusted_proxies)
+        plan = ActionPlan.of(http)
         headers = set(plan.header_names)
         if plan.needs_remote and plan.trusted:
             headers.add("x-forwarded-for")
@@ -143,7 +143,7 @@ class Replay:
         """The path the sidecar's actions see for a logged request target (cached)."""
         p = self._paths.get(target)
         if p is None:
-            p = path_of_uri(target)
+            p = self.plan.path_of(target)  # the sidecar's function (http.path_match)
             if len(self._paths) >= CACHE_MAX:
                 self._paths.clear()
             self._paths[target] = p
@@ -152,7 +152,10 @@ class Replay:
     def _resolve(self, peer: str, method: str, path: str, headers: Any) -> tuple[Entry, ...]:
         """What each descriptor of a request charges, as the Limiter picks the rules."""
         rs = self.ruleset
-        descs = self.plan.build(peer, method or "GET", path, headers, None)
+        try:
+            descs = self.plan.build(peer, method or "GET", path, headers, None)
+        except BadAddress:  # the sidecar refuses the request (400): nothing is charged
+            return ()
         rules = [rs.match(d) for d in descs]
         if rs.has_replaces:
             replaced = {name for r in rules if r is not None for name in r.replaces}
@@ -346,7 +349,7 @@ class Replay:
         return res
 
 
-def _path_gate(http: Any) -> tuple[frozenset[str], tuple[str, ...]] | None:
+def _path_gate(http: Any, plan: ActionPlan) -> tuple[frozenset[str], tuple[str, ...]] | None:
     """(exact paths, path prefixes) of the top-level ``path`` descriptors, when every
     action list that reads the path starts with it and no top-level descriptor takes
     any path: then a path none of them matches makes no descriptor with it match
@@ -355,9 +358,10 @@ def _path_gate(http: Any) -> tuple[frozenset[str], tuple[str, ...]] | None:
     groups = [g for g in http.actions if "path" in g]
     if not groups or any(g[0] != "path" for g in groups):
         return None
-    nodes = [d for d in http.descriptors if d.key == "path"]
-    if any(not d.value for d in nodes):
-        return None
-    exact = frozenset(d.value for d in nodes if not d.value.endswith("*"))
-    prefixes = tuple(d.value[:-1] for d in nodes if d.value.endswith("*"))
+    # the values as the rules hold them (http.path_match: RuleSet.build normalizes them)
+    values = [plan.rule_value("path", d.value) for d in http.descriptors if d.key == "path"]
+    if any(not v or "*" in v.rstrip("*") or v.count("*") > 1 for v in values):
+        return None  # a key-only node, or a wildcard that is not a plain prefix
+    exact = frozenset(v for v in values if not v.endswith("*"))
+    prefixes = tuple(v[:-1] for v in values if v.endswith("*"))
     return exact, prefixes

@@ -256,7 +256,8 @@ NGINX = (
 class Nginx(LogProc):
     """nginx in the foreground (daemon off, master_process off) with a temp prefix."""
 
-    def __init__(self, server_body: str, sidecar_port: int):
+    def __init__(self, server_body: str, sidecar_port: int, *, http_extra: str = ""):
+        """``http_extra``: directives for the http block (limit_req_zone ...)."""
         if NGINX is None:
             pytest.fail(
                 "nginx is not installed (looked in PATH and /usr/sbin/nginx): the nginx tests need a "
@@ -286,6 +287,7 @@ http {{
         server 127.0.0.1:{sidecar_port};
         keepalive 16;
     }}
+    {http_extra}
     server {{
         listen 127.0.0.1:{self.port};
 {textwrap.indent(textwrap.dedent(server_body), "        ")}
