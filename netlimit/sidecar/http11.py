@@ -984,11 +984,14 @@ def _check(req: Request, limits: Limits, version: str) -> ClientError | None:
         req.path, req.query = path[:q], path[q + 1 :]
     else:
         req.path = path
-    h = path.find("#")
-    if h >= 0:
-        return ClientError(400, "a fragment is not part of a request target")
-    if "%" in req.path or "/." in req.path:
-        return _check_path(req.path)
+    # a '#fragment' (no client sends one, a hand-made request may): as nginx, the path
+    # ends at '#' for matching and limiting (actions.path_of_uri) and the target is
+    # forwarded as it came
+    p = req.path
+    if "#" in p:
+        p = p.partition("#")[0]
+    if "%" in p or "/." in p:
+        return _check_path(p)
     return None
 
 

@@ -13,8 +13,11 @@ What is forwarded is what was parsed, re-framed, never the client's raw bytes:
   client chunked it; ``Content-Length`` and ``Transfer-Encoding`` are never
   hop-by-hop, whatever ``Connection`` names;
 * hop-by-hop fields (RFC 9110 §7.6.1, and what ``Connection`` names) are
-  dropped both ways; ``X-Forwarded-For`` gets the peer appended, ``Via``
-  ``1.1 netlimit``; everything else passes unchanged and in order;
+  dropped both ways -- but ``Connection`` never removes ``Host``,
+  ``X-Forwarded-For``, ``Forwarded``, ``X-Real-IP``, ``Via`` nor a field a
+  header action keys on (who the client is must reach the application);
+  ``X-Forwarded-For`` gets the peer appended, ``Via`` ``1.1 netlimit``;
+  everything else passes unchanged and in order;
 * the upstream's response is parsed by llhttp too (httptools), and re-framed
   for the client: its length when known, else chunked (close-delimited for an
   HTTP/1.0 client); trailers and interim (1xx) responses are not relayed;
@@ -89,11 +92,18 @@ class UpstreamError(Exception):
         self.detail = detail
 
 
-def _dropped(fields: list[tuple[str, str]], base: frozenset[str]) -> frozenset[str]:
-    """``base`` plus the fields ``Connection`` names, except framing fields."""
+#: what ``Connection`` never removes from a request: who the client is (behind a front
+#: proxy that passes Connection through, dropping these would make the proxy the
+#: client to the application) and where it asked to go (issue 29)
+_KEPT = _FRAMING | frozenset(("host", "x-forwarded-for", "forwarded", "x-real-ip", "via"))
+
+
+def _dropped(fields: list[tuple[str, str]], base: frozenset[str], kept: frozenset[str] = _FRAMING) -> frozenset[str]:
+    """``base`` plus the fields ``Connection`` names, except those of ``kept``
+    (framing fields at least)."""
     named = {
         t.strip().lower() for k, v in fields if k.lower() == "connection" for t in v.split(",") if t.strip()
-    } - _FRAMING
+    } - kept
     return base | named if named else base
 
 
@@ -371,6 +381,8 @@ class Proxy:
         self.sc = sc
         self.pool = pool
         self.request_buffer = request_buffer
+        self._kept: frozenset[str] | None = None
+        self._kept_plan: object = None
 
     def bad_request(self) -> None:
         self.sc.front.request("proxy", "bad_request")
@@ -458,7 +470,12 @@ class Proxy:
             )
 
     def _request_head(self, conn: HttpConnection, req: Request, length: int | None) -> bytes:
-        drop = _dropped(req.headers, _NOT_FORWARDED)
+        plan = self.sc.plan
+        kept = self._kept
+        if kept is None or self._kept_plan is not plan:  # and the fields a rule keys on (per reload)
+            kept = self._kept = _KEPT | plan.header_names
+            self._kept_plan = plan
+        drop = _dropped(req.headers, _NOT_FORWARDED, kept)
         lines = [f"{req.method} {self.pool.origin.base}{req.path}{'?' + req.query if req.query else ''} HTTP/1.1\r\n"]
         # X-Forwarded-For and Via are extended where they first appear (several field
         # lines are one list: RFC 9110 §5.3), else added at the end

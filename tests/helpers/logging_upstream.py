@@ -15,13 +15,18 @@ import httptools
 
 
 class _Split:
-    def __init__(self, out: list, lock: threading.Lock, conn: socket.socket):
+    def __init__(self, out: list, lock: threading.Lock, conn: socket.socket, heads: list | None = None):
         self.out, self.lock, self.conn = out, lock, conn
+        self.heads = heads  # the header fields of each request, as received (parallel to out)
         self.url = b""
         self.body = b""
+        self.fields: list[tuple[str, str]] = []
 
     def on_message_begin(self) -> None:
-        self.url, self.body = b"", b""
+        self.url, self.body, self.fields = b"", b"", []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.fields.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -32,6 +37,8 @@ class _Split:
     def on_message_complete(self) -> None:
         with self.lock:
             self.out.append((self.parser.get_method().decode(), self.url.decode("latin-1"), self.body))
+            if self.heads is not None:
+                self.heads.append(self.fields)
         try:
             self.conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         except OSError:
@@ -43,6 +50,8 @@ class LoggingUpstream:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.requests: list[tuple[str, str, bytes]] = []
+        #: each request's header fields as received, in the order of ``requests``
+        self.heads: list[list[tuple[str, str]]] = []
         self.raw: list[bytes] = []
         self.bad = 0  # connections whose bytes llhttp refused
         self.accepts = 0
@@ -73,7 +82,7 @@ class LoggingUpstream:
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()
 
     def _serve(self, c: socket.socket) -> None:
-        split = _Split(self.requests, self.lock, c)
+        split = _Split(self.requests, self.lock, c, self.heads)
         p = split.parser = httptools.HttpRequestParser(split)
         raw = b""
         c.settimeout(30)

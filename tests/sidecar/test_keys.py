@@ -171,3 +171,225 @@ def test_the_auth_request_door_reads_the_first_x_original_field(tmp_path):
         assert raw_status(sc.port, head("/v1/check?deny_status=403&deny_status=499", *variants[0])) == 403
     finally:
         sc.stop()
+
+
+# --- 3/4. paths: case, trailing slash, matrix parameters, fragments ---------------------------------------
+
+PER_PATH = """\
+version: 1
+http:
+  domain: web
+  actions:
+    - [path, remote_address]
+  descriptors:
+    - key: path
+      value: /Login
+      descriptors:
+        - key: remote_address
+          rate_limit: {unit: minute, requests_per_unit: 3, name: login}
+    - key: path
+      value: /admin*
+      descriptors:
+        - key: remote_address
+          rate_limit: {unit: minute, requests_per_unit: 3, name: admin}
+"""
+
+LOGIN_VARIANTS = [
+    "/login",
+    "/LOGIN",
+    "/Login",
+    "/login/",
+    "/LOGIN/",
+    "/login;jsessionid=A1B2",
+    "/Login;jsessionid=C3/",
+    "/login/;x=1",
+    "//login",
+    "/a/../login",
+    "/%6Cogin",
+    "/%4C%4F%47%49%4E",
+    "/login#frag",
+    "/login?next=/",
+    "/x/..;/login",
+]
+
+
+@pytest.fixture(scope="module")
+def per_path(tmp_path_factory, app):
+    sc = _proxy(tmp_path_factory, app, PER_PATH, "per-path")
+    try:
+        yield sc
+    finally:
+        sc.stop()
+
+
+def test_case_slash_and_matrix_variants_of_a_limited_path_are_one_budget(per_path, app):
+    """/LOGIN, /Login, /login/, /login;jsessionid=… reach an application's /login
+    handler: with the default http.path_match they are /login (the rule's
+    ``/Login`` too), and the client gets 3 of them, whichever it picks."""
+    before = app.count()
+    codes = [raw_status(per_path.port, head(p), src="127.0.0.5") for p in LOGIN_VARIANTS]
+    assert codes.count(200) == 3, list(zip(LOGIN_VARIANTS, codes))
+    with app.lock:
+        got = len(app.requests[before:])
+    assert got == 3
+
+
+def test_a_wildcard_counts_a_path_and_its_trailing_slash_as_one_budget(per_path, app):
+    variants = ["/admin", "/admin/", "/ADMIN", "/Admin/", "/admin;s=1", "/admin/;s=2"] * 2
+    codes = [raw_status(per_path.port, head(p), src="127.0.0.6") for p in variants]
+    assert codes.count(200) == 3, list(zip(variants, codes))
+    # another path under the wildcard is another value (Lyft's wildcard counts values apart)
+    assert raw_status(per_path.port, head("/admin/users"), src="127.0.0.6") == 200
+
+
+def test_path_match_can_be_switched_back_to_exact(tmp_path, app):
+    text = PER_PATH.replace(
+        "  actions:", "  path_match: {case: sensitive, trailing_slash: keep, params: keep}\n  actions:"
+    )
+    sc = _proxy_at(tmp_path, app, text.replace("value: /Login", "value: /login"))
+    try:
+        codes = [raw_status(sc.port, head(p), src="127.0.0.7") for p in ("/login/", "/LOGIN", "/login;a=1") * 2]
+        assert codes == [200] * 6  # each is another path, none is /login
+        codes = [raw_status(sc.port, head("/login"), src="127.0.0.7") for _ in range(4)]
+        assert codes == [200, 200, 200, 429]
+    finally:
+        sc.stop()
+
+
+def _proxy_at(tmp_path, app, text: str) -> Sidecar:
+    return Sidecar(write_config(tmp_path / "n.yaml", text), "--upstream", app.url)
+
+
+def test_a_fragment_is_cut_from_the_path_and_forwarded_as_nginx_does(per_path, app):
+    """nginx takes ``GET /login#x`` (no 400), matches and limits it as /login, and
+    forwards the target as it came: so does the sidecar."""
+    ng = Nginx(
+        f"""
+        location / {{
+            limit_req zone=peruri burst=2 nodelay;
+            limit_req_status 429;
+            proxy_pass http://127.0.0.1:{app.port};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+        """,
+        app.port,
+        http_extra="limit_req_zone $uri zone=peruri:1m rate=3r/m;",
+    )
+    try:
+        targets = [f"/login#f{i}" for i in range(6)]
+        for port, src in ((ng.port, "127.0.0.1"), (per_path.port, "127.0.0.8")):
+            before = app.count()
+            codes = [raw_status(port, head(t), src=src) for t in targets]
+            assert codes == [200] * 3 + [429] * 3, (port, codes)
+            with app.lock:
+                assert [t for _, t, _ in app.requests[before:]] == targets[:3]
+    finally:
+        ng.stop()
+
+
+# --- 3. addresses: the client's /64, zone ids, zero-padded IPv4 -------------------------------------------
+
+PER_ADDRESS = f"""\
+version: 1
+http:
+  domain: web
+  trusted_proxies: [{TRUSTED}/32]
+  actions:
+    - [remote_address]
+  descriptors:
+    - key: remote_address
+      rate_limit: {{unit: minute, requests_per_unit: 3, name: per-address}}
+"""
+
+
+@pytest.fixture(scope="module")
+def per_address(tmp_path_factory, app):
+    sc = _proxy(tmp_path_factory, app, PER_ADDRESS, "per-address")
+    try:
+        yield sc
+    finally:
+        sc.stop()
+
+
+def xff(addr: str, target: str = "/a") -> bytes:
+    return head(target, f"X-Forwarded-For: {addr}")
+
+
+def test_an_ipv6_client_rotating_through_its_64_is_one_key(per_address, app):
+    before = app.count()
+    addrs = [f"2001:db8:1:2:{i:x}::{i + 1:x}" for i in range(20)] + ["2001:DB8:1:2::FFFF", "[2001:db8:1:2::9]:443"]
+    codes = [raw_status(per_address.port, xff(a, "/v6"), src=TRUSTED) for a in addrs]
+    assert codes.count(200) == 3, codes
+    assert reached(app, "/v6", before) == 3
+    # the next /64 is another client
+    assert raw_status(per_address.port, xff("2001:db8:1:3::1", "/v6"), src=TRUSTED) == 200
+
+
+def test_zone_ids_in_x_forwarded_for_are_never_a_new_key(per_address, app):
+    before = app.count()
+    addrs = ["fe80::1%eth0", "fe80::1%eth1", "fe80::1%25lo", "[fe80::1%eth2]:80", "fe80::1", "fe80::2%x"]
+    codes = [raw_status(per_address.port, xff(a, "/zone"), src=TRUSTED) for a in addrs]
+    assert codes.count(200) == 3, codes
+    assert reached(app, "/zone", before) == 3
+
+
+def test_a_zero_padded_ipv4_in_x_forwarded_for_is_refused(per_address, app):
+    """``001.002.003.004`` is 1.2.3.4 to nginx and 1.2.3.4 or octal to others: never
+    read as another key (nor as the proxy's), the request is refused."""
+    before = app.count()
+    for a in ("001.002.003.004", "1.2.3.04", "0x7f.1", "01.2.3.4:80"):
+        assert raw_status(per_address.port, xff(a, "/pad"), src=TRUSTED) == 400, a
+    codes = [raw_status(per_address.port, xff(a, "/pad"), src=TRUSTED) for a in ["1.2.3.4"] * 4]
+    assert codes == [200] * 3 + [429]
+    assert reached(app, "/pad", before) == 3
+
+
+def test_a_chunked_trailer_never_becomes_a_field(per_address, app):
+    """Trailer fields are dropped, as nginx does: an X-Forwarded-For trailer does
+    not change the client (a new key per request), nor reach the application as
+    a header."""
+    before = app.count()
+    codes = []
+    for i in range(6):
+        raw = (
+            b"POST /trailer HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 198.51.100.20\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            b"2\r\nab\r\n0\r\nX-Forwarded-For: 203.0.113.%d\r\nX-Api-Key: T%d\r\n\r\n" % (i, i)
+        )
+        codes.append(raw_status(per_address.port, raw, src=TRUSTED))
+    assert codes == [200] * 3 + [429] * 3
+    assert reached(app, "/trailer", before) == 3
+    with app.lock:
+        heads = app.heads[before:]
+    for h in heads:
+        assert all(k.lower() != "x-api-key" for k, _ in h), h
+        assert [v for k, v in h if k.lower() == "x-forwarded-for"] == [f"198.51.100.20, {TRUSTED}"]
+
+
+# --- 10. Connection never strips who the client is ---------------------------------------------------------
+
+
+def test_connection_never_strips_forwarding_fields_nor_a_keyed_one(per_key, app):
+    before = app.count()
+    raw = head(
+        "/conn",
+        "Connection: Host, X-Forwarded-For, Forwarded, X-Real-IP, Via, X-Api-Key, X-Hop",
+        "X-Forwarded-For: 203.0.113.9",
+        "Forwarded: for=203.0.113.9",
+        "X-Real-IP: 203.0.113.9",
+        "Via: 1.1 front",
+        "X-Api-Key: K-conn",
+        "X-Hop: gone",
+    ).replace(b"Connection: close\r\n", b"")
+    assert raw_status(per_key.port, raw) == 200
+    assert reached(app, "/conn", before) == 1
+    with app.lock:
+        h = {k.lower(): v for k, v in app.heads[before]}
+    assert h["host"] == "a"
+    assert h["x-forwarded-for"] == "203.0.113.9, 127.0.0.1"
+    assert h["forwarded"] == "for=203.0.113.9"
+    assert h["x-real-ip"] == "203.0.113.9"
+    assert h["via"].startswith("1.1 front")
+    assert h["x-api-key"] == "K-conn"
+    assert "x-hop" not in h  # what Connection names is still removed (RFC 9110 §7.6.1)
