@@ -491,3 +491,17 @@ def test_unknown_top_level_section():
         version: 1
         netwrok: []
     """) == ["f.yaml:2:1: file: unknown field 'netwrok' (did you mean 'network'?)"]
+
+
+def test_client_prefix_and_path_match_are_checked_with_their_line():
+    out = problems("""
+        version: 1
+        http:
+          domain: d
+          client_prefix: {ipv4: 33, ipv6: 64}
+          path_match: {case: upper}
+    """)
+    assert out == [
+        "f.yaml:4:25: http: 'ipv4' input should be less than or equal to 32, got 33",
+        "f.yaml:5:22: http: 'case' must be one of 'insensitive', 'sensitive', got 'upper'",
+    ]

@@ -5,9 +5,20 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from netlimit.limit.actions import ActionPlan, TrustedProxies, client_address, normalize_path, path_of_uri
+from netlimit.limit.actions import (
+    ActionPlan,
+    BadAddress,
+    ClientKey,
+    TrustedProxies,
+    client_address,
+    normalize_path,
+    path_function,
+    path_of_uri,
+)
 
 
 def nets(*cidrs):
@@ -168,3 +179,95 @@ def test_shipped_http_example_actions_reach_its_rules():
         [("header:X-Api-Key", "key-1")],
     ]
     assert [rs.match(x).name for x in d] == ["remote_address", "path_/login.remote_address", "header:X-Api-Key"]
+
+
+# --- issue 29: keys and paths (docs/security.md) ---------------------------------------------
+
+DEFAULT = path_function()
+_SEG = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_", min_size=1, max_size=8)
+
+
+@given(st.lists(_SEG, min_size=1, max_size=4), st.data())
+def test_every_case_slash_and_params_variant_of_a_path_is_the_path(segs, data):
+    """The default http.path_match: any mix of case, a trailing slash, ;params on
+    any segment, repeated slashes and percent-encoded letters is the lower-case
+    path; normalizing twice changes nothing."""
+    base = "/" + "/".join(s.lower() for s in segs)
+    parts = []
+    for s in segs:
+        s = "".join(c.upper() if data.draw(st.booleans()) else c for c in s)
+        if data.draw(st.booleans()):
+            s = s[0] + "".join(f"%{ord(c):02X}" if c.isalpha() else c for c in s[1:])
+        if data.draw(st.booleans()):
+            s += ";jsessionid=" + data.draw(_SEG)
+        parts.append(s)
+    variant = "/" + ("//" if data.draw(st.booleans()) else "/").join(parts)
+    if data.draw(st.booleans()):
+        variant += "/"
+    assert DEFAULT(variant) == base, variant
+    assert DEFAULT(DEFAULT(variant)) == DEFAULT(variant)
+
+
+def test_path_match_switches():
+    assert path_function("sensitive", "keep", "keep") is path_of_uri
+    assert path_function("sensitive", "ignore", "strip")("/Login/;a=1") == "/Login"
+    assert path_function("insensitive", "keep", "strip")("/Login/;a=1") == "/login/"
+    assert path_function("insensitive", "ignore", "keep")("/Login;a=1/") == "/login;a=1"
+    assert DEFAULT("/") == "/" and DEFAULT("//") == "/" and DEFAULT("/;x") == "/"
+    assert DEFAULT("/x/..;/login") == "/login"  # Tomcat's ..; is .. once the params are cut
+    assert DEFAULT("/login#frag") == "/login" and DEFAULT("/login?x=/A") == "/login"
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_every_address_of_a_64_is_one_key(a, b):
+    key = ClientKey()
+    net = 0x20010DB800010002 << 64
+    ka = key(str(ipaddress.IPv6Address(net | a)))
+    assert ka == key(str(ipaddress.IPv6Address(net | b))) == "2001:db8:1:2::/64"
+
+
+def test_client_key_forms():
+    assert ClientKey()("198.51.100.7") == "198.51.100.7"
+    assert ClientKey()("::ffff:198.51.100.7") == "198.51.100.7"
+    assert ClientKey(24, 128)("198.51.100.7") == "198.51.100.0/24"
+    assert ClientKey(32, 128)("2001:DB8::1") == "2001:db8::1"
+    assert ClientKey(32, 48)("2001:db8:1:2::1") == "2001:db8:1::/48"
+    assert ClientKey()("fe80::1%eth0") == ClientKey()("fe80::2") == "fe80::/64"
+
+
+def test_the_plan_keys_peers_and_forwarded_clients_by_prefix():
+    plan = ActionPlan([["remote_address"]])
+    assert plan.build("2001:db8::1", "GET", "/", {}) == [[("remote_address", "2001:db8::/64")]]
+    assert plan.build("198.51.100.7", "GET", "/", {}) == [[("remote_address", "198.51.100.7")]]
+    plan = ActionPlan([["remote_address"]], nets("127.0.0.1/32"), (24, 56))
+    assert plan.build("127.0.0.1", "GET", "/", {"x-forwarded-for": "2001:db8:0:ff::1%eth0"}) == [
+        [("remote_address", "2001:db8::/56")]
+    ]
+    assert plan.build("127.0.0.1", "GET", "/", {}, "203.0.113.77") == [[("remote_address", "203.0.113.0/24")]]
+
+
+@pytest.mark.parametrize("elem", ["001.002.003.004", "1.2.3.04", "0x7f.1", "127.1", "01.2.3.4:80", "16909060"])
+def test_an_ipv4_in_another_spelling_is_refused_not_keyed(elem):
+    t = TrustedProxies(nets("10.0.0.0/8"))
+    with pytest.raises(BadAddress):
+        client_address("10.0.0.1", f"{elem}, 10.0.0.2", t)
+    assert client_address("10.0.0.1", "unknown", t) == "10.0.0.1"  # other garbage: the last trusted hop
+
+
+def test_zone_ids_are_stripped():
+    t = TrustedProxies(nets("10.0.0.0/8"))
+    for e in ("fe80::1%eth0", "fe80::1%25eth0", "[fe80::1%eth0]:443"):
+        assert client_address("10.0.0.1", e, t) == "fe80::1"
+
+
+def test_rule_values_are_written_as_requests_are():
+    """The http: section's path and address values are normalized like the
+    requests' (rules.build), so a rule says /Login or 2001:db8::1 and matches."""
+    plan = ActionPlan([["path"]])
+    assert plan.rule_value("path", "/Login/") == "/login"
+    assert plan.rule_value("path", "/Admin*") == "/admin*"
+    assert plan.rule_value("remote_address", "2001:db8::1") == "2001:db8::/64"
+    assert plan.rule_value("remote_address", "198.51.100.7") == "198.51.100.7"
+    assert plan.rule_value("header:X-Api-Key", "Key") == "Key"
+    exact = ActionPlan([["path"]], path_match=("sensitive", "keep", "keep"))
+    assert exact.rule_value("path", "/Login/") == "/Login/"
