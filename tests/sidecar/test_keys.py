@@ -393,3 +393,140 @@ def test_connection_never_strips_forwarding_fields_nor_a_keyed_one(per_key, app)
     assert h["via"].startswith("1.1 front")
     assert h["x-api-key"] == "K-conn"
     assert "x-hop" not in h  # what Connection names is still removed (RFC 9110 §7.6.1)
+
+
+# --- the bypass group: every variant at once, per kind of limit ------------------------------------------
+
+BYPASS = f"""\
+version: 1
+http:
+  domain: web
+  trusted_proxies: [{TRUSTED}/32]
+  actions:
+    - ["header:X-Api-Key"]
+    - [path, remote_address]
+    - [remote_address]
+  descriptors:
+    - key: "header:X-Api-Key"
+      rate_limit: {{unit: minute, requests_per_unit: 3, name: per-key}}
+    - key: path
+      value: /login
+      descriptors:
+        - key: remote_address
+          rate_limit: {{unit: minute, requests_per_unit: 3, name: per-path}}
+    - key: remote_address
+      rate_limit: {{unit: minute, requests_per_unit: 6, name: per-address}}
+"""
+
+
+def chunked(target: str, fields: list[str], trailers: list[str]) -> bytes:
+    lines = [f"POST {target} HTTP/1.1", "Host: a", *fields, "Transfer-Encoding: chunked", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode() + b"2\r\nab\r\n0\r\n" + "".join(t + "\r\n" for t in trailers).encode() + b"\r\n"
+
+
+def key_attack(marker: str) -> list[bytes]:
+    """One API key K, every way to make it look like another: repeated lines, a
+    second value, a trailer, Connection naming it, path variants; from a new
+    address each time (so only the per-key limit can hold it)."""
+    reqs = []
+    t = f"/api?g={marker}"
+    for n in (1, 2, 3, 4):
+        reqs.append(head(t, *[f"X-Api-Key: K-{marker}"] * n))
+    reqs.append(head(t, f"X-Api-Key: K-{marker}", "X-Api-Key: other"))
+    reqs.append(head(t, f"X-Api-Key: K-{marker}", "Connection: X-Api-Key"))
+    reqs.append(chunked(t, [f"X-Api-Key: K-{marker}"], [f"X-Api-Key: T-{marker}"]))
+    reqs.append(head(f"/API/?g={marker}", f"X-Api-Key: K-{marker}"))
+    reqs.append(head(f"/api;s=1?g={marker}", f"X-Api-Key: K-{marker}"))
+    return [r.replace(b"Host: a\r\n", b"Host: a\r\nX-Forwarded-For: 198.51.100.%d\r\n" % i) for i, r in enumerate(reqs)]
+
+
+def path_attack(client: str) -> list[bytes]:
+    """/login from one client, in every spelling that reaches a /login handler."""
+    reqs = [xff(client, p) for p in LOGIN_VARIANTS]
+    reqs.append(head("/login", "X-Forwarded-For: 192.0.2.1", f"X-Forwarded-For: {client}"))
+    reqs.append(chunked("/Login/", [f"X-Forwarded-For: {client}"], ["X-Forwarded-For: 192.0.2.77"]))
+    return reqs
+
+
+def address_attack(client: str, marker: str) -> list[bytes]:
+    """One IPv4 client, written every way: with a port, IPv4-mapped, zero-padded,
+    behind a forged hop, as a trailer, with Connection naming the header."""
+    t = f"/page?g={marker}"
+    forms = [client, f"{client}:1234", f"::ffff:{client}", f"[::ffff:{client}]:80", f" {client} "]
+    reqs = [xff(f, t) for f in forms]
+    padded = ".".join(f"{int(o):03d}" for o in client.split("."))
+    reqs.append(xff(padded, t))
+    reqs.append(head(t, "X-Forwarded-For: 192.0.2.1", f"X-Forwarded-For: {client}"))
+    reqs.append(head(t, f"X-Forwarded-For: {client}", "Connection: X-Forwarded-For"))
+    reqs.append(chunked(t, [f"X-Forwarded-For: {client}"], ["X-Forwarded-For: 192.0.2.99"]))
+    return reqs * 2
+
+
+def prefix_attack(net: str, marker: str) -> list[bytes]:
+    """One IPv6 /64 (``2001:db8:a:b``), rotating its interface ids, with zone ids,
+    upper case and bracket forms."""
+    t = f"/page?g={marker}"
+    forms = [f"{net}::{i:x}" for i in range(1, 9)]
+    forms += [f"{net}:{i:x}:{i:x}:{i:x}:{i:x}" for i in range(1, 5)]
+    forms += [f"{net}::1%eth{i}" for i in range(3)] + [f"[{net.upper()}::2]:443", f"[{net}::3%25lo]:80"]
+    return [xff(f, t) for f in forms]
+
+
+@pytest.fixture(scope="module")
+def bypass(tmp_path_factory, app):
+    sc = _proxy(tmp_path_factory, app, BYPASS, "bypass")
+    try:
+        yield sc
+    finally:
+        sc.stop()
+
+
+@pytest.mark.parametrize(
+    "kind,limit",
+    [("per-key", 3), ("per-path", 3), ("per-address", 6), ("ipv6-prefix", 6)],
+)
+def test_bypass_every_variant_is_admitted_at_most_the_limit(bypass, app, kind, limit):
+    """A client who knows HTTP tries every variant against one kind of limit: the
+    application sees at most the limit (here: exactly, the first requests are
+    admitted)."""
+    marker = kind
+    if kind == "per-key":
+        reqs = key_attack(marker)
+    elif kind == "per-path":
+        reqs = path_attack("203.0.113.50")
+    elif kind == "per-address":
+        reqs = address_attack("203.0.113.60", marker)
+    else:
+        reqs = prefix_attack("2001:db8:a:b", marker)
+    before = app.count()
+    codes = [raw_status(bypass.port, r, src=TRUSTED) for r in reqs]
+    with app.lock:
+        got = len(app.requests[before:])
+    assert got == limit, (kind, codes)
+    assert codes.count(200) == limit and set(codes) <= {200, 400, 429}, codes
+
+
+def test_bypass_per_key_against_nginx_holds_the_same(app):
+    """The per-key attack against nginx 1.22 (``limit_req`` on ``$http_x_api_key``):
+    it holds at 3 as well -- the sidecar does what the reference does."""
+    ng = Nginx(
+        f"""
+        limit_req zone=bykey burst=2 nodelay;
+        limit_req_status 429;
+        location / {{
+            proxy_pass http://127.0.0.1:{app.port};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+        """,
+        app.port,
+        http_extra="limit_req_zone $http_x_api_key zone=bykey:1m rate=3r/m;",
+    )
+    try:
+        before = app.count()
+        codes = [raw_status(ng.port, r) for r in key_attack("nginx-key")]
+        assert codes.count(200) == 3, codes
+        with app.lock:
+            assert len(app.requests[before:]) == 3
+    finally:
+        ng.stop()
