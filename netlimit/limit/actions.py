@@ -89,17 +89,28 @@ def path_function(
     case: str = "insensitive", trailing_slash: str = "ignore", params: str = "strip"
 ) -> Callable[[str], str]:
     """``http.path_match`` as a function of a request-target: the path every door
-    hands the actions and ``netlimit simulate`` replays (one function for both)."""
+    hands the actions and ``netlimit simulate`` replays (one function for both).
+    Paths repeat, so each target is normalized once (a bounded cache: clients
+    choose targets)."""
     lower = case == "insensitive"
     slash = trailing_slash == "ignore"
     strip = params == "strip"
-    if not (lower or slash or strip):
-        return path_of_uri
+    cache: dict[str, str] = {}
 
     def path_of(uri: str) -> str:
-        return path_of_uri(uri, lower=lower, slash=slash, params=strip)
+        p = cache.get(uri)
+        if p is None:
+            p = path_of_uri(uri, lower=lower, slash=slash, params=strip)
+            if len(cache) >= PATH_CACHE:
+                cache.clear()
+            cache[uri] = p
+        return p
 
     return path_of
+
+
+#: request-targets whose normalized path is kept, per plan
+PATH_CACHE = 4096
 
 
 class TrustedProxies:
