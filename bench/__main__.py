@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     doc.setdefault("sections", {})
     doc["mode"] = "quick" if args.quick else "full"
     doc["machine"] = _machine()
+    from .versions import peers, pins
+
+    doc["peers"] = peers()  # what this run measured against (each section keeps its own copy)
+    doc["pins"] = pins()
     doc["started"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     t_all = time.perf_counter()
     import importlib
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             sec = Section(name, name, error=f"{type(exc).__name__}: {exc}")
         sec.seconds = time.perf_counter() - t0
-        doc["sections"][name] = sec.to_json()
+        doc["sections"][name] = sec.to_json() | {"peers": doc["peers"]}
         print(
             f"[bench] {name}: {sec.seconds:.1f} s{' (FAILED: ' + sec.error + ')' if sec.error else ''}",
             file=sys.stderr,

@@ -37,6 +37,13 @@ def markdown(doc: dict, png: str | None = None) -> str:
         "lower time / latency / memory).",
         "",
     ]
+    from .versions import markdown_line
+
+    run_peers = doc.get("peers")
+    if run_peers:
+        lines += [markdown_line(run_peers, doc.get("pins")), ""]
+    else:
+        lines += ["Peers: not recorded (a run from before bench/versions.py).", ""]
     for name, sec in doc.get("sections", {}).items():
         lines.append(f"## {sec.get('title') or name}")
         lines.append("")
@@ -58,6 +65,14 @@ def markdown(doc: dict, png: str | None = None) -> str:
         lines.append("")
         if what:
             lines.append(f"<details><summary>what is measured</summary>\n\n{what}\n\n</details>")
+            lines.append("")
+        sec_peers = sec.get("peers")
+        if not sec_peers and run_peers:
+            lines.append("_peers of this section: not recorded (measured before bench/versions.py)_")
+            lines.append("")
+        elif sec_peers != run_peers:
+            diff = ", ".join(f"{k} {v}" for k, v in sec_peers.items() if (run_peers or {}).get(k) != v)
+            lines.append(f"_measured in an earlier run, with: {diff}_")
             lines.append("")
         lines.append(f"_{sec.get('seconds')} s_")
         lines.append("")

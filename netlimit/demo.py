@@ -30,6 +30,48 @@ class DemoError(Exception):
     pass
 
 
+class DemoInterrupted(Exception):
+    """Ctrl-C (SIGINT) or SIGTERM ended the demo; the namespaces are gone.
+    `netlimit demo` exits 128 + the signal's number (130 for Ctrl-C, as shells expect)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class _Interrupts:
+    """SIGINT/SIGTERM handlers that remember the signal before raising KeyboardInterrupt.
+
+    The remembered signal is what decides the outcome, not the exception: Python
+    loses a KeyboardInterrupt raised while a finalizer (`__del__`, a weakref callback)
+    happens to run ("Exception ignored in ..."), and a demo that had been told to stop
+    then ran to its end and exited 0 (issue 35, on a busy host). `check()` between
+    the phases and before the result turns a remembered signal into the interruption."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
+
+    def _on_signal(self, signum, frame) -> None:
+        first = self.signum is None
+        self.signum = self.signum or signum
+        if first:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> _Interrupts:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+
+
 def demo_file(name: str = "demo.yaml") -> Path:
     p = Path(__file__).resolve().parents[1] / "rules" / name
     if not p.exists():
@@ -103,6 +145,15 @@ def _setup(srv: str, cli: str) -> None:
 
 
 def _teardown(srv: str, cli: str) -> None:
+    """Kill whatever still runs in the namespaces (a flood, a listener, iperf3 or the
+    escalation's daemon and sidecar that an interruption left behind), then delete them."""
+    for ns in (srv, cli):
+        p = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30)
+        for pid in p.stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ValueError, ProcessLookupError):
+                pass
     for ns in (srv, cli):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
 
@@ -281,130 +332,137 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str |
     prog = Progress()
     rows: list[Row] = []
 
-    def on_term(signum, frame):  # turn SIGTERM into the same clean-up as Ctrl-C
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, on_term)
     t_start = time.monotonic()
+    intr = _Interrupts()
+    failure: BaseException | None = None
     try:
-        print(
-            f"netlimit demo: namespaces {srv} (server, {SRV4}) and {cli} (client, {CLI4} and {CLI4_EXEMPT}), "
-            f"rules from {path}",
-            file=out,
-        )
-        print(f"backend: {choice.key} ({choice.why})", file=out)
-        _setup(srv, cli)
-        t0 = time.monotonic()
         try:
-            res = apply(desired, srv, backend=choice.key)
-        except ApplyError as exc:
-            raise DemoError(f"apply failed: {exc}") from None
-        c = res.changes.counts()
-        how = "one nft transaction" if nft else "one commit per family"
-        print(f"applied {c['add']} objects in {time.monotonic() - t0:.2f} s ({choice.key} + tc, {how})\n", file=out)
-
-        # 1. packet flood: limited source and exempt source at once
-        rate, burst, pps = 100, 10, 2000
-        _counters(srv, [CLI4, CLI4_EXEMPT], nft)
-        prog.run(f"udp flood {pps} pkt/s from 2 sources", duration)
-        p1 = traffic.udp_flood_start(cli, CLI4, SRV4, 5000, pps, duration)
-        p2 = traffic.udp_flood_start(cli, CLI4_EXEMPT, SRV4, 5000, pps, duration)
-        r1, r2 = traffic.flood_result(p1), traffic.flood_result(p2)
-        prog.stop()
-        time.sleep(0.2)
-        got, got_ex = _count(srv, CLI4, nft), _count(srv, CLI4_EXEMPT, nft)
-        exp = rate * r1.duration + burst
-        rows.append(
-            Row(
-                "udp-flood",
-                "udp/5000, per source",
-                f"{rate}/s + burst {burst} = {exp:.0f} in {r1.duration:.1f} s",
-                f"{got} of {r1.sent} delivered",
-                abs(got - exp) <= 0.01 * exp,
+            intr.__enter__()
+            print(
+                f"netlimit demo: namespaces {srv} (server, {SRV4}) and {cli} (client, {CLI4} and {CLI4_EXEMPT}), "
+                f"rules from {path}",
+                file=out,
             )
-        )
-        rows.append(
-            Row(
-                "(exempt)",
-                f"same flood from {CLI4_EXEMPT}",
-                "never limited",
-                f"{got_ex} of {r2.sent} delivered",
-                got_ex == r2.sent,
-            )
-        )
+            print(f"backend: {choice.key} ({choice.why})", file=out)
+            intr.check()
+            _setup(srv, cli)
+            intr.check()
+            t0 = time.monotonic()
+            try:
+                res = apply(desired, srv, backend=choice.key)
+            except ApplyError as exc:
+                raise DemoError(f"apply failed: {exc}") from None
+            c = res.changes.counts()
+            how = "one nft transaction" if nft else "one commit per family"
+            print(f"applied {c['add']} objects in {time.monotonic() - t0:.2f} s ({choice.key} + tc, {how})\n", file=out)
 
-        # 2. new connections (recent) and concurrent connections (connlimit)
-        prog.run("tcp connection attempts", 7)
-        l1 = traffic.tcp_listener(srv, SRV4, 2222, seconds=20)
-        l2 = traffic.tcp_listener(srv, SRV4, 8081, seconds=20)
-        try:
-            nc = traffic.tcp_connects(cli, CLI4, SRV4, 2222, 5, timeout=1.0)
-            mc = traffic.tcp_connects(cli, CLI4, SRV4, 8081, 3, timeout=1.0)
-        finally:
-            for lp in (l1, l2):
-                lp.kill()
-                lp.wait()
-        prog.stop()
-
-        def mark(lst: list[bool]) -> str:
-            return " ".join("ok" if x else "x" for x in lst)
-
-        rows.append(
-            Row(
-                "new-conns",
-                "tcp/2222 new connections",
-                "3 per minute per source",
-                f"{sum(nc)} of 5 accepted ({mark(nc)})",
-                nc == [True, True, True, False, False],
-            )
-        )
-        rows.append(
-            Row(
-                "max-conns",
-                "tcp/8081 concurrent",
-                "2 per source",
-                f"{sum(mc)} of 3 open ({mark(mc)})",
-                mc == [True, True, False],
-            )
-        )
-
-        # 3. bulk transfers: egress by port, ingress through the IFB device
-        for name, port, reverse, bits, what in (
-            ("bulk-out", 5201, True, 10e6, "server -> client, sport 5201"),
-            ("uploads-in", 5202, False, 20e6, "client -> server, dport 5202 (IFB)"),
-        ):
-            prog.run(f"iperf3 {what}", duration + 1)
-            r = traffic.iperf3(srv, cli, SRV4, port=port, seconds=int(duration), reverse=reverse)
+            # 1. packet flood: limited source and exempt source at once
+            intr.check()
+            rate, burst, pps = 100, 10, 2000
+            _counters(srv, [CLI4, CLI4_EXEMPT], nft)
+            prog.run(f"udp flood {pps} pkt/s from 2 sources", duration)
+            p1 = traffic.udp_flood_start(cli, CLI4, SRV4, 5000, pps, duration)
+            p2 = traffic.udp_flood_start(cli, CLI4_EXEMPT, SRV4, 5000, pps, duration)
+            r1, r2 = traffic.flood_result(p1), traffic.flood_result(p2)
             prog.stop()
-            conf = bits * PAYLOAD
+            time.sleep(0.2)
+            got, got_ex = _count(srv, CLI4, nft), _count(srv, CLI4_EXEMPT, nft)
+            exp = rate * r1.duration + burst
             rows.append(
                 Row(
-                    name,
-                    what,
-                    f"{bits / 1e6:g}mbit -> {conf / 1e6:.2f} goodput",
-                    f"{r.bits_per_second / 1e6:.2f} mbit/s ({100 * (r.bits_per_second / conf - 1):+.1f} %)",
-                    abs(r.bits_per_second - conf) <= 0.03 * conf,
+                    "udp-flood",
+                    "udp/5000, per source",
+                    f"{rate}/s + burst {burst} = {exp:.0f} in {r1.duration:.1f} s",
+                    f"{got} of {r1.sent} delivered",
+                    abs(got - exp) <= 0.01 * exp,
+                )
+            )
+            rows.append(
+                Row(
+                    "(exempt)",
+                    f"same flood from {CLI4_EXEMPT}",
+                    "never limited",
+                    f"{got_ex} of {r2.sent} delivered",
+                    got_ex == r2.sent,
                 )
             )
 
-        # 4. escalation: HTTP denials -> a ban in the kernel (netlimitd + a sidecar)
-        prog.run("escalation: http denials -> L3 ban", 5)
-        rows.append(_escalation(srv, cli, nft, choice.key))
-        prog.stop()
-    except KeyboardInterrupt:
-        prog.stop()
-        print("\ninterrupted: cleaning up", file=out)
-        return False
-    except (traffic.ToolMissing, RuntimeError, subprocess.SubprocessError, OSError) as exc:
-        prog.stop()
-        raise DemoError(str(exc)) from None
+            # 2. new connections (recent) and concurrent connections (connlimit)
+            intr.check()
+            prog.run("tcp connection attempts", 7)
+            l1 = traffic.tcp_listener(srv, SRV4, 2222, seconds=20)
+            l2 = traffic.tcp_listener(srv, SRV4, 8081, seconds=20)
+            try:
+                nc = traffic.tcp_connects(cli, CLI4, SRV4, 2222, 5, timeout=1.0)
+                mc = traffic.tcp_connects(cli, CLI4, SRV4, 8081, 3, timeout=1.0)
+            finally:
+                for lp in (l1, l2):
+                    lp.kill()
+                    lp.wait()
+            prog.stop()
+
+            def mark(lst: list[bool]) -> str:
+                return " ".join("ok" if x else "x" for x in lst)
+
+            rows.append(
+                Row(
+                    "new-conns",
+                    "tcp/2222 new connections",
+                    "3 per minute per source",
+                    f"{sum(nc)} of 5 accepted ({mark(nc)})",
+                    nc == [True, True, True, False, False],
+                )
+            )
+            rows.append(
+                Row(
+                    "max-conns",
+                    "tcp/8081 concurrent",
+                    "2 per source",
+                    f"{sum(mc)} of 3 open ({mark(mc)})",
+                    mc == [True, True, False],
+                )
+            )
+
+            # 3. bulk transfers: egress by port, ingress through the IFB device
+            for name, port, reverse, bits, what in (
+                ("bulk-out", 5201, True, 10e6, "server -> client, sport 5201"),
+                ("uploads-in", 5202, False, 20e6, "client -> server, dport 5202 (IFB)"),
+            ):
+                intr.check()
+                prog.run(f"iperf3 {what}", duration + 1)
+                r = traffic.iperf3(srv, cli, SRV4, port=port, seconds=int(duration), reverse=reverse)
+                prog.stop()
+                conf = bits * PAYLOAD
+                rows.append(
+                    Row(
+                        name,
+                        what,
+                        f"{bits / 1e6:g}mbit -> {conf / 1e6:.2f} goodput",
+                        f"{r.bits_per_second / 1e6:.2f} mbit/s ({100 * (r.bits_per_second / conf - 1):+.1f} %)",
+                        abs(r.bits_per_second - conf) <= 0.03 * conf,
+                    )
+                )
+
+            # 4. escalation: HTTP denials -> a ban in the kernel (netlimitd + a sidecar)
+            intr.check()
+            prog.run("escalation: http denials -> L3 ban", 5)
+            rows.append(_escalation(srv, cli, nft, choice.key))
+            prog.stop()
+            intr.check()
+        except KeyboardInterrupt:
+            intr.signum = intr.signum or signal.SIGINT
+        except (DemoError, traffic.ToolMissing, RuntimeError, subprocess.SubprocessError, OSError) as exc:
+            failure = exc
+    except KeyboardInterrupt:  # the first signal while an error was being noted (no later one raises)
+        pass
     finally:
-        prog.stop()
-        signal.signal(signal.SIGTERM, old)
-        if keep:
-            print(f"namespaces kept: {srv} {cli} (remove with: ip netns del {srv}; ip netns del {cli})", file=out)
-        else:
-            _teardown(srv, cli)
+        _finish(prog, intr, keep, srv, cli, out)
+    if intr.signum is not None:  # an error the interruption caused (a child killed) is the interruption
+        name = signal.Signals(intr.signum).name
+        print(f"\ninterrupted ({name}): namespaces {'kept' if keep else 'removed'}", file=out)
+        raise DemoInterrupted(intr.signum)
+    if failure is not None:
+        raise DemoError(str(failure)) from None
     print(format_rows(rows), file=out)
     ok = all(r.ok for r in rows)
     print(
@@ -414,6 +472,27 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str |
         file=out,
     )
     return ok
+
+
+def _finish(prog: Progress, intr: _Interrupts, keep: bool, srv: str, cli: str, out) -> None:
+    """The clean-up of every ending. A signal during it is remembered, not raised (a
+    second Ctrl-C does not cut it short); the first one, raised, restarts it (it is
+    idempotent: kill what runs in the namespaces, delete them)."""
+    try:
+        for _ in range(3):  # only the first signal raises: two passes at most
+            try:
+                prog.stop()
+                if keep:
+                    print(
+                        f"namespaces kept: {srv} {cli} (remove with: ip netns del {srv}; ip netns del {cli})", file=out
+                    )
+                else:
+                    _teardown(srv, cli)
+                return
+            except KeyboardInterrupt:
+                continue
+    finally:
+        intr.__exit__()
 
 
 def format_rows(rows: list[Row]) -> str:
@@ -444,5 +523,7 @@ def register(app: typer.Typer) -> None:
         except DemoError as exc:
             base.err(f"error: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
+        except DemoInterrupted as exc:
+            raise typer.Exit(128 + exc.signum) from None
         if not ok:
             raise typer.Exit(base.EXIT_FAILED)

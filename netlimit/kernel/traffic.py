@@ -52,7 +52,7 @@ while sent < n_total:
         pass
     last = time.monotonic()
     sent += 1
-print(json.dumps({"sent": sent, "duration": last - t0}))
+print(json.dumps({"sent": sent, "duration": last - t0, "start": t0, "end": last}))
 """
 
 
@@ -60,6 +60,8 @@ print(json.dumps({"sent": sent, "duration": last - t0}))
 class FloodResult:
     sent: int
     duration: float
+    start: float = 0.0  # CLOCK_MONOTONIC (one clock for every namespace) of the first and last send
+    end: float = 0.0
 
     @property
     def pps(self) -> float:
@@ -81,7 +83,7 @@ def flood_result(p: subprocess.Popen, timeout: float = 60) -> FloodResult:
     if p.returncode != 0:
         raise RuntimeError(f"udp flood failed: {errout.strip()}")
     d = json.loads(out)
-    return FloodResult(d["sent"], d["duration"])
+    return FloodResult(d["sent"], d["duration"], d.get("start", 0.0), d.get("end", 0.0))
 
 
 def udp_flood(ns: str, src: str, dst: str, port: int, pps: float, seconds: float) -> FloodResult:

@@ -49,7 +49,10 @@ Semantics
   store; then one request probes it, and success closes the breaker.  While
   open, ``on_store_failure`` decides: ``local`` (default) uses a process-local
   :class:`MemoryStore`, ``open`` allows (no decision, no headers), ``closed``
-  denies with ``retry_after = retry_interval``.
+  denies with ``retry_after = retry_interval``.  A store that is several
+  servers by key (a Redis Cluster: ``breaker_of`` names the primary of a key's
+  slot) has one breaker per server: while one shard fails over, the keys on the
+  others stay on the shared store.
 """
 
 from __future__ import annotations
@@ -202,10 +205,11 @@ class Limiter:
         self.on_store_failure = on_store_failure
         self.retry_interval = float(retry_interval)
         self._clock = clock
-        self._down_until = 0.0  # breaker open until (clock time); 0 = closed
-        self._down_since = 0.0
-        self._probing = False
-        self._fallbacks = 0  # decisions made without the primary since it went down
+        #: the store's one breaker; a store with ``breaker_of`` (a Redis Cluster: one per
+        #: primary) has one per part instead, in ``_breakers`` (issue 35)
+        self._breaker = _Breaker(None)
+        self._breakers: dict[Any, _Breaker] = {}
+        self._breaker_of: Callable[[str, Limit], Any] | None = getattr(store, "breaker_of", None)
         self._fail_log = LogEvery(log_interval, clock)
         self._rule_log = LogEvery(log_interval, clock)
         self.rules = rules
@@ -231,8 +235,13 @@ class Limiter:
 
     @property
     def store_available(self) -> bool:
-        """False while the breaker is open (the primary store is skipped)."""
-        return self._down_until == 0.0
+        """False while a breaker is open (the primary store, or a part of it, is skipped)."""
+        return not self._breaker.down_until and not any(b.down_until for b in self._breakers.values())
+
+    def stores_down(self) -> list[str]:
+        """The parts of the primary store whose breaker is open ("store" when it has one breaker)."""
+        down = [b for b in (self._breaker, *self._breakers.values()) if b.down_until]
+        return [str(b.part) if b.part is not None else "store" for b in down]
 
     async def close(self) -> None:
         await self.store.close()
@@ -495,26 +504,39 @@ class Limiter:
     # -- store access with the breaker ------------------------------------------
 
     async def _hit(self, key: str, rule: Rule, limit: Limit, cost: int) -> tuple[Decision | None, str]:
+        part = self._breaker_of
+        b = self._breaker if part is None else self._part(part(key, limit))
         probe = False
-        if self._down_until:
-            if self._clock() < self._down_until or self._probing:
-                return self._fallback(key, limit, cost)
-            self._probing = probe = True
+        if b.down_until:
+            if self._clock() < b.down_until or b.probing:
+                return self._fallback(key, limit, cost, b)
+            b.probing = probe = True
         try:
             dec = await self.store.hit(key, limit, cost)
         except Exception as exc:  # a StoreError, or a store's bug: either way the store is sick
-            self._failed(exc)
-            return self._fallback(key, limit, cost)
+            self._failed(exc, b)
+            return self._fallback(key, limit, cost, b)
         finally:
             if probe:
-                self._probing = False
-        if self._down_until:
-            self._recovered()
+                b.probing = False
+        if b.down_until:
+            self._recovered(b)
         return dec, SRC_STORE
 
-    def _fallback(self, key: str, limit: Limit, cost: int) -> tuple[Decision | None, str]:
+    def _part(self, part: Any) -> _Breaker:
+        """The breaker of one part of the store (a cluster's primary), made on first use.
+        Bounded: past _MAX_BREAKERS parts the closed ones are forgotten (a cluster has a
+        few primaries; old ones pile up only across many failovers)."""
+        b = self._breakers.get(part)
+        if b is None:
+            if len(self._breakers) >= _MAX_BREAKERS:
+                self._breakers = {k: v for k, v in self._breakers.items() if v.down_until}
+            b = self._breakers[part] = _Breaker(part)
+        return b
+
+    def _fallback(self, key: str, limit: Limit, cost: int, b: _Breaker) -> tuple[Decision | None, str]:
         mode = self.on_store_failure
-        self._fallbacks += 1
+        b.fallbacks += 1
         self.stats.fallbacks[mode] += 1
         if mode == "local":
             assert self.local is not None  # made in __init__ when the primary is not in-process
@@ -524,21 +546,23 @@ class Limiter:
         ri = self.retry_interval
         return Decision(False, limit.capacity, 0, ri, ri), SRC_CLOSED
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, b: _Breaker) -> None:
         now = self._clock()
         reason = _reason(exc)
         self.stats.store_errors[reason] += 1
-        if not self._down_until:
-            self._down_since = now
-            self._fallbacks = 0
-        self._down_until = now + self.retry_interval
-        held = self._fail_log.due("store")
+        if not b.down_until:
+            b.down_since = now
+            b.fallbacks = 0
+        b.down_until = now + self.retry_interval
+        held = self._fail_log.due("store" if b.part is None else f"store {b.part}")
         if held >= 0:
             what = {
                 "local": "deciding with the local in-memory store",
                 "open": "allowing every request",
                 "closed": "denying every limited request",
             }[self.on_store_failure]
+            if b.part is not None:
+                what += f" for the keys on {b.part} (the others go on)"
             msg = exc.args[0] if isinstance(exc, StoreError) and exc.args else repr(exc)
             log.warning(
                 "store failure (%s): %s; %s (on_store_failure: %s), retrying every %gs%s",
@@ -550,16 +574,17 @@ class Limiter:
                 f"; {held} more failures since the last report" if held else "",
             )
 
-    def _recovered(self) -> None:
-        down_for = self._clock() - self._down_since
+    def _recovered(self, b: _Breaker) -> None:
+        down_for = self._clock() - b.down_since
         log.warning(
-            "store is back after %.1fs; %d decisions were made without it (on_store_failure: %s)",
+            "store%s is back after %.1fs; %d decisions were made without it (on_store_failure: %s)",
+            "" if b.part is None else f" {b.part}",
             down_for,
-            self._fallbacks,
+            b.fallbacks,
             self.on_store_failure,
         )
-        self._down_until = 0.0
-        self._fallbacks = 0
+        b.down_until = 0.0
+        b.fallbacks = 0
 
     def _log_rule(self, kind: str, rule: Rule, entries, dec: Decision) -> None:
         held = self._rule_log.due(kind + "|" + rule.path)
@@ -587,6 +612,23 @@ class Limiter:
                 dec.retry_after,
                 more,
             )
+
+
+class _Breaker:
+    """One circuit breaker: open until ``down_until`` (clock time; 0 = closed)."""
+
+    __slots__ = ("down_since", "down_until", "fallbacks", "part", "probing")
+
+    def __init__(self, part: Any) -> None:
+        self.part = part  # what it guards: None (the whole store) or a part's name
+        self.down_until = 0.0
+        self.down_since = 0.0
+        self.probing = False  # one request is asking the store whether it is back
+        self.fallbacks = 0  # decisions made without the store since it went down
+
+
+#: at most this many per-part breakers are kept (see Limiter._part)
+_MAX_BREAKERS = 256
 
 
 def _replace(rules: list[Rule | None]) -> list[Rule | None]:

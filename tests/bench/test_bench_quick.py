@@ -28,6 +28,8 @@ def test_bench_quick(tmp_path):
     assert p.returncode == 0, p.stderr[-4000:]
     doc = json.loads((tmp_path / "latest.json").read_text())
     assert doc["mode"] == "quick"
+    assert doc["peers"]["limits"] and doc["peers"]["redis-py"] and doc["peers"]["nginx"]  # bench/versions.py
+    assert all(s["peers"] == doc["peers"] for s in doc["sections"].values())
     for name in SECTIONS:
         sec = doc["sections"][name]
         assert sec["error"] is None, (name, sec["error"])

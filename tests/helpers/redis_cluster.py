@@ -38,7 +38,11 @@ class RedisCluster:
         tls: TlsFiles | None = None,
         auth: Auth | None = None,
         tls_auth_clients: str = "optional",
+        full_coverage: bool = True,
     ) -> None:
+        """``full_coverage=False``: cluster-require-full-coverage no, so the shards that
+        are up go on answering while a slot has no primary (with yes, every node answers
+        CLUSTERDOWN from the dead primary's FAIL until its replica is promoted)."""
         self.base = base
         self.n_primaries = primaries
         self.n_replicas = replicas
@@ -59,7 +63,7 @@ class RedisCluster:
                         f"cluster-config-file {d / 'nodes.conf'}",
                         f"cluster-node-timeout {node_timeout_ms}",
                         f"cluster-port {bus}",
-                        "cluster-require-full-coverage yes",
+                        f"cluster-require-full-coverage {'yes' if full_coverage else 'no'}",
                         "repl-diskless-sync yes",
                         "repl-diskless-sync-delay 0",
                     ]

@@ -42,15 +42,21 @@ def _count_rule(topo, src: str, family: int = 4, port: int = PORT) -> str:
 
 
 def _flood(topo, flows: list[tuple[str, str, int]], pps: float = PPS, secs: float = SECS):
-    """Flood every (source, destination, port) at once; returns FloodResults. Retries
-    once if the machine was obviously starved (a sender reached less than half its rate)."""
-    for attempt in range(2):
-        procs = [traffic.udp_flood_start(topo.cli, s, d, port, pps, secs) for s, d, port in flows]
-        results = [traffic.flood_result(p, timeout=secs + 60) for p in procs]
-        if all(r.pps > pps / 2 and r.duration < secs * 1.1 for r in results) or attempt == 1:
-            return results
-        time.sleep(1)
-    return results
+    """Flood every (source, destination, port) at once, once; returns FloodResults.
+
+    One flood per call: a caller reads its counters before and after, so a retry must
+    be the caller's (with fresh counters). A retry in here counted two floods against
+    one bucket (issue 35: the exempt flow "delivered" 10,000 of 5,000 offered when the
+    first flood looked starved on a busy host and was sent again)."""
+    procs = [traffic.udp_flood_start(topo.cli, s, d, port, pps, secs) for s, d, port in flows]
+    return [traffic.flood_result(p, timeout=secs + 60) for p in procs]
+
+
+def _span(results) -> float:
+    """The time several senders into one bucket covered: first send of any to last send
+    of any (their start skew under load is refill time too; each one's own duration
+    missed it, issue 35's +2.5 % on the shared /24)."""
+    return max(r.end for r in results) - min(r.start for r in results)
 
 
 def _expected(rate: float, burst: int, duration: float) -> float:
@@ -114,14 +120,14 @@ def test_exactness_table(topo, any_backend):
     ]
     fams = [6 if ":" in src else 4 for src, _d, _p, _k in flows]
     counters = [_count_rule(topo, src, fam, port) for (src, _d, port, _k), fam in zip(flows, fams)]
-    for attempt in range(2):
+    for attempt in range(3):
         before = [traffic.counter_by_comment(topo.srv, c, fam) for c, fam in zip(counters, fams)]
         results = _flood(topo, [(s, d, p) for s, d, p, _k in flows], pps=1000)
         time.sleep(0.2)
         got = [traffic.counter_by_comment(topo.srv, c, fam) - b for c, fam, b in zip(counters, fams, before)]
         misses = []
         shared = [g for g, f in zip(got, flows) if f[3] == "shared"]
-        shared_exp = _expected(100, 10, max(r.duration for r, f in zip(results, flows) if f[3] == "shared"))
+        shared_exp = _expected(100, 10, _span([r for r, f in zip(results, flows) if f[3] == "shared"]))
         for (src, _d, port, kind), g, r in zip(flows, got, results):
             print(f"{any_backend}: {kind:6} {src}:{port} offered {r.sent} in {r.duration:.3f} s, delivered {g}")
             if kind == "own" and not _within(g, _expected(100, 10, r.duration), 0.01):
@@ -130,7 +136,7 @@ def test_exactness_table(topo, any_backend):
                 misses.append((src, port, g, r.sent))
         if not _within(sum(shared), shared_exp, 0.01):
             misses.append(("/24", 5001, sum(shared), round(shared_exp, 1)))
-        if not misses or attempt == 1:
+        if not misses or attempt == 2:
             break
         time.sleep(1.5)  # a retry needs full buckets again
     assert not misses, f"delivered vs expected (±1 %): {misses}"

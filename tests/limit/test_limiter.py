@@ -483,3 +483,55 @@ def test_requests_are_routed_by_domain(tmp_path):
     rs2 = from_loaded(load_file(tmp_path / "n.yaml"))
     lim.set_rules(rs2)
     assert [x.stats for x in rs2.all_rules if x.domain == "other"] == [r2.stats]
+
+
+class ShardedStore(FlakyStore):
+    """Two servers by key (as a Redis Cluster's primaries): keys ending in "1" live on
+    b, the others on a; ``down`` names the failing one."""
+
+    def __init__(self, clock):
+        super().__init__(clock)
+        self.down: str | None = None
+
+    def breaker_of(self, key, limit):
+        return "b" if key.endswith("1") else "a"
+
+    async def hit(self, key, limit, cost=1):
+        self.calls += 1
+        if self.breaker_of(key, limit) == self.down:
+            raise StoreError("redis: ConnectionError('Connection refused')") from ConnectionRefusedError(111, "x")
+        return self.inner.hit_sync(key, limit, cost)
+
+
+@pytest.mark.parametrize("mode", ["local", "open", "closed"])
+def test_one_breaker_per_part_of_the_store(rules, mode, caplog):
+    """A store in parts (breaker_of): a failing part opens its own breaker; keys on the
+    other part stay on the store, exact, while keys on the failing one follow
+    on_store_failure until it is back (issue 35)."""
+    clock = Clock()
+    store = ShardedStore(clock)
+
+    async def go():
+        lim, core = mk(rules, clock, store=store, on_store_failure=mode, retry_interval=2.0)
+        store.down = "b"
+        healthy, sick = [], []
+        for _ in range(5):  # per-user: 3 per hour
+            healthy.append(await check(lim, "api", [[("user", "u0")]]))
+            sick.append(await check(lim, "api", [[("user", "u1")]]))
+        assert [r.statuses[0].source for r in healthy] == [SRC_STORE] * 5
+        assert [r.code for r in healthy] == [OK, OK, OK, OVER_LIMIT, OVER_LIMIT]  # exact: the shared count
+        want = {"local": SRC_LOCAL, "open": SRC_OPEN, "closed": SRC_CLOSED}[mode]
+        assert [r.statuses[0].source for r in sick] == [want] * 5
+        assert not lim.store_available and lim.stores_down() == ["b"]
+        assert core.fallbacks[mode] == 5
+        store.down = None
+        clock.t += 2.5  # the retry interval: the next decision on b probes it
+        r = await check(lim, "api", [[("user", "u1")]])
+        assert r.statuses[0].source == SRC_STORE
+        assert lim.store_available and lim.stores_down() == []
+
+    with caplog.at_level("WARNING", logger="netlimit.limit"):
+        run(go())
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("for the keys on b (the others go on)" in m for m in msgs)
+    assert any(m.startswith("store b is back after 2.5s; 5 decisions were made without it") for m in msgs)

@@ -9,6 +9,13 @@ Element counts (for `list`) are one more dump per set, asked only by `list`.
 
 Works in the calling thread's network namespace (the socket is opened there).
 Only reads; writes go through `nft -f` (backends/nftables.py).
+
+One generation: the three dumps are separate requests, and another tool (kube-proxy,
+a CrowdSec bouncer) may commit between them; each dump's NLM_F_DUMP_INTR only says
+that one dump was torn. `read_table` asks the ruleset's generation (NFT_MSG_GETGEN)
+before and after the dumps and keeps a read only when both are the same and no dump
+was interrupted; otherwise it reads again, for at most READ_BOUND_S seconds, and then
+fails (EAGAIN) rather than return a table no generation ever had (issue 35).
 """
 
 from __future__ import annotations
@@ -17,11 +24,14 @@ import errno
 import os
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_GETTABLE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM = 1, 4, 7, 10, 13
+NFT_MSG_GETGEN = 16
+NFTA_GEN_ID = 1
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR = 0x1, 0x4, 0x300, 0x10
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLA_TYPE_MASK = 0x3FFF
@@ -44,7 +54,7 @@ UDATA_RULE_COMMENT = 0  # libnftnl's NFTNL_UDATA_RULE_COMMENT
 UDATA_SET_COMMENT = 7  # NFTNL_UDATA_SET_COMMENT
 RECV_BUF = 1 << 20
 TIMEOUT_S = 10.0
-DUMP_RETRIES = 5
+READ_BOUND_S = 2.0  # how long read_table / request retry torn reads (a bound in time, not in count)
 
 
 class NetlinkError(OSError):
@@ -188,15 +198,26 @@ class Socket:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, msg: int, family: int, payload: bytes, dump: bool) -> list[bytes]:
+    def request(self, msg: int, family: int, payload: bytes, dump: bool, bound: float = READ_BOUND_S) -> list[bytes]:
         """Send one request; the payloads (after nfgenmsg) of every answer. Raises
         NetlinkError (errno set) on an error answer; a dump interrupted by a
-        concurrent change is asked again."""
-        for _ in range(DUMP_RETRIES):
+        concurrent change is asked again, for at most `bound` seconds."""
+        deadline = time.monotonic() + bound
+        while True:
             out, interrupted = self._request(msg, family, payload, dump)
             if not interrupted:
                 return out
-        raise NetlinkError(errno.EAGAIN, "the ruleset kept changing while it was read")
+            if time.monotonic() >= deadline:
+                raise NetlinkError(errno.EAGAIN, f"the ruleset kept changing while it was read (for {bound:g} s)")
+
+    def generation(self) -> int:
+        """The ruleset's generation in this namespace (every commit moves it on)."""
+        msgs, _ = self._request(NFT_MSG_GETGEN, socket.AF_UNSPEC, b"", dump=False)
+        for buf in msgs:
+            gen = _attrs(buf).get(NFTA_GEN_ID)
+            if gen is not None:
+                return _be(gen)
+        raise NetlinkError(errno.EPROTO, "no generation in the answer to NFT_MSG_GETGEN")
 
     def _request(self, msg: int, family: int, payload: bytes, dump: bool) -> tuple[list[bytes], bool]:
         self.seq += 1
@@ -339,43 +360,80 @@ def _walk(buf: bytes, start: int, end: int):
         i += (ln + 3) & ~3
 
 
-def read_table(name: str, family: str = "inet") -> Table | None:
-    """The table's chains, named sets and rules; None when it does not exist."""
+class TornRead(Exception):
+    """A read that saw more than one generation (a dump interrupted, or a commit between
+    the dumps): it is thrown away and read again."""
+
+
+def read_table(name: str, family: str = "inet", bound: float = READ_BOUND_S) -> Table | None:
+    """The table's chains, named sets and rules, all of one generation of the ruleset;
+    None when it does not exist. Raises NetlinkError(EAGAIN) when another tool's commits
+    tore every read for `bound` seconds."""
+    deadline = time.monotonic() + bound
+    reads = 0
+    with Socket() as nl:
+        while True:
+            reads += 1
+            before = nl.generation()
+            try:
+                t = _read_once(nl, name, family)
+            except TornRead:
+                after = None
+            else:
+                after = nl.generation()
+                if after == before:
+                    return t
+            if time.monotonic() >= deadline:
+                raise NetlinkError(
+                    errno.EAGAIN,
+                    f"nftables table {family} {name}: another tool committed during each of {reads} reads "
+                    f"in {bound:g} s (generation {before} -> {after if after is not None else 'a torn dump'}); "
+                    "no consistent read to plan from",
+                )
+
+
+def _dump(nl: Socket, msg: int, family: int, payload: bytes) -> list[bytes]:
+    out, interrupted = nl._request(msg, family, payload, True)
+    if interrupted:
+        raise TornRead
+    return out
+
+
+def _read_once(nl: Socket, name: str, family: str) -> Table | None:
     fam = NFPROTO[family]
     tname = _cstr(name)
-    with Socket() as nl:
-        try:
-            nl.request(NFT_MSG_GETTABLE, fam, _attr(NFTA_TABLE_NAME, tname), dump=False)
-        except NetlinkError as exc:
-            if exc.errno == errno.ENOENT:
-                return None
-            raise
-        t = Table()
-        for buf in nl.request(NFT_MSG_GETCHAIN, fam, _attr(NFTA_CHAIN_TABLE, tname), dump=True):
-            a = _attrs(buf)
-            if _str(a.get(NFTA_CHAIN_TABLE)) != name:
-                continue  # older kernels dump every table's chains
-            c = Chain(_str(a.get(NFTA_CHAIN_NAME)), _be(a.get(NFTA_CHAIN_HANDLE)), _str(a.get(NFTA_CHAIN_TYPE)))
-            if NFTA_CHAIN_HOOK in a:
-                h = _attrs(a[NFTA_CHAIN_HOOK])
-                c.hook = HOOKS.get(_be(h.get(NFTA_HOOK_HOOKNUM)), str(_be(h.get(NFTA_HOOK_HOOKNUM))))
-                c.priority = struct.unpack(">i", h.get(NFTA_HOOK_PRIORITY, b"\0\0\0\0"))[0]
-                c.policy = "accept" if _be(a.get(NFTA_CHAIN_POLICY)) == 1 else "drop"
-            t.chains[c.name] = c
-            t.rules[c.name] = []
-        for buf in nl.request(NFT_MSG_GETSET, fam, _attr(NFTA_SET_TABLE, tname), dump=True):
-            s = _set(buf, name)
-            if s is not None:
-                t.sets[s.name] = s
-        rules = t.rules
-        for buf in nl.request(NFT_MSG_GETRULE, fam, _attr(NFTA_RULE_TABLE, tname), dump=True):
-            r = _rule(buf)
-            if r.table == name:
-                lst = rules.get(r.chain)
-                if lst is None:
-                    lst = rules[r.chain] = []
-                lst.append(r)
-        return t
+    try:
+        nl.request(NFT_MSG_GETTABLE, fam, _attr(NFTA_TABLE_NAME, tname), dump=False)
+    except NetlinkError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise
+    t = Table()
+    for buf in _dump(nl, NFT_MSG_GETCHAIN, fam, _attr(NFTA_CHAIN_TABLE, tname)):
+        a = _attrs(buf)
+        if _str(a.get(NFTA_CHAIN_TABLE)) != name:
+            continue  # older kernels dump every table's chains
+        c = Chain(_str(a.get(NFTA_CHAIN_NAME)), _be(a.get(NFTA_CHAIN_HANDLE)), _str(a.get(NFTA_CHAIN_TYPE)))
+        if NFTA_CHAIN_HOOK in a:
+            h = _attrs(a[NFTA_CHAIN_HOOK])
+            c.hook = HOOKS.get(_be(h.get(NFTA_HOOK_HOOKNUM)), str(_be(h.get(NFTA_HOOK_HOOKNUM))))
+            c.priority = struct.unpack(">i", h.get(NFTA_HOOK_PRIORITY, b"\0\0\0\0"))[0]
+            c.policy = "accept" if _be(a.get(NFTA_CHAIN_POLICY)) == 1 else "drop"
+        t.chains[c.name] = c
+        t.rules[c.name] = []
+    for buf in _dump(nl, NFT_MSG_GETSET, fam, _attr(NFTA_SET_TABLE, tname)):
+        s = _set(buf, name)
+        if s is not None:
+            t.sets[s.name] = s
+    rules = t.rules
+    for buf in _dump(nl, NFT_MSG_GETRULE, fam, _attr(NFTA_RULE_TABLE, tname)):
+        r = _rule(buf)
+        if r.table == name:
+            lst = rules.get(r.chain)
+            if lst is None:
+                lst = rules[r.chain] = []
+            lst.append(r)
+    return t
 
 
 def set_sizes(name: str, sets: list[str], family: str = "inet") -> dict[str, int]:

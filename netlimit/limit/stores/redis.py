@@ -427,6 +427,24 @@ class RedisStore:
         except (TypeError, ValueError, IndexError, KeyError) as e:
             raise StoreError(f"redis {limit.algorithm} for {key!r}: unexpected reply {res!r:.200}") from e
 
+    def breaker_of(self, key: str, limit: Limit) -> str | None:
+        """Which circuit breaker a decision for ``key`` belongs to (the Limiter keeps one
+        per answer): in a cluster, the primary serving the key's slot now, so that one
+        shard failing over leaves the keys of the others on the store; None elsewhere
+        (one breaker).  A slot no primary is known for: ``"slot N"``'s own."""
+        if self._slots is None or not self._lean:
+            return None
+        la = self._lean_args.get(limit._ns)
+        if la is None:
+            la = self._lean_args[limit._ns] = _lean(self._prefix, limit)
+        head = la[0]
+        rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}").encode(
+            "utf-8", "surrogatepass"
+        )
+        slot = key_slot(rkey)
+        node = self._slots[slot]
+        return str(node.address) if node is not None else f"slot {slot}"
+
     async def peek(self, key: str, limit: Limit, cost: int = 1, *, now: float | None = None) -> Decision:
         return await self.hit(key, limit, cost, now=now, _dry=b"1")
 
