@@ -164,6 +164,19 @@ class Daemon:
         if self.metrics:
             self.metrics.rejected.set(0)
 
+    def _lockout_warn(self, loaded, why: str) -> None:
+        """The daemon has no session to protect: it applies the file, and says at
+        warning level which rules could cut off sshd's ports (the CLI's guard)."""
+        from ..kernel.lockout import lockout_hits, problems, sshd_listeners
+
+        try:
+            hits = lockout_hits(loaded.config, sshd_listeners(self.status.netns))
+        except Exception as exc:  # a look at /proc must never stop a reload
+            log.warning(f"{why}: cannot check for SSH lock-out: {exc!r}")
+            return
+        for p in problems(loaded, hits):
+            log.warning(f"{why}: {p}")
+
     def start(self) -> int:
         from ..config.validate import ConfigError, load_file
 
@@ -182,6 +195,7 @@ class Daemon:
             return 1
         if self.metrics_addr:
             self.metrics = Metrics(self.kernel, self.status)
+        self._lockout_warn(loaded, "start")
         if not self._apply(loaded, "start"):
             return 2
         self._adopt(loaded)
@@ -235,6 +249,7 @@ class Daemon:
             self.recheck_at = 0.0
             if self.loaded is not None and loaded.sha256 == self.loaded.sha256 and self.status.rejected is None:
                 log.info(f"{why}: file unchanged; checking the kernel")
+            self._lockout_warn(loaded, why)
             if self._apply(loaded, why):
                 self._adopt(loaded)
                 self._bans_follow(loaded.config)

@@ -120,6 +120,8 @@ def register(app: typer.Typer) -> None:  # one function per command below
         desired = _compile(loaded)
         choice = _choose(backend, loaded.config)
         _backend_warnings(loaded, choice.key)
+        for w in lockout_warnings(loaded, netns):
+            base.err(str(w))
         if not live and netns is None:
             from .render import plan_dict, plan_text
 
@@ -186,17 +188,25 @@ def register(app: typer.Typer) -> None:  # one function per command below
             "the previous rules are restored. For changes to the port you are connected through.",
         ),
         backend: str | None = _backend_option(),
+        allow_lockout: bool = typer.Option(
+            False,
+            "--allow-lockout",
+            help="Apply even when a rule could cut off the SSH session running this command "
+            "(SSH_CONNECTION); without it, or --confirm, such a file is refused.",
+        ),
     ) -> None:
         """Make the kernel equal to FILE: print the diff, then write it atomically (root).
 
         Idempotent: a second apply of the same file writes nothing. On failure the
-        previous state is restored and the exit code is 2.
+        previous state is restored and the exit code is 2. A file with a rule that could
+        cut off this SSH session is refused (exit 1) unless --confirm or --allow-lockout.
         """
         base = _cli()
         loaded = base.load_or_exit(file)
         desired = _compile(loaded)
         _need_root("apply")
         _check_netns(netns)
+        _lockout_guard(loaded, netns, confirm is not None or allow_lockout)
         choice = _choose(backend, loaded.config)
         from .reconcile import ApplyError
         from .reconcile import apply as do_apply
@@ -307,6 +317,36 @@ def register(app: typer.Typer) -> None:  # one function per command below
             raise typer.Exit(base.EXIT_FAILED) from None
         if not quiet:
             typer.echo(describe_flush(res, netns))
+
+
+def lockout_warnings(loaded, netns: str | None, env=None) -> list:
+    """Warnings (Problem) for the rules that could cut off SSH here (lockout.py)."""
+    from .lockout import lockout_hits, problems, ssh_targets
+
+    return problems(loaded, lockout_hits(loaded.config, ssh_targets(env, netns)))
+
+
+def _lockout_guard(loaded, netns: str | None, allowed: bool) -> None:
+    """apply: refuse (exit 1) a file whose rules could cut off the SSH session that
+    runs the command, unless --confirm (rolled back without an answer) or
+    --allow-lockout; warn (on stderr, even with --quiet) about what it lets through."""
+    from .lockout import lockout_hits, problems, ssh_targets
+
+    base = _cli()
+    hits = lockout_hits(loaded.config, ssh_targets(None, netns))
+    session = [h for h in hits if h.target.session]
+    if session and not allowed:
+        for p in problems(loaded, session):
+            base.err(str(p).replace(": warning: ", ": ", 1))
+        client = session[0].target.client
+        base.err(
+            f"{loaded.path}: refused: {len(session)} rule{'s' if len(session) != 1 else ''} could cut off "
+            f"the SSH session running this command. Add {client} (or its network) to `exempt:`, or apply with "
+            "--confirm SECONDS (rolled back unless you answer) or --allow-lockout; nothing was changed"
+        )
+        raise typer.Exit(base.EXIT_INVALID)
+    for p in problems(loaded, hits):
+        base.err(str(p))
 
 
 _LAYER_WORDS = {"nftables": "nftables", "restore": "iptables/ip6tables", "python-iptables": "iptables/ip6tables"}
