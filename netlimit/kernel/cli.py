@@ -188,6 +188,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
             "the previous rules are restored. For changes to the port you are connected through.",
         ),
         backend: str | None = _backend_option(),
+        socket_path: str = _socket_option(),
         allow_lockout: bool = typer.Option(
             False,
             "--allow-lockout",
@@ -207,6 +208,8 @@ def register(app: typer.Typer) -> None:  # one function per command below
         _need_root("apply")
         _check_netns(netns)
         _lockout_guard(loaded, netns, confirm is not None or allow_lockout)
+        if _daemon_apply(file, netns, socket_path):
+            return
         choice = _choose(backend, loaded.config)
         from .reconcile import ApplyError
         from .reconcile import apply as do_apply
@@ -301,12 +304,18 @@ def register(app: typer.Typer) -> None:  # one function per command below
         netns: str | None = typer.Option(None, "--netns", help=NETNS_HELP),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
         backend: str | None = _backend_option(),
+        socket_path: str = _socket_option(),
     ) -> None:
         """Remove everything netlimit owns (nftables table, iptables/ip6tables chains, tc trees,
-        ingress redirects, IFBs) and nothing else."""
+        ingress redirects, IFBs) and nothing else.
+
+        With a netlimitd running for the namespace, it is asked to stand down: it removes its
+        objects and stays down (no reloads, no repairs) until `netlimit resume` or a restart."""
         base = _cli()
         _need_root("flush")
         _check_netns(netns)
+        if _daemon_flush(netns, socket_path, quiet):
+            return
         choice = _choose(backend)
         from .reconcile import flush as do_flush
 
@@ -317,6 +326,73 @@ def register(app: typer.Typer) -> None:  # one function per command below
             raise typer.Exit(base.EXIT_FAILED) from None
         if not quiet:
             typer.echo(describe_flush(res, netns))
+
+
+def _socket_option():
+    from ..daemon.status import DEFAULT_SOCKET
+
+    return typer.Option(
+        DEFAULT_SOCKET, "--socket", help="A running netlimitd's status socket: apply and flush work through it."
+    )
+
+
+def _daemon_for(netns: str | None, socket_path: str) -> dict | None:
+    """The status of a netlimitd that keeps this namespace (None: none runs for it)."""
+    from ..daemon.status import find_daemon
+
+    st = find_daemon(socket_path)
+    if st is None or st.get("netns") != netns:
+        return None
+    return st
+
+
+def _daemon_apply(file: Path, netns: str | None, socket_path: str) -> bool:
+    """With a netlimitd keeping this namespace: its own file is reloaded through it
+    (True: done, its result printed); another file is refused (exit 1), since the
+    daemon would put its own file back at its next resync. False: no daemon."""
+    from ..daemon.status import control
+
+    st = _daemon_for(netns, socket_path)
+    if st is None:
+        return False
+    base = _cli()
+    theirs = st.get("config_realpath") or st.get("config_path", "")
+    pid = st.get("pid")
+    if os.path.realpath(file) != theirs:
+        where = f" --netns {netns}" if netns else ""
+        base.err(
+            f"{file}: refused: netlimitd (pid {pid}) keeps the kernel{where} equal to {theirs} and would revert "
+            f"this apply at its next resync. Change the rules by editing {theirs} (netlimitd reloads it), or "
+            f"`netlimit apply {theirs}`; for another file, stop it first (`systemctl stop netlimitd`); "
+            "nothing was changed"
+        )
+        raise typer.Exit(base.EXIT_INVALID)
+    res = control(socket_path, "reload", by="netlimit apply")
+    if not res.get("ok"):
+        base.err(f"{file}: netlimitd (pid {pid}) did not apply it: {res.get('error', '?')}")
+        raise typer.Exit(base.EXIT_INVALID if res.get("invalid") else base.EXIT_FAILED)
+    typer.echo(f"netlimitd (pid {pid}) reloaded {theirs}: {res.get('summary', '')} (last apply: {res.get('result')})")
+    return True
+
+
+def _daemon_flush(netns: str | None, socket_path: str, quiet: bool) -> bool:
+    """With a netlimitd keeping this namespace: ask it to stand down (True: done)."""
+    from ..daemon.status import control
+
+    st = _daemon_for(netns, socket_path)
+    if st is None:
+        return False
+    base = _cli()
+    res = control(socket_path, "standdown", by="netlimit flush")
+    if not res.get("ok"):
+        base.err(f"error: netlimitd (pid {st.get('pid')}) did not stand down: {res.get('error', '?')}")
+        raise typer.Exit(base.EXIT_FAILED)
+    if not quiet:
+        typer.echo(
+            f"netlimitd (pid {st.get('pid')}) stood down: {res.get('summary', '')}. It stays down "
+            "until `netlimit resume` (or a restart)"
+        )
+    return True
 
 
 def lockout_warnings(loaded, netns: str | None, env=None) -> list:
