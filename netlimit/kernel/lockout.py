@@ -3,8 +3,9 @@
 Two kinds of target:
 
 * the SSH session running the command, from ``SSH_CONNECTION`` ("client_ip
-  client_port server_ip server_port"): its client address, server address and
-  server port are known exactly;
+  client_port server_ip server_port"; after ``sudo``, which resets the
+  environment, from the nearest ancestor process that has it): its client
+  address, server address and server port are known exactly;
 * every TCP port an ``sshd`` process listens on in the network namespace the
   rules go to (its sockets matched against ``/proc/<pid>/net/tcp{,6}``), whose
   clients are unknown. Without the right to read other processes' descriptors
@@ -166,10 +167,38 @@ def sshd_listeners(netns: str | None = None, proc: str = "/proc") -> list[Target
     ]
 
 
+def inherited_ssh_connection(proc: str = "/proc", pid: int | None = None, depth: int = 32) -> str | None:
+    """SSH_CONNECTION of the nearest ancestor that has it: `sudo` resets the
+    environment, but the shell it was typed in still carries the variable
+    (root may read /proc/<pid>/environ). None when no ancestor has it."""
+    pid = os.getppid() if pid is None else pid
+    for _ in range(depth):
+        if pid <= 1:
+            return None
+        try:
+            with open(f"{proc}/{pid}/environ", "rb") as f:
+                environ = f.read(1 << 20)
+            for item in environ.split(b"\0"):
+                if item.startswith(b"SSH_CONNECTION="):
+                    return item[len(b"SSH_CONNECTION=") :].decode("ascii", "replace")
+            with open(f"{proc}/{pid}/stat") as f:
+                stat = f.read()
+            pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
 def ssh_targets(env: Mapping[str, str] | None = None, netns: str | None = None) -> list[Target]:
     """The session (when the command runs in the namespace the rules go to) and
-    sshd's listening ports there."""
-    env = os.environ if env is None else env
+    sshd's listening ports there. Without ``env``: this process's environment,
+    else (after sudo) the nearest ancestor's SSH_CONNECTION."""
+    if env is None:
+        env = os.environ
+        if "SSH_CONNECTION" not in env:
+            inherited = inherited_ssh_connection()
+            if inherited is not None:
+                env = {"SSH_CONNECTION": inherited}
     out: list[Target] = []
     s = session_target(env)
     if s is not None and (netns is None or _netns_ino(f"/run/netns/{netns}") == _netns_ino("/proc/self/ns/net")):

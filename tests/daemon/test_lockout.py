@@ -203,6 +203,25 @@ def test_apply_refuses_a_file_that_cuts_off_the_session(tmp_path: Path, netns: s
     )
 
 
+def test_after_sudo_the_session_is_found_in_the_shell_that_ran_it(tmp_path: Path, netns: str):
+    """sudo resets the environment: the shell above it still has SSH_CONNECTION."""
+    f = tmp_path / "lock.yaml"
+    f.write_text(LOCKING.replace("eth0", "nlta"))
+    env = {k: v for k, v in os.environ.items() if k != "SSH_CONNECTION"}
+    env["SSH_CONNECTION"] = SESSION
+    # the shell has it; the command it runs (as sudo would) does not
+    res = subprocess.run(
+        ["sh", "-c", 'env -u SSH_CONNECTION ip netns exec "$0" "$1" apply "$2" --backend nftables', netns, EXE, str(f)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert res.returncode == 1, res.stderr
+    assert "could lock out your SSH session from 203.0.113.7 to port 22" in res.stderr
+    assert table(netns) == ""
+
+
 def test_apply_with_confirm_goes_through_the_try_and_rollback(tmp_path: Path, netns: str):
     f = tmp_path / "lock.yaml"
     f.write_text(LOCKING.replace("eth0", "nlta"))
