@@ -130,6 +130,11 @@ def validate(
                 )
                 parts.append(f"http domain{'s' if len(domains) != 1 else ''} {', '.join(map(repr, domains))}")
             typer.echo(f"{path}: valid ({', '.join(parts)})")
+        # after the verdict: they are about this host (its SSH session, its sshd), not the file
+        from .kernel.cli import lockout_warnings
+
+        for w in lockout_warnings(loaded, None):
+            typer.echo(str(w))
     if bad:
         raise typer.Exit(EXIT_INVALID)
 

@@ -91,11 +91,105 @@ def _pasted_marker(text: str) -> str:
     return text
 
 
+#: nodes a file may hold as written (scalars, mappings, sequences): a big
+#: config has a few hundred (rules/example-all.yaml: 131), the 1000-rule file of
+#: scripts/faults.py 12,005
+MAX_NODES = 50_000
+#: nodes that aliases may add once expanded, over the whole file: anchors for a
+#: shared rate or a list of exempt networks are fine, a "billion laughs" is not
+MAX_ALIAS_NODES = 10_000
+#: nesting of mappings and sequences
+MAX_DEPTH = 64
+
+# libyaml's parser and composer (C: a 1 MiB file in milliseconds, where PyYAML's
+# own scanner takes a second); PyYAML's when it was built without libyaml
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Refused(Exception):
+    """The file goes past one of the loader's budgets."""
+
+    def __init__(self, mark: Any, message: str):
+        super().__init__(message)
+        self.mark = mark
+        self.message = message
+
+
+def _check_budgets(text: str) -> None:
+    """Walk the parser's events once, before anything is built, and refuse a
+    file past a budget: nodes, nesting depth, and the nodes aliases add once
+    expanded. PyYAML keeps an alias as a second reference to its anchored node;
+    ``build`` below expands it, so nine levels of nine aliases each (a 500-byte
+    file) would be hundreds of millions of nodes. Here each anchor's expanded
+    size is known when its node ends, an alias is charged that size where it
+    stands, and the first alias past the budget is named. An alias inside its
+    own anchor (``&a [*a]``) has no finite expansion: refused too. The walk
+    keeps only a stack as deep as the nesting and one number per anchor, so a
+    refused file costs no memory; syntax errors raise here as the composer
+    would raise them."""
+    loader = _LOADER(text)
+    nodes = alias_nodes = 0
+    #: per open collection: [expanded size so far, its anchor]
+    stack: list[list[Any]] = []
+    #: expanded size per anchor (None while its node is still open)
+    sizes: dict[str, int | None] = {}
+    try:
+        while loader.check_event():
+            ev = loader.get_event()
+            if isinstance(ev, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
+                nodes += 1
+                if nodes > MAX_NODES:
+                    raise _Refused(ev.start_mark, f"more than {MAX_NODES} YAML nodes: this is not a config file")
+                if isinstance(ev, yaml.CollectionStartEvent):
+                    if len(stack) >= MAX_DEPTH:
+                        raise _Refused(ev.start_mark, f"nesting deeper than {MAX_DEPTH} levels")
+                    if ev.anchor is not None:
+                        sizes[ev.anchor] = None
+                    stack.append([1, ev.anchor])
+                    continue
+                size = 1
+                if ev.anchor is not None:
+                    sizes[ev.anchor] = 1
+            elif isinstance(ev, yaml.CollectionEndEvent):
+                size, anchor = stack.pop()
+                if anchor is not None:
+                    sizes[anchor] = size
+            elif isinstance(ev, yaml.AliasEvent):
+                if ev.anchor not in sizes:
+                    continue  # the composer says "found undefined alias"
+                known = sizes[ev.anchor]
+                if known is None:
+                    raise _Refused(
+                        ev.start_mark,
+                        f"alias *{ev.anchor} stands inside its own anchor &{ev.anchor} "
+                        "(a recursive structure): write the value out",
+                    )
+                size = known
+                alias_nodes += size
+                if alias_nodes > MAX_ALIAS_NODES:
+                    raise _Refused(
+                        ev.start_mark,
+                        f"alias *{ev.anchor} expands to {size} nodes, which makes {alias_nodes} "
+                        f"nodes from aliases; at most {MAX_ALIAS_NODES} are allowed "
+                        "(aliases of aliases multiply: a 'billion laughs' file?)",
+                    )
+            else:
+                continue
+            if stack:
+                stack[-1][0] += size
+    finally:
+        loader.dispose()
+
+
 def load_text(text: str, filename: str) -> Document:
     """Parse YAML text into a Document; raise YamlError with positions."""
     text = _pasted_marker(text)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_budgets(text)
+        root = yaml.compose(text, Loader=_LOADER)
+    except _Refused as exc:
+        line, col = (exc.mark.line + 1, exc.mark.column + 1)
+        raise YamlError([Problem(filename, line, col, "yaml", exc.message)]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
@@ -149,7 +243,8 @@ def load_text(text: str, filename: str) -> Document:
         if isinstance(node, yaml.SequenceNode):
             return [build(item, path + (i,), depth + 1) for i, item in enumerate(node.value)]
         value = constructor.construct_object(node, deep=True)
-        if value is not None and not isinstance(value, str) and node.style is None:
+        # plain style is None in PyYAML's parser, "" in libyaml's
+        if value is not None and not isinstance(value, str) and not node.style:
             doc.text[path] = node.value
         return value
 

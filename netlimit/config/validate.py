@@ -42,7 +42,7 @@ from .model import (
 )
 from .units import Rate
 
-MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_FILE_BYTES = 1024 * 1024
 #: at most this many files in a lyft_config_dir
 MAX_LYFT_FILES = 1000
 #: a label for problems in a Lyft config file (its "rule" column)
@@ -95,7 +95,13 @@ def _read_text(path: str | FsPath) -> str:
     """A config file's text; ConfigError when it cannot be read or is not UTF-8 text."""
     name = str(path)
     try:
-        raw = FsPath(path).read_bytes()
+        # never more than the cap in memory: a 50 MB file (or /dev/zero) is
+        # refused after reading MAX_FILE_BYTES + 1 bytes at most
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE_BYTES:
+                raise ConfigError([Problem(name, 1, 1, "file", f"file is {size} bytes; the limit is {MAX_FILE_BYTES}")])
+            raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError([Problem(name, 0, 0, "file", "no such file")]) from None
     except IsADirectoryError:
@@ -103,7 +109,7 @@ def _read_text(path: str | FsPath) -> str:
     except OSError as exc:
         raise ConfigError([Problem(name, 0, 0, "file", f"cannot read: {exc.strerror}")]) from None
     if len(raw) > MAX_FILE_BYTES:
-        raise ConfigError([Problem(name, 1, 1, "file", f"file is {len(raw)} bytes; the limit is {MAX_FILE_BYTES}")])
+        raise ConfigError([Problem(name, 1, 1, "file", f"file is over {MAX_FILE_BYTES} bytes, the limit")])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

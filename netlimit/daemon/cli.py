@@ -89,6 +89,8 @@ def register(app: typer.Typer) -> None:
             return
         s = payload
         typer.echo(f"netlimitd pid {s['pid']}, up since {_fmt_time(s['started'])}")
+        if s.get("stood_down"):
+            typer.echo(f"  {s['stood_down']}")
         typer.echo(
             f"  config:      {s['config_path']} sha256 {s['config_sha256'][:16]}…"
             f" loaded {_fmt_time(s['config_loaded_at'])}"
@@ -115,6 +117,27 @@ def register(app: typer.Typer) -> None:
         for d in s.get("last_drift", [])[:10]:
             typer.echo(f"    last: {d}")
         _print_counters(s.get("counters", []))
+
+    @app.command()
+    def resume(
+        socket_path: str = typer.Option(DEFAULT_SOCKET, "--socket", help="The daemon's status socket."),
+    ) -> None:
+        """Bring a netlimitd that `netlimit flush` stood down back: it reads its file and applies it.
+
+        Exit 0 when the rules are back, 1 when no daemon answers or its file is invalid,
+        2 when the kernel refused them.
+        """
+        from .status import control, find_daemon
+
+        st = find_daemon(socket_path)
+        if st is None:
+            err(f"netlimit resume: no netlimitd answers on {socket_path} (as root; --socket PATH)")
+            raise typer.Exit(1)
+        res = control(socket_path, "resume", by="netlimit resume")
+        if not res.get("ok"):
+            err(f"netlimit resume: netlimitd (pid {st['pid']}) did not resume: {res.get('error', '?')}")
+            raise typer.Exit(1 if res.get("invalid") else EXIT_FAILED)
+        typer.echo(f"netlimitd (pid {st['pid']}) resumed: {res.get('summary', '')}")
 
     @app.command("install-service")
     def install_service(

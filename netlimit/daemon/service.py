@@ -22,7 +22,9 @@ import logging
 import os
 import select
 import signal
+import threading
 import time
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,11 @@ from .metrics import Metrics
 from .status import Status, open_status_socket
 
 log = logging.getLogger("netlimit.daemon")
+
+#: control requests (the CLI's reload / standdown / resume) waiting at once, and
+#: how long one waits for the main loop
+MAX_CONTROLS = 4
+CONTROL_TIMEOUT = 60.0
 
 
 class Daemon:
@@ -65,6 +72,13 @@ class Daemon:
         self.recheck_at = 0.0  # when to look at a held file again (monotonic; 0: none held)
         self._watch: FileWatch | None = None  # made by start(), before the first apply; loop() takes it
         self.bans: Any = None  # the ban follower (daemon/bans.py) while the file uses bans
+        self.status.config_realpath = os.path.realpath(config_path)
+        # requests of the CLI (reload, standdown, resume), run by the main loop
+        self._controls: deque[dict[str, Any]] = deque()
+        self._ctl_lock = threading.Lock()
+        self._nft_watch: Any = None  # nft_watch.NftWatch while running
+        self._nft_changed: str | None = None  # why the watch woke us (None: nothing new)
+        self._nft_next = 0.0  # no nft-triggered check before (monotonic): at most 4 a second
 
     # signals only record what happened and wake the loop
     def _on_signal(self, signum, _frame) -> None:
@@ -79,6 +93,76 @@ class Daemon:
             os.write(self._wake_w, b"\0")
         except OSError:  # a full pipe wakes the loop anyway
             pass
+
+    # --- what the CLI asks: reload (apply of the daemon's own file), standdown (flush), resume
+
+    def control_request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A control request on the status socket (its thread): queued for the main
+        loop, which does all kernel work; the answer waits for it (bounded)."""
+        from .status import CONTROLS
+
+        action = req.get("control")
+        if action not in CONTROLS:
+            return {"ok": False, "error": f"unknown request {action!r}: expected one of {', '.join(CONTROLS)}"}
+        item: dict[str, Any] = {"action": action, "by": str(req.get("by", ""))[:100], "done": threading.Event()}
+        with self._ctl_lock:
+            if len(self._controls) >= MAX_CONTROLS:
+                return {"ok": False, "error": f"busy: {MAX_CONTROLS} requests already wait"}
+            self._controls.append(item)
+        self._wake()
+        if not item["done"].wait(CONTROL_TIMEOUT):
+            return {"ok": False, "error": f"netlimitd did not get to the request within {CONTROL_TIMEOUT:g} s"}
+        return item["result"]
+
+    def _run_controls(self) -> None:
+        while True:
+            with self._ctl_lock:
+                if not self._controls:
+                    return
+                item = self._controls.popleft()
+            try:
+                item["result"] = self._control(item["action"], item["by"])
+            except Exception as exc:  # answered, never raised into the loop
+                log.exception(f"{item['action']}: failed")
+                item["result"] = {"ok": False, "error": f"{item['action']} failed: {exc}"}
+            item["done"].set()
+
+    def _control(self, action: str, by: str) -> dict[str, Any]:
+        if action == "standdown":
+            if self.status.stood_down:
+                return {"ok": True, "summary": "already stood down", "status": self.status.summary()}
+            if self.bans is not None:  # its sets go with the flush; it starts again on resume
+                self.bans.close()
+                self.bans = None
+                if self.metrics:
+                    self.metrics.follow_bans(None)
+            res = self.kernel.flush()
+            when = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+            self.status.stood_down = f"stood down by {by or 'flush'} at {when}, run `netlimit resume`"
+            log.warning(f"{by or 'flush'}: standing down: {res['summary']}; no repairs until `netlimit resume`")
+            self.notifier.status(self.status.summary())
+            return {"ok": True, "summary": res["summary"], "status": self.status.summary()}
+        # resume, reload: read the file and apply it (resuming when stood down)
+        was = self.status.stood_down
+        self.status.stood_down = None
+        ok_before = self.status.reloads_ok
+        why = "netlimit resume" if action == "resume" else f"{by or 'netlimit apply'}"
+        if was:
+            log.info(f"{why}: resuming ({was.split(',')[0]})")
+        self.reload(why)
+        ok = self.status.reloads_ok > ok_before
+        out: dict[str, Any] = {"ok": ok, "summary": self.status.summary(), "result": self.status.last_apply_result}
+        if not ok:
+            out["error"] = self.status.rejected or self.status.held or self.status.last_apply_result
+            rejected = self.status.rejected or ""
+            out["invalid"] = bool(rejected) and not rejected.startswith("the kernel refused")
+        return out
+
+    def _on_nft_change(self, why: str) -> None:
+        """The nft watch's thread: note it and wake the loop."""
+        self.status.nft_events += 1
+        self._nft_changed = why
+        self._wake()
 
     def ban_request(self, req: dict[str, Any]) -> dict[str, Any]:
         """A ban request on the status socket (store: memory: this daemon keeps the list)."""
@@ -164,6 +248,19 @@ class Daemon:
         if self.metrics:
             self.metrics.rejected.set(0)
 
+    def _lockout_warn(self, loaded, why: str) -> None:
+        """The daemon has no session to protect: it applies the file, and says at
+        warning level which rules could cut off sshd's ports (the CLI's guard)."""
+        from ..kernel.lockout import lockout_hits, problems, sshd_listeners
+
+        try:
+            hits = lockout_hits(loaded.config, sshd_listeners(self.status.netns))
+        except Exception as exc:  # a look at /proc must never stop a reload
+            log.warning(f"{why}: cannot check for SSH lock-out: {exc!r}")
+            return
+        for p in problems(loaded, hits):
+            log.warning(f"{why}: {p}")
+
     def start(self) -> int:
         from ..config.validate import ConfigError, load_file
 
@@ -182,17 +279,41 @@ class Daemon:
             return 1
         if self.metrics_addr:
             self.metrics = Metrics(self.kernel, self.status)
+        self._lockout_warn(loaded, "start")
         if not self._apply(loaded, "start"):
             return 2
         self._adopt(loaded)
         self._bans_follow(loaded.config)
         self._status_srv = open_status_socket(self.socket_path, self)
+        self._start_nft_watch()
         if self.metrics and self.metrics_addr:
             self.metrics.serve(self.metrics_addr)
             log.info(f"metrics on http://{self.metrics_addr}/metrics")
         log.info(f"running: {self.status.summary()}; status socket {self.socket_path}")
         self.notifier.ready(self.status.summary())
         return 0
+
+    def _start_nft_watch(self) -> None:
+        from .nft_watch import NftWatch
+
+        watch = NftWatch(self.status.netns, self._on_nft_change)
+        if watch.start():
+            self._nft_watch = watch
+        else:
+            log.warning(f"{watch.error}; changes by others are found at the next resync ({self.resync:g} s)")
+            watch.close()
+
+    def _nft_check(self) -> None:
+        """Someone touched netlimit's nftables table: compare and repair now."""
+        why, self._nft_changed = self._nft_changed, None
+        self._nft_next = time.monotonic() + 0.25
+        if self.status.stood_down or self.loaded is None:
+            return
+        repairs = self.status.drift_repairs
+        self.resync_once()
+        if self.status.drift_repairs > repairs:
+            self.status.nft_repairs += 1
+            log.warning(f"{why}: repaired at once")
 
     def reload(self, why: str) -> None:
         from ..config.validate import ConfigError, load_file
@@ -235,6 +356,7 @@ class Daemon:
             self.recheck_at = 0.0
             if self.loaded is not None and loaded.sha256 == self.loaded.sha256 and self.status.rejected is None:
                 log.info(f"{why}: file unchanged; checking the kernel")
+            self._lockout_warn(loaded, why)
             if self._apply(loaded, why):
                 self._adopt(loaded)
                 self._bans_follow(loaded.config)
@@ -291,7 +413,8 @@ class Daemon:
             while True:
                 now = time.monotonic()
                 ban_at = self.bans.next_timer() if self.bans is not None else float("inf")
-                timeout = max(0.0, min(next_resync, next_wd, self.recheck_at or float("inf"), ban_at) - now)
+                nft_at = self._nft_next if self._nft_changed else float("inf")
+                timeout = max(0.0, min(next_resync, next_wd, self.recheck_at or float("inf"), ban_at, nft_at) - now)
                 if not watch.uses_inotify and timeout > 1.0:
                     timeout = 1.0
                 fds = [self._wake_r] + ([watch] if watch.uses_inotify else [])
@@ -312,17 +435,22 @@ class Daemon:
                 pending, self._pending = self._pending, set()
                 if pending & {signal.SIGTERM, signal.SIGINT}:
                     return self.stop("SIGTERM" if signal.SIGTERM in pending else "SIGINT")
+                self._run_controls()
+                down = self.status.stood_down is not None  # stood down: no reload, no repair
                 if signal.SIGHUP in pending:
                     watch.changed()  # the reload reads the file anyway
-                    self.reload("SIGHUP")
-                elif (watch in ready or not watch.uses_inotify) and watch.changed():
+                    if not down:
+                        self.reload("SIGHUP")
+                elif (watch in ready or not watch.uses_inotify) and watch.changed() and not down:
                     self.reload("file changed")
                 now = time.monotonic()
-                if self.recheck_at and now >= self.recheck_at:
+                if self.recheck_at and now >= self.recheck_at and not down:
                     self.recheck_at = 0.0
                     watch.changed()
                     self.reload("held file")
-                if now >= next_resync:
+                if self._nft_changed and now >= self._nft_next:
+                    self._nft_check()
+                if now >= next_resync and not down:
                     self.resync_once()
                     next_resync = time.monotonic() + self.resync
                 if now >= next_wd:
@@ -352,6 +480,14 @@ class Daemon:
         return rc
 
     def close(self) -> None:
+        if self._nft_watch is not None:
+            self._nft_watch.close()
+            self._nft_watch = None
+        with self._ctl_lock:  # requests still waiting get an answer
+            while self._controls:
+                item = self._controls.popleft()
+                item["result"] = {"ok": False, "error": "netlimitd is stopping"}
+                item["done"].set()
         if self.bans is not None:
             self.bans.close()
             self.bans = None

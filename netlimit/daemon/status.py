@@ -47,6 +47,7 @@ class DeadlineReader(io.RawIOBase):
 class StatusSource(Protocol):
     def status_payload(self) -> dict[str, Any]: ...
     def ban_request(self, req: dict[str, Any]) -> dict[str, Any]: ...
+    def control_request(self, req: dict[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -74,8 +75,17 @@ class Status:
     netns: str | None = None
     backend: str = ""  # the packet-filter backend in use, and why
     backend_reason: str = ""
+    #: set by `netlimit flush` (the daemon removed its objects and stays down until `netlimit resume`)
+    stood_down: str | None = None
+    #: the config file's absolute path (the CLI compares it with the file it is given)
+    config_realpath: str = ""
+    #: nftables notifications about netlimit's table seen, and repairs they led to
+    nft_events: int = 0
+    nft_repairs: int = 0
 
     def summary(self) -> str:
+        if self.stood_down:
+            return self.stood_down
         s = f"{len(self.rules)} rules from {self.config_path} ({self.config_sha256[:12]})"
         if self.rejected:
             first = self.rejected.splitlines()[0]
@@ -99,14 +109,33 @@ class _StatusHandler(socketserver.StreamRequestHandler):
         try:
             line = self.rfile.readline(MAX_REQUEST)
             self.connection.settimeout(CLIENT_TIMEOUT)  # the answer's own timeout
-            req = _ban_request(line)
-            payload = daemon.ban_request(req) if req is not None else daemon.status_payload()
+            ctl = _control_request(line)
+            req = _ban_request(line) if ctl is None else None
+            if ctl is not None:
+                payload = daemon.control_request(ctl)
+            else:
+                payload = daemon.ban_request(req) if req is not None else daemon.status_payload()
             self.wfile.write((json.dumps(payload) + "\n").encode())
         except Exception as exc:  # never let a client take the daemon down
             try:
                 self.wfile.write((json.dumps({"error": str(exc)}) + "\n").encode())
             except OSError:
                 pass
+
+
+#: what the CLI may ask of the daemon (netlimit apply / flush / resume)
+CONTROLS = ("reload", "standdown", "resume")
+
+
+def _control_request(line: bytes) -> dict[str, Any] | None:
+    """A JSON request with a "control" field (reload, standdown, resume); None otherwise."""
+    if not line.lstrip().startswith(b"{"):
+        return None
+    try:
+        req = json.loads(line)
+    except ValueError:
+        return None
+    return req if isinstance(req, dict) and "control" in req else None
 
 
 def _ban_request(line: bytes) -> dict[str, Any] | None:
@@ -181,3 +210,34 @@ def query_status(path: str = DEFAULT_SOCKET, timeout: float = 5.0) -> dict[str, 
     except (FileNotFoundError, ConnectionRefusedError):
         return None
     return json.loads(buf.decode())
+
+
+def find_daemon(path: str = DEFAULT_SOCKET, timeout: float = 5.0) -> dict[str, Any] | None:
+    """The status of the netlimitd answering on ``path``; None when none does
+    (no socket, a stale one, no right to connect, an answer that is no status)."""
+    try:
+        st = query_status(path, timeout)
+    except (OSError, ValueError):
+        return None
+    return st if isinstance(st, dict) and "pid" in st else None
+
+
+def control(path: str, action: str, timeout: float = 90.0, **fields: Any) -> dict[str, Any]:
+    """Ask the daemon on ``path`` to reload, stand down or resume; its answer
+    ({"ok": bool, "summary": ..., "error": ...}). Raises OSError when none answers."""
+    req = json.dumps({"control": action, **fields}).encode() + b"\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(req)
+        buf = b""
+        while not buf.endswith(b"\n") and len(buf) < (1 << 20):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    try:
+        out = json.loads(buf.decode())
+    except ValueError:
+        return {"ok": False, "error": f"no answer from netlimitd on {path}"}
+    return out if isinstance(out, dict) else {"ok": False, "error": "an answer that is not a JSON object"}

@@ -120,6 +120,8 @@ def register(app: typer.Typer) -> None:  # one function per command below
         desired = _compile(loaded)
         choice = _choose(backend, loaded.config)
         _backend_warnings(loaded, choice.key)
+        for w in lockout_warnings(loaded, netns):
+            base.err(str(w))
         if not live and netns is None:
             from .render import plan_dict, plan_text
 
@@ -186,17 +188,28 @@ def register(app: typer.Typer) -> None:  # one function per command below
             "the previous rules are restored. For changes to the port you are connected through.",
         ),
         backend: str | None = _backend_option(),
+        socket_path: str = _socket_option(),
+        allow_lockout: bool = typer.Option(
+            False,
+            "--allow-lockout",
+            help="Apply even when a rule could cut off the SSH session running this command "
+            "(SSH_CONNECTION); without it, or --confirm, such a file is refused.",
+        ),
     ) -> None:
         """Make the kernel equal to FILE: print the diff, then write it atomically (root).
 
         Idempotent: a second apply of the same file writes nothing. On failure the
-        previous state is restored and the exit code is 2.
+        previous state is restored and the exit code is 2. A file with a rule that could
+        cut off this SSH session is refused (exit 1) unless --confirm or --allow-lockout.
         """
         base = _cli()
         loaded = base.load_or_exit(file)
         desired = _compile(loaded)
         _need_root("apply")
         _check_netns(netns)
+        _lockout_guard(loaded, netns, confirm is not None or allow_lockout)
+        if _daemon_apply(file, netns, socket_path):
+            return
         choice = _choose(backend, loaded.config)
         from .reconcile import ApplyError
         from .reconcile import apply as do_apply
@@ -291,12 +304,18 @@ def register(app: typer.Typer) -> None:  # one function per command below
         netns: str | None = typer.Option(None, "--netns", help=NETNS_HELP),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print nothing on success."),
         backend: str | None = _backend_option(),
+        socket_path: str = _socket_option(),
     ) -> None:
         """Remove everything netlimit owns (nftables table, iptables/ip6tables chains, tc trees,
-        ingress redirects, IFBs) and nothing else."""
+        ingress redirects, IFBs) and nothing else.
+
+        With a netlimitd running for the namespace, it is asked to stand down: it removes its
+        objects and stays down (no reloads, no repairs) until `netlimit resume` or a restart."""
         base = _cli()
         _need_root("flush")
         _check_netns(netns)
+        if _daemon_flush(netns, socket_path, quiet):
+            return
         choice = _choose(backend)
         from .reconcile import flush as do_flush
 
@@ -307,6 +326,103 @@ def register(app: typer.Typer) -> None:  # one function per command below
             raise typer.Exit(base.EXIT_FAILED) from None
         if not quiet:
             typer.echo(describe_flush(res, netns))
+
+
+def _socket_option():
+    from ..daemon.status import DEFAULT_SOCKET
+
+    return typer.Option(
+        DEFAULT_SOCKET, "--socket", help="A running netlimitd's status socket: apply and flush work through it."
+    )
+
+
+def _daemon_for(netns: str | None, socket_path: str) -> dict | None:
+    """The status of a netlimitd that keeps this namespace (None: none runs for it)."""
+    from ..daemon.status import find_daemon
+
+    st = find_daemon(socket_path)
+    if st is None or st.get("netns") != netns:
+        return None
+    return st
+
+
+def _daemon_apply(file: Path, netns: str | None, socket_path: str) -> bool:
+    """With a netlimitd keeping this namespace: its own file is reloaded through it
+    (True: done, its result printed); another file is refused (exit 1), since the
+    daemon would put its own file back at its next resync. False: no daemon."""
+    from ..daemon.status import control
+
+    st = _daemon_for(netns, socket_path)
+    if st is None:
+        return False
+    base = _cli()
+    theirs = st.get("config_realpath") or st.get("config_path", "")
+    pid = st.get("pid")
+    if os.path.realpath(file) != theirs:
+        where = f" --netns {netns}" if netns else ""
+        base.err(
+            f"{file}: refused: netlimitd (pid {pid}) keeps the kernel{where} equal to {theirs} and would revert "
+            f"this apply at its next resync. Change the rules by editing {theirs} (netlimitd reloads it), or "
+            f"`netlimit apply {theirs}`; for another file, stop it first (`systemctl stop netlimitd`); "
+            "nothing was changed"
+        )
+        raise typer.Exit(base.EXIT_INVALID)
+    res = control(socket_path, "reload", by="netlimit apply")
+    if not res.get("ok"):
+        base.err(f"{file}: netlimitd (pid {pid}) did not apply it: {res.get('error', '?')}")
+        raise typer.Exit(base.EXIT_INVALID if res.get("invalid") else base.EXIT_FAILED)
+    typer.echo(f"netlimitd (pid {pid}) reloaded {theirs}: {res.get('summary', '')} (last apply: {res.get('result')})")
+    return True
+
+
+def _daemon_flush(netns: str | None, socket_path: str, quiet: bool) -> bool:
+    """With a netlimitd keeping this namespace: ask it to stand down (True: done)."""
+    from ..daemon.status import control
+
+    st = _daemon_for(netns, socket_path)
+    if st is None:
+        return False
+    base = _cli()
+    res = control(socket_path, "standdown", by="netlimit flush")
+    if not res.get("ok"):
+        base.err(f"error: netlimitd (pid {st.get('pid')}) did not stand down: {res.get('error', '?')}")
+        raise typer.Exit(base.EXIT_FAILED)
+    if not quiet:
+        typer.echo(
+            f"netlimitd (pid {st.get('pid')}) stood down: {res.get('summary', '')}. It stays down "
+            "until `netlimit resume` (or a restart)"
+        )
+    return True
+
+
+def lockout_warnings(loaded, netns: str | None, env=None) -> list:
+    """Warnings (Problem) for the rules that could cut off SSH here (lockout.py)."""
+    from .lockout import lockout_hits, problems, ssh_targets
+
+    return problems(loaded, lockout_hits(loaded.config, ssh_targets(env, netns)))
+
+
+def _lockout_guard(loaded, netns: str | None, allowed: bool) -> None:
+    """apply: refuse (exit 1) a file whose rules could cut off the SSH session that
+    runs the command, unless --confirm (rolled back without an answer) or
+    --allow-lockout; warn (on stderr, even with --quiet) about what it lets through."""
+    from .lockout import lockout_hits, problems, ssh_targets
+
+    base = _cli()
+    hits = lockout_hits(loaded.config, ssh_targets(None, netns))
+    session = [h for h in hits if h.target.session]
+    if session and not allowed:
+        for p in problems(loaded, session):
+            base.err(str(p).replace(": warning: ", ": ", 1))
+        client = session[0].target.client
+        base.err(
+            f"{loaded.path}: refused: {len(session)} rule{'s' if len(session) != 1 else ''} could cut off "
+            f"the SSH session running this command. Add {client} (or its network) to `exempt:`, or apply with "
+            "--confirm SECONDS (rolled back unless you answer) or --allow-lockout; nothing was changed"
+        )
+        raise typer.Exit(base.EXIT_INVALID)
+    for p in problems(loaded, hits):
+        base.err(str(p))
 
 
 _LAYER_WORDS = {"nftables": "nftables", "restore": "iptables/ip6tables", "python-iptables": "iptables/ip6tables"}

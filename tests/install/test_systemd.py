@@ -182,3 +182,15 @@ def test_netlimitd_and_sidecar_under_systemd(container):
     journal = c.journal("netlimitd", 200)
     assert "netlimitd: start: applied" in journal
     assert re.search(r"on_stop flush: removed [1-9]\d* owned objects .*read back: none remain", journal), journal
+
+
+def test_netlimitd_starts_after_the_firewalls_and_does_not_restart_on_an_invalid_file():
+    """Issue 31: nftables.service / firewalld.service flush the rule set when they
+    start, so netlimitd comes after them; exit 1 (invalid file, see `netlimit
+    daemon`) is not restarted (a restart cannot fix the file)."""
+    unit = (ROOT / "systemd" / "netlimitd.service").read_text()
+    lines = [x.strip() for x in unit.splitlines() if x.strip() and not x.startswith("#")]
+    after = " ".join(x.split("=", 1)[1] for x in lines if x.startswith("After="))
+    assert {"nftables.service", "firewalld.service"} <= set(after.split())
+    assert "Restart=on-failure" in lines and "RestartPreventExitStatus=1" in lines
+    assert not any(x.startswith("PartOf=") for x in lines)
