@@ -35,6 +35,12 @@ from .status import Status, open_status_socket
 
 log = logging.getLogger("netlimit.daemon")
 
+#: A file beside the status socket that makes the next stop keep the rules, once,
+#: whatever on_stop says. A package upgrade writes it before it restarts netlimitd
+#: (debian/netlimit.postinst): the new daemon adopts the rules (an apply is a diff),
+#: so the host is never without its limits while the software is replaced.
+KEEP_ONCE = "keep-rules-on-next-stop"
+
 
 class Daemon:
     def __init__(
@@ -334,6 +340,9 @@ class Daemon:
     def stop(self, why: str) -> int:
         self.notifier.stopping()
         on_stop = self.loaded.config.on_stop if self.loaded is not None else "flush"
+        if on_stop == "flush" and self._take_keep_once():
+            on_stop = "keep"
+            why = f"{why} ({KEEP_ONCE}: a restart)"
         rc = 0
         if on_stop == "flush":
             try:
@@ -350,6 +359,14 @@ class Daemon:
                 )
         self.close()
         return rc
+
+    def _take_keep_once(self) -> bool:
+        """True (and the marker removed) when KEEP_ONCE exists beside the status socket."""
+        try:
+            os.unlink(os.path.join(os.path.dirname(self.socket_path), KEEP_ONCE))
+        except OSError:
+            return False
+        return True
 
     def close(self) -> None:
         if self.bans is not None:
