@@ -162,6 +162,7 @@ _LAYERS = (
     "netlimit.top",
     "netlimit.simulate.cli",
     "netlimit.bans.cli",
+    "netlimit.assets",
 )
 for _mod in _LAYERS:
     try:

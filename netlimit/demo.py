@@ -73,10 +73,13 @@ class _Interrupts:
 
 
 def demo_file(name: str = "demo.yaml") -> Path:
-    p = Path(__file__).resolve().parents[1] / "rules" / name
-    if not p.exists():
-        raise DemoError(f"{p} not found (the demo ships with the source tree)")
-    return p
+    """rules/NAME of the checkout, or of the installed package (<prefix>/share/netlimit/rules)."""
+    from .install import find_share
+
+    rules = find_share("rules")
+    if rules is None or not (rules / name).exists():
+        raise DemoError(f"rules/{name} not found (looked in the checkout's rules/ and <prefix>/share/netlimit/rules)")
+    return rules / name
 
 
 @dataclass

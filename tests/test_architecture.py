@@ -144,6 +144,7 @@ SHARED = (
     "netlimit.logs",
     "netlimit.logevery",
     "netlimit.sdnotify",
+    "netlimit.extras",
 )
 MAY_IMPORT = {
     "netlimit.config": set(),
@@ -156,7 +157,7 @@ MAY_IMPORT = {
     "netlimit.daemon": {"netlimit.config", "netlimit.kernel", "netlimit.bans", "netlimit.install"},
     "netlimit.install": {"netlimit.config"},
     "netlimit.top": {"netlimit.daemon"},
-    "netlimit.demo": {"netlimit.config", "netlimit.kernel", "netlimit.daemon"},
+    "netlimit.demo": {"netlimit.config", "netlimit.kernel", "netlimit.daemon", "netlimit.install"},
 }
 
 

@@ -42,6 +42,12 @@ log = logging.getLogger("netlimit.daemon")
 MAX_CONTROLS = 4
 CONTROL_TIMEOUT = 60.0
 
+#: A file beside the status socket that makes the next stop keep the rules, once,
+#: whatever on_stop says. A package upgrade writes it before it restarts netlimitd
+#: (debian/netlimit.postinst): the new daemon adopts the rules (an apply is a diff),
+#: so the host is never without its limits while the software is replaced.
+KEEP_ONCE = "keep-rules-on-next-stop"
+
 
 class Daemon:
     def __init__(
@@ -462,6 +468,9 @@ class Daemon:
     def stop(self, why: str) -> int:
         self.notifier.stopping()
         on_stop = self.loaded.config.on_stop if self.loaded is not None else "flush"
+        if on_stop == "flush" and self._take_keep_once():
+            on_stop = "keep"
+            why = f"{why} ({KEEP_ONCE}: a restart)"
         rc = 0
         if on_stop == "flush":
             try:
@@ -478,6 +487,14 @@ class Daemon:
                 )
         self.close()
         return rc
+
+    def _take_keep_once(self) -> bool:
+        """True (and the marker removed) when KEEP_ONCE exists beside the status socket."""
+        try:
+            os.unlink(os.path.join(os.path.dirname(self.socket_path), KEEP_ONCE))
+        except OSError:
+            return False
+        return True
 
     def close(self) -> None:
         if self._nft_watch is not None:

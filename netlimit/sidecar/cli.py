@@ -107,6 +107,7 @@ def register(app: typer.Typer) -> None:
 
         from ..config.model import redis_url_problem
         from ..config.validate import ConfigError
+        from ..extras import missing as missing_extra
         from ..listen import parse_listen
         from .app import Sidecar
         from .http11 import Limits
@@ -116,6 +117,8 @@ def register(app: typer.Typer) -> None:
         try:
             host, port = parse_listen(listen)
             grpc_at = parse_listen(grpc, "--grpc") if grpc is not None else None
+            if grpc_at is not None and (why := missing_extra("grpc")):
+                raise ValueError(why)
             if admin_listen is None and upstream is not None:
                 admin_listen = "127.0.0.1:8182"
             admin_at = parse_listen(admin_listen, "--admin-listen") if admin_listen is not None else None

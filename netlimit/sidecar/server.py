@@ -7,14 +7,16 @@ import asyncio
 import logging
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..listen import format_hostport
-from ..rls.server import GrpcServer
 from .app import Sidecar
 from .endpoints import Endpoints
 from .http11 import HttpConnection, Limits
 from .proxy import Origin, Proxy, UpstreamPool
+
+if TYPE_CHECKING:  # grpc is the optional extra netlimit[grpc]: imported only for --grpc
+    from ..rls.server import GrpcServer
 
 log = logging.getLogger("netlimit.sidecar")
 
@@ -87,6 +89,8 @@ async def serve(
             log.info("admin listener on http://%s (decision endpoints, /healthz, /metrics, /v1/rules, /v1/top)",
                      _shown(a, *admin))  # fmt: skip
         if grpc is not None:
+            from ..rls.server import GrpcServer
+
             gs = GrpcServer(sc.limiter, grpc[0], grpc[1], front=sc.front)
             try:
                 await gs.start()

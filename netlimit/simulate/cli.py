@@ -128,6 +128,12 @@ def register(app: typer.Typer) -> None:
 
         Exit 0 after a replay, 1 when the file or the logs cannot be used.
         """
+        if report is not None:
+            from ..cli import EXIT_USAGE
+            from ..extras import missing
+
+            if why := missing("report"):
+                raise _fail(EXIT_USAGE, [why])
         loaded = _load(config)
         tz = _tz(timezone)
         res = _replay(loaded, logs, fmt, field, tz, top=top, max_clients=max_clients, progress=progress, jobs=jobs)

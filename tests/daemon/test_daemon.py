@@ -155,6 +155,30 @@ def test_keep_on_stop_and_adopt_after_crash(daemon_factory, netns):
     assert "start: no changes" in d.log.read_text()
 
 
+def test_a_restart_marker_keeps_the_rules_once_then_flush_is_back(daemon_factory, netns):
+    """debian/netlimit.postinst writes keep-rules-on-next-stop beside the status socket
+    before it restarts netlimitd on upgrade: that stop keeps the rules (on_stop: flush
+    notwithstanding), the new daemon adopts them without a change, and the stop after
+    that flushes again."""
+    from netlimit.daemon.service import KEEP_ONCE
+
+    d = daemon_factory(config_text(on_stop="flush"))
+    d.start()
+    before = sorted(owned_rules(netns))
+    assert before
+    marker = d.tmp / KEEP_ONCE
+    marker.write_text("")
+    assert d.stop() == 0
+    assert sorted(owned_rules(netns)) == before, "the marked stop keeps the rules"
+    assert not marker.exists(), "the marker is used once"
+    assert f"({KEEP_ONCE}: a restart): on_stop keep" in d.log.read_text()
+    d.start()
+    assert sorted(owned_rules(netns)) == before
+    assert d.status()["last_apply_changes"] == 0, "the new daemon adopts the rules"
+    assert d.stop() == 0
+    assert owned_rules(netns) == [], "without the marker on_stop: flush holds again"
+
+
 def test_metrics_over_http(daemon_factory, netns, backend):
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -164,7 +164,10 @@ def legacy_unusable() -> str | None:
     if not kernel:
         return "the kernel has no ip_tables (legacy x_tables)"
     if backend("restore").available() is not None and importlib.util.find_spec("iptc") is None:
-        return "neither iptables-legacy-restore (apt-get install iptables) nor python-iptables is installed"
+        return (
+            "neither iptables-legacy-restore (apt-get install iptables) nor python-iptables "
+            "(pip install 'netlimit[iptables]') is installed"
+        )
     return None
 
 

@@ -43,8 +43,14 @@ from .xtables import XtablesBackend
 
 
 def _iptc():
-    import iptc  # heavy, needs libiptc
+    try:
+        import iptc  # heavy, needs libiptc
+    except ModuleNotFoundError as exc:
+        if exc.name != "iptc":
+            raise
+        from ...extras import MissingExtra
 
+        raise ImportError(str(MissingExtra("iptables", "iptc"))) from None
     return iptc
 
 
