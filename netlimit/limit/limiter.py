@@ -44,10 +44,15 @@ Semantics
 * ``shadow_mode`` rules are charged and counted exactly like the others, but
   their denials become OK with ``shadow_over = True``; they never appear in
   ``report`` (clients never see a dark-launched limit) nor delay a request.
-* Store failures (:class:`StoreError`, or anything a store raises) open a
+* Store failures (timeouts, lost or refused connections, a server's failover
+  replies: READONLY, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN) open a
   circuit breaker: for ``retry_interval`` seconds decisions skip the primary
-  store; then one request probes it, and success closes the breaker.  While
-  open, ``on_store_failure`` decides: ``local`` (default) uses a process-local
+  store; then one request probes it, and success closes the breaker.  Any other
+  error a store raises (a script error, an unexpected reply, a bug) concerns
+  that one call: its decision follows ``on_store_failure``, it is counted in
+  ``request_errors``, and the breaker is left alone -- one request's arguments
+  never switch the store off for everyone.  While open, ``on_store_failure``
+  decides: ``local`` (default) uses a process-local
   :class:`MemoryStore`, ``open`` allows (no decision, no headers), ``closed``
   denies with ``retry_after = retry_interval``.
 """
@@ -136,11 +141,18 @@ class Histogram:
 class CoreStats:
     """Counters of the core besides the per-rule ones (Rule.stats)."""
 
-    __slots__ = ("store_errors", "fallbacks", "latency", "denied", "global_shadow")
+    __slots__ = ("store_errors", "fallbacks", "latency", "denied", "global_shadow", "no_descriptor", "request_errors")
 
     def __init__(self) -> None:
+        #: requests whose actions produced no descriptor: nothing to limit, answered OK
+        #: (proxy mode forwards them unlimited)
+        self.no_descriptor = 0
         self.global_shadow = 0  # OVER_LIMIT answers turned OK by http.shadow_mode (Lyft's global_shadow_mode)
+        #: failures that open the breaker (timeouts, lost connections, failover replies)
         self.store_errors = {"timeout": 0, "connection": 0, "error": 0}
+        #: errors the store answered about one call (its arguments): that decision followed
+        #: on_store_failure, the breaker stayed closed
+        self.request_errors = 0
         self.fallbacks = {"local": 0, "open": 0, "closed": 0}
         self.latency = Histogram()
         self.denied = HeavyHitters(64)  # the most denied descriptors, for `netlimit top`
@@ -158,6 +170,31 @@ def _reason(exc: BaseException) -> str:
         e = e.__cause__ or e.__context__
         seen += 1
     return "error"
+
+
+#: replies of a server that cannot serve anyone right now (a failover, a load): like
+#: a lost connection, they open the breaker (netlimit/limit/stores/topology.py)
+_FAILOVER_REPLIES = ("READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN")
+_FAILOVER_CLASSES = ("ReadOnlyError", "BusyLoadingError", "MasterDownError", "ClusterDownError", "TryAgainError")
+
+
+def _trips(exc: BaseException) -> bool:
+    """Whether a store failure says the store is unusable (opens the breaker):
+    a timeout, a connection error, a failover reply.  Anything else (a script
+    error such as an expiry Redis refuses, a reply the store could not parse, a
+    bug) concerns one call, and one request must not switch the store off."""
+    if _reason(exc) != "error":
+        return True
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 5:
+        if type(e).__name__ in _FAILOVER_CLASSES:
+            return True
+        if type(e).__name__ in ("ReplyError", "ResponseError") and str(e).startswith(_FAILOVER_REPLIES):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
 
 
 class Limiter:
@@ -278,6 +315,9 @@ class Limiter:
             if other is None:
                 return CheckResult(OK, [DescriptorStatus(OK) for _ in req.descriptors])
             rs = other
+        if not costs:  # no descriptor (an action's input missing): nothing to limit
+            self.stats.no_descriptor += 1
+            return CheckResult(OK, [])
         if not req.overrides and (len(costs) == 1 or costs.count(costs[0]) == len(costs)):
             res = self.check_fast(req.descriptors, costs[0], rs)
             return self.as_result(*res) if isinstance(res, tuple) else res
@@ -356,6 +396,8 @@ class Limiter:
                 else:
                     result = self._evaluate(rs, descriptors, (r,), ((dec, SRC_STORE),), (cost,))
         else:
+            if not descriptors:  # no descriptor (an action's input missing): nothing to limit
+                self.stats.no_descriptor += 1
             match = rs.match
             rules: list[Rule | None] = [match(d) for d in descriptors]
             if rs.has_replaces:
@@ -388,6 +430,9 @@ class Limiter:
             rs = other
         descs = req.descriptors
         costs = req.costs
+        if not descs:  # no descriptor (an action's input missing): nothing to limit
+            self.stats.no_descriptor += 1
+            return CheckResult(OK, [])
         rules = self._rules_of(rs, req)
         pending = [
             (i, r, r.limit, rs.store_key(r, d), costs[i])
@@ -502,9 +547,16 @@ class Limiter:
             self._probing = probe = True
         try:
             dec = await self.store.hit(key, limit, cost)
-        except Exception as exc:  # a StoreError, or a store's bug: either way the store is sick
-            self._failed(exc)
-            return self._fallback(key, limit, cost)
+        except Exception as exc:  # a StoreError, or a store's bug
+            if _trips(exc):  # the store is sick: open the breaker
+                self._failed(exc)
+                return self._fallback(key, limit, cost)
+            # an error about this one call (a script error, a reply the store refused):
+            # this decision follows on_store_failure, the store stays in use for the others
+            self._request_failed(exc, key)
+            if self._down_until:  # the store answered: it is up
+                self._recovered()
+            return self._fallback(key, limit, cost, counted=False)
         finally:
             if probe:
                 self._probing = False
@@ -512,10 +564,11 @@ class Limiter:
             self._recovered()
         return dec, SRC_STORE
 
-    def _fallback(self, key: str, limit: Limit, cost: int) -> tuple[Decision | None, str]:
+    def _fallback(self, key: str, limit: Limit, cost: int, counted: bool = True) -> tuple[Decision | None, str]:
         mode = self.on_store_failure
-        self._fallbacks += 1
-        self.stats.fallbacks[mode] += 1
+        if counted:  # a decision made while the breaker is open
+            self._fallbacks += 1
+            self.stats.fallbacks[mode] += 1
         if mode == "local":
             assert self.local is not None  # made in __init__ when the primary is not in-process
             return self.local.hit_sync(key, limit, cost), SRC_LOCAL
@@ -548,6 +601,23 @@ class Limiter:
                 self.on_store_failure,
                 self.retry_interval,
                 f"; {held} more failures since the last report" if held else "",
+            )
+
+    def _request_failed(self, exc: BaseException, key: str) -> None:
+        """A store error caused by one call, not by the store's health: counted
+        (``netlimit_http_store_request_errors``) and logged at most once per log
+        interval; the breaker is left as it is."""
+        self.stats.request_errors += 1
+        held = self._fail_log.due("request")
+        if held >= 0:
+            msg = exc.args[0] if isinstance(exc, StoreError) and exc.args else repr(exc)
+            log.warning(
+                "the store refused one decision (%s) for %.200r; that decision follows on_store_failure (%s), "
+                "the store stays in use%s",
+                str(msg)[:300],
+                key,
+                self.on_store_failure,
+                f"; {held} more since the last report" if held else "",
             )
 
     def _recovered(self) -> None:

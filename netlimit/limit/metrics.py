@@ -104,18 +104,29 @@ class Metrics:
             yield f
         st = lim.stats
         yield CounterMetricFamily(
+            "netlimit_http_no_descriptor",
+            "Requests whose actions produced no descriptor (an input missing): not limited, answered OK or forwarded",
+            value=st.no_descriptor,
+        )
+        yield CounterMetricFamily(
             "netlimit_http_global_shadow_mode",
             "OVER_LIMIT answers turned OK by http.shadow_mode (Lyft's global_shadow_mode)",
             value=st.global_shadow,
         )
         f = CounterMetricFamily(
             "netlimit_http_store_errors",
-            "Failed calls to the shared store (reason: timeout, connection, error)",
+            "Failed calls to the shared store that opened the breaker (reason: timeout, connection, error)",
             labels=["reason"],
         )
         for reason, n in st.store_errors.items():
             f.add_metric([reason], n)
         yield f
+        yield CounterMetricFamily(
+            "netlimit_http_store_request_errors",
+            "Errors the shared store answered about one call (not its health): that decision followed "
+            "on_store_failure, the store stayed in use",
+            value=st.request_errors,
+        )
         f = CounterMetricFamily(
             "netlimit_http_store_fallbacks",
             "Decisions made without the shared store (mode: local, open, closed)",
