@@ -64,6 +64,7 @@ import hashlib
 import logging
 import time
 from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,7 +72,7 @@ from typing import Any
 from ..config.model import UNIT_SECONDS
 from ..errors import StoreError
 from ..logevery import LogEvery
-from .algorithms import Decision, Limit
+from .algorithms import Decision, DynamicLimit, Limit
 from .hitters import HeavyHitters, descriptor_text
 from .request import CheckRequest, Override
 from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
@@ -247,7 +248,8 @@ class Limiter:
         self._rule_log = LogEvery(log_interval, clock)
         self.rules = rules
         self._ov_rules: RuleSet | None = None  # the rules the override cache was built for
-        self._ov_cache: dict[tuple, Rule] = {}
+        #: the rules of limit overrides, least recently used first (bounded: _OVERRIDE_CACHE_MAX)
+        self._ov_cache: OrderedDict[tuple, Rule] = OrderedDict()
         #: called with (rule, descriptor) for every enforced denial, in every door; it must
         #: only queue (the sidecar's escalation, netlimit.bans.escalate, sets it)
         self.on_over: Callable[[Rule, Sequence[Entry]], None] | None = None
@@ -295,14 +297,17 @@ class Limiter:
         override) and rebuilt lazily when the rules are reloaded."""
         if self._ov_rules is not self.rules:
             self._ov_rules = self.rules
-            self._ov_cache = {}
+            self._ov_cache = OrderedDict()
         keys = tuple(k for k, _ in entries)
         ck = (rs.domain, matched.path if matched is not None else None, keys, ov)
-        rule = self._ov_cache.get(ck)
+        cache = self._ov_cache
+        rule = cache.get(ck)
         if rule is None:
-            if len(self._ov_cache) >= _OVERRIDE_CACHE_MAX:
-                self._ov_cache.clear()
-            rule = self._ov_cache[ck] = override_rule(rs.domain, keys, ov, matched)
+            if len(cache) >= _OVERRIDE_CACHE_MAX:
+                cache.popitem(last=False)  # the least recently used
+            rule = cache[ck] = override_rule(rs.domain, keys, ov, matched)
+        else:
+            cache.move_to_end(ck)
         return rule
 
     def check_nowait(self, req: CheckRequest) -> CheckResult:
@@ -687,7 +692,8 @@ def _count_value(vs: RuleStats, cost: int, allowed: bool, near: int, shadow: boo
             vs.shadow += cost
 
 
-#: at most this many override rules are cached (they are built from request data)
+#: at most this many override rules are cached, least recently used dropped first
+#: (they are built from request data)
 _OVERRIDE_CACHE_MAX = 1024
 
 
@@ -711,9 +717,11 @@ def override_rule(domain: str, keys: tuple[str, ...], ov: Override, matched: Rul
         algorithm, delay = matched.algorithm, matched.limit.delay
     per = f"{ov.multiplier} {ov.unit}s" if ov.multiplier > 1 else ov.unit
     name = f"override {ov.requests_per_unit} per {per}"
-    # the Limit's name keeps override state apart from configured rules' state; it
-    # holds no request keys, so the number of distinct Limits stays small
-    limit = Limit(
+    # the Limit's name keeps override state apart from configured rules' state; a
+    # DynamicLimit keeps nothing outside itself (one namespace and one Redis script per
+    # algorithm for every override), so a client's distinct overrides cost nothing once
+    # the Limiter's override cache lets go of them
+    limit = DynamicLimit(
         algorithm=algorithm, limit=ov.requests_per_unit, period=float(period), burst=None, delay=delay, name=name
     )
     path = ".".join(keys)

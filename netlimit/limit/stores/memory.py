@@ -223,7 +223,9 @@ class MemoryStore:
         dropped = 0
         for gen in (self._young, self._old):
             for ns, table in gen.items():
-                limit = _LIMIT_BY_NS[ns]
+                limit = _LIMIT_BY_NS.get(ns)
+                if limit is None:  # DynamicLimits' shared table: aged out by eviction only
+                    continue
                 idle = [k for k, state in table.items() if is_idle(limit, state, now)]
                 for k in idle:
                     del table[k]
