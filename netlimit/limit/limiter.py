@@ -246,7 +246,11 @@ class Limiter:
         self._fallbacks = 0  # decisions made without the primary since it went down
         self._fail_log = LogEvery(log_interval, clock)
         self._rule_log = LogEvery(log_interval, clock)
+        self._evict_log = LogEvery(log_interval, clock)
+        #: limit namespace -> (domain, rule name), for evictions (metrics, log)
+        self.budget_names: dict[str, tuple[str, str]] = {}
         self.rules = rules
+        self._apply_budgets(rules)
         self._ov_rules: RuleSet | None = None  # the rules the override cache was built for
         #: the rules of limit overrides, least recently used first (bounded: _OVERRIDE_CACHE_MAX)
         self._ov_cache: OrderedDict[tuple, Rule] = OrderedDict()
@@ -265,8 +269,52 @@ class Limiter:
             if st is not None:
                 r.stats = st
         self.rules = rules
+        self._apply_budgets(rules)
         if on_store_failure is not None:
             self.on_store_failure = on_store_failure
+
+    def _apply_budgets(self, rules: RuleSet) -> None:
+        """Each rule's memory budget (the in-process stores: the primary or the
+        fallback): a descriptor's own ``max_keys``, else an even share of
+        ``http.max_keys`` among the rules without one and the limit overrides
+        (which share one more such budget per algorithm)."""
+        budgets, share, names = rule_budgets(rules)
+        self.budget_names = names
+        for st in (self._mem, self.local):
+            if st is not None:
+                st.set_budgets(budgets, share)
+                st.on_evict = self._evicted
+
+    def evictions(self) -> dict[tuple[str, str], int]:
+        """States dropped for want of budget, per (domain, rule), every rule listed
+        (0 included); the overrides' under ``(overrides)``."""
+        out = dict.fromkeys(self.budget_names.values(), 0)
+        for st in (self._mem, self.local):
+            if st is None:
+                continue
+            for ns, n in st.evicted.items():
+                k = self.budget_names.get(ns)
+                if k is None:
+                    k = (self.rules.domain, OVERRIDES if ns.startswith("~") else "(removed)")
+                out[k] = out.get(k, 0) + n
+        return out
+
+    def _evicted(self, ns: str, n: int) -> None:
+        held = self._evict_log.due(ns)
+        if held < 0:
+            return
+        domain, name = self.budget_names.get(ns, (self.rules.domain, OVERRIDES))
+        st = self._mem if self._mem is not None else self.local
+        log.warning(
+            "memory store: rule %r (domain %s) is over its budget of %d keys: %d of its least recently used "
+            "states dropped (other rules keep theirs; raise the descriptor's max_keys or http.max_keys if "
+            "these are real clients)%s",
+            name,
+            domain,
+            st.budget(ns) if st is not None else 0,
+            n,
+            f"; {held} more evictions since the last report" if held else "",
+        )
 
     @property
     def store_available(self) -> bool:
@@ -662,6 +710,37 @@ class Limiter:
                 dec.retry_after,
                 more,
             )
+
+
+#: the rule label of the limit overrides' budgets (metrics, log)
+OVERRIDES = "(overrides)"
+
+
+def rule_budgets(rules: RuleSet) -> tuple[dict[str, int], int, dict[str, tuple[str, str]]]:
+    """The memory budgets of a rule set: ``({limit namespace: most states},
+    the share of every other limit (the overrides'), {namespace: (domain, rule)})``.
+    A rule's descriptor may set its own ``max_keys``; the rules without one and
+    the overrides split ``http.max_keys`` evenly (at least 1 each)."""
+    cfg = rules.config
+    total = cfg.max_keys if cfg is not None else 100_000
+    own: dict[str, int] = {}
+    shared: set[str] = set()
+    names: dict[str, tuple[str, str]] = {}
+    for r in rules.all_rules:
+        lim = r.limit
+        if lim is None:
+            continue
+        ns = lim._ns
+        names.setdefault(ns, (r.domain, r.name))
+        if r.max_keys is not None:
+            own[ns] = own.get(ns, 0) + r.max_keys
+        else:
+            shared.add(ns)
+    shared -= own.keys()
+    share = max(1, total // (len(shared) + 1))  # + 1: the overrides
+    budgets = dict.fromkeys(shared, share)
+    budgets.update(own)
+    return budgets, share, names
 
 
 def _replace(rules: list[Rule | None]) -> list[Rule | None]:

@@ -103,6 +103,15 @@ class Metrics:
                     f.add_metric([domain, rule, key if key == OTHER else key[cut:]], getattr(stats, attr))
             yield f
         st = lim.stats
+        f = CounterMetricFamily(
+            "netlimit_http_store_evictions",
+            "States the memory store dropped because their rule's budget was full (a rule's keys evict only "
+            "its own; rule (overrides): the limit overrides')",
+            labels=lbl,
+        )
+        for (domain, rule), n in lim.evictions().items():
+            f.add_metric([domain, rule], n)
+        yield f
         yield CounterMetricFamily(
             "netlimit_http_no_descriptor",
             "Requests whose actions produced no descriptor (an input missing): not limited, answered OK or forwarded",

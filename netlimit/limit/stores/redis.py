@@ -339,6 +339,50 @@ class RedisStore:
             log.warning(
                 "redis %s: not usable at start (%s); decisions follow on_store_failure until it answers", where, e
             )
+            return
+        await self._check_eviction_policy(budget)
+
+    async def _check_eviction_policy(self, budget: float) -> None:
+        """Warn once when a server's ``maxmemory-policy`` is not ``noeviction``: a
+        full Redis then evicts rate limit counters (every key has a TTL, so the
+        volatile-* policies pick them too), and a client whose counter is evicted
+        gets a fresh limit.  Read from ``INFO memory`` (CONFIG is often disabled);
+        a refusal is not an error."""
+        policies: dict[str, str] = {}
+        try:
+            async with asyncio.timeout(budget):
+                if self._lean:
+                    if self._cluster is not None:
+                        nodes = self._cluster.primaries()
+                    elif self._sentinel is not None:
+                        nodes = [self._sentinel.primary] if self._sentinel.primary is not None else []
+                    else:
+                        nodes = [self._node] if self._node is not None else []
+                    for n in nodes[:64]:
+                        info = await n.execute_command(b"INFO", b"memory", timeout=budget)
+                        text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+                        for line in text.splitlines():
+                            if line.startswith("maxmemory_policy:"):
+                                policies[str(n.address)] = line.split(":", 1)[1].strip()
+                elif self._owns_client:
+                    info = await self._client.info("memory")
+                    if "maxmemory_policy" in info:
+                        policies[self._where()] = str(info["maxmemory_policy"])
+        except (*_STORE_FAILURES, ReplyError) as e:
+            log.info("redis %s: maxmemory-policy not read (%s)", self._where(), e)
+            return
+        bad = {a: p for a, p in policies.items() if p != "noeviction"}
+        if bad:
+            where, policy = next(iter(bad.items()))
+            log.warning(
+                "redis %s: maxmemory-policy is %s%s: when Redis is full it evicts rate limit counters, and a "
+                "client whose counter is evicted gets a fresh limit (one flooding a per-client rule can evict "
+                "everyone's); set maxmemory-policy noeviction, with which a full Redis refuses the writes and "
+                "those decisions follow on_store_failure (docs/security.md, Budgets and overrides)",
+                where,
+                policy,
+                f" (and on {len(bad) - 1} more nodes)" if len(bad) > 1 else "",
+            )
 
     def _where(self) -> str:
         if self._node is not None:
