@@ -74,6 +74,7 @@ from ..errors import StoreError
 from ..logevery import LogEvery
 from .algorithms import Decision, DynamicLimit, Limit
 from .hitters import HeavyHitters, descriptor_text
+from .keybudget import KeyBudget
 from .request import CheckRequest, Override
 from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
 from .stores import MemoryStore, Store
@@ -142,7 +143,16 @@ class Histogram:
 class CoreStats:
     """Counters of the core besides the per-rule ones (Rule.stats)."""
 
-    __slots__ = ("store_errors", "fallbacks", "latency", "denied", "global_shadow", "no_descriptor", "request_errors")
+    __slots__ = (
+        "store_errors",
+        "fallbacks",
+        "latency",
+        "denied",
+        "global_shadow",
+        "no_descriptor",
+        "request_errors",
+        "over_key_budget",
+    )
 
     def __init__(self) -> None:
         #: requests whose actions produced no descriptor: nothing to limit, answered OK
@@ -154,6 +164,9 @@ class CoreStats:
         #: errors the store answered about one call (its arguments): that decision followed
         #: on_store_failure, the breaker stayed closed
         self.request_errors = 0
+        #: per (domain, rule): new keys beyond the rule's max_keys on the shared store
+        #: in a period, decided as on_store_failure says (keybudget.py)
+        self.over_key_budget: dict[tuple[str, str], int] = {}
         self.fallbacks = {"local": 0, "open": 0, "closed": 0}
         self.latency = Histogram()
         self.denied = HeavyHitters(64)  # the most denied descriptors, for `netlimit top`
@@ -249,6 +262,8 @@ class Limiter:
         self._evict_log = LogEvery(log_interval, clock)
         #: limit namespace -> (domain, rule name), for evictions (metrics, log)
         self.budget_names: dict[str, tuple[str, str]] = {}
+        #: the shared store's key budgets of the rules with their own max_keys (keybudget.py)
+        self._key_budgets: dict[Rule, KeyBudget] = {}
         self.rules = rules
         self._apply_budgets(rules)
         self._ov_rules: RuleSet | None = None  # the rules the override cache was built for
@@ -280,6 +295,14 @@ class Limiter:
         (which share one more such budget per algorithm)."""
         budgets, share, names = rule_budgets(rules)
         self.budget_names = names
+        if self._mem is None:  # a shared store: the rules with their own max_keys are bounded there too
+            old = {(r.domain, r.path, kb.max_keys, kb.period): kb for r, kb in self._key_budgets.items()}
+            kbs: dict[Rule, KeyBudget] = {}
+            for r in rules.all_rules:
+                if r.max_keys is not None and r.limit is not None:
+                    kb = old.get((r.domain, r.path, r.max_keys, float(r.limit.period)))
+                    kbs[r] = kb if kb is not None else KeyBudget(r.max_keys, r.limit.period)
+            self._key_budgets = kbs
         for st in (self._mem, self.local):
             if st is not None:
                 st.set_budgets(budgets, share)
@@ -593,6 +616,10 @@ class Limiter:
     # -- store access with the breaker ------------------------------------------
 
     async def _hit(self, key: str, rule: Rule, limit: Limit, cost: int) -> tuple[Decision | None, str]:
+        if rule.max_keys is not None:
+            kb = self._key_budgets.get(rule)
+            if kb is not None and not kb.admit(key, self._clock()):
+                return self._over_key_budget(key, rule, limit, cost, kb)
         probe = False
         if self._down_until:
             if self._clock() < self._down_until or self._probing:
@@ -655,6 +682,28 @@ class Limiter:
                 self.retry_interval,
                 f"; {held} more failures since the last report" if held else "",
             )
+
+    def _over_key_budget(
+        self, key: str, rule: Rule, limit: Limit, cost: int, kb: KeyBudget
+    ) -> tuple[Decision | None, str]:
+        """A new key beyond the rule's ``max_keys`` on the shared store this period:
+        decided as on_store_failure says, counted, logged once per interval."""
+        k = (rule.domain, rule.name)
+        over = self.stats.over_key_budget
+        over[k] = over.get(k, 0) + 1
+        held = self._evict_log.due("redis|" + rule.path)
+        if held >= 0:
+            log.warning(
+                "rule %r (domain %s) wrote its max_keys of %d new keys to the shared store in this %gs period: "
+                "its further new keys are decided as on_store_failure says (%s), not written%s",
+                rule.name,
+                rule.domain,
+                kb.max_keys,
+                kb.period,
+                self.on_store_failure,
+                f"; {held} more since the last report" if held else "",
+            )
+        return self._fallback(key, limit, cost, counted=False)
 
     def _request_failed(self, exc: BaseException, key: str) -> None:
         """A store error caused by one call, not by the store's health: counted

@@ -112,6 +112,15 @@ class Metrics:
         for (domain, rule), n in lim.evictions().items():
             f.add_metric([domain, rule], n)
         yield f
+        f = CounterMetricFamily(
+            "netlimit_http_store_key_budget_exceeded",
+            "New keys beyond a rule's max_keys on the shared store in one period of the rule: not written, "
+            "decided as on_store_failure says",
+            labels=lbl,
+        )
+        for (domain, rule), n in lim.stats.over_key_budget.items():
+            f.add_metric([domain, rule], n)
+        yield f
         yield CounterMetricFamily(
             "netlimit_http_no_descriptor",
             "Requests whose actions produced no descriptor (an input missing): not limited, answered OK or forwarded",
