@@ -369,6 +369,12 @@ class Descriptor(LyftText):
         None, ge=1, le=MAX_REQUESTS_PER_UNIT, description="token bucket capacity / leaky bucket queue depth"
     )
     delay: bool = Field(False, description="leaky_bucket: queue requests to their slot instead of rejecting")
+    max_keys: int | None = Field(
+        None,
+        ge=1,
+        description="memory store: most states (client keys) this rule keeps; default: its share of "
+        "http.max_keys (docs/security.md, Budgets and overrides)",
+    )
     unlimited: bool = False
     shadow_mode: bool = False
     quota_mode: bool = Field(
@@ -519,7 +525,12 @@ class HttpConfig(Strict):
         "local", description="when Redis is slow or down: allow (open), decide locally (local), or deny (closed)"
     )
     store_timeout_ms: int = Field(50, ge=1, le=60000, description="per-call Redis timeout")
-    max_keys: int = Field(100_000, ge=1, description="memory store: most keys kept (LRU)")
+    max_keys: int = Field(
+        100_000,
+        ge=1,
+        description="memory store: most keys kept, split evenly among the rules without a max_keys of their "
+        "own and the limit overrides (each rule evicts only its own keys)",
+    )
     max_key_length: int = Field(256, ge=16, le=8192, description="longer keys are hashed")
     lyft_config_dir: str | None = Field(
         None,

@@ -44,10 +44,15 @@ Semantics
 * ``shadow_mode`` rules are charged and counted exactly like the others, but
   their denials become OK with ``shadow_over = True``; they never appear in
   ``report`` (clients never see a dark-launched limit) nor delay a request.
-* Store failures (:class:`StoreError`, or anything a store raises) open a
+* Store failures (timeouts, lost or refused connections, a server's failover
+  replies: READONLY, LOADING, MASTERDOWN, CLUSTERDOWN, TRYAGAIN) open a
   circuit breaker: for ``retry_interval`` seconds decisions skip the primary
-  store; then one request probes it, and success closes the breaker.  While
-  open, ``on_store_failure`` decides: ``local`` (default) uses a process-local
+  store; then one request probes it, and success closes the breaker.  Any other
+  error a store raises (a script error, an unexpected reply, a bug) concerns
+  that one call: its decision follows ``on_store_failure``, it is counted in
+  ``request_errors``, and the breaker is left alone -- one request's arguments
+  never switch the store off for everyone.  While open, ``on_store_failure``
+  decides: ``local`` (default) uses a process-local
   :class:`MemoryStore`, ``open`` allows (no decision, no headers), ``closed``
   denies with ``retry_after = retry_interval``.  A store that is several
   servers by key (a Redis Cluster: ``breaker_of`` names the primary of a key's
@@ -62,6 +67,7 @@ import hashlib
 import logging
 import time
 from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,8 +75,9 @@ from typing import Any
 from ..config.model import UNIT_SECONDS
 from ..errors import StoreError
 from ..logevery import LogEvery
-from .algorithms import Decision, Limit
+from .algorithms import Decision, DynamicLimit, Limit
 from .hitters import HeavyHitters, descriptor_text
+from .keybudget import KeyBudget
 from .request import CheckRequest, Override
 from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
 from .stores import MemoryStore, Store
@@ -139,11 +146,30 @@ class Histogram:
 class CoreStats:
     """Counters of the core besides the per-rule ones (Rule.stats)."""
 
-    __slots__ = ("store_errors", "fallbacks", "latency", "denied", "global_shadow")
+    __slots__ = (
+        "store_errors",
+        "fallbacks",
+        "latency",
+        "denied",
+        "global_shadow",
+        "no_descriptor",
+        "request_errors",
+        "over_key_budget",
+    )
 
     def __init__(self) -> None:
+        #: requests whose actions produced no descriptor: nothing to limit, answered OK
+        #: (proxy mode forwards them unlimited)
+        self.no_descriptor = 0
         self.global_shadow = 0  # OVER_LIMIT answers turned OK by http.shadow_mode (Lyft's global_shadow_mode)
+        #: failures that open the breaker (timeouts, lost connections, failover replies)
         self.store_errors = {"timeout": 0, "connection": 0, "error": 0}
+        #: errors the store answered about one call (its arguments): that decision followed
+        #: on_store_failure, the breaker stayed closed
+        self.request_errors = 0
+        #: per (domain, rule): new keys beyond the rule's max_keys on the shared store
+        #: in a period, decided as on_store_failure says (keybudget.py)
+        self.over_key_budget: dict[tuple[str, str], int] = {}
         self.fallbacks = {"local": 0, "open": 0, "closed": 0}
         self.latency = Histogram()
         self.denied = HeavyHitters(64)  # the most denied descriptors, for `netlimit top`
@@ -161,6 +187,31 @@ def _reason(exc: BaseException) -> str:
         e = e.__cause__ or e.__context__
         seen += 1
     return "error"
+
+
+#: replies of a server that cannot serve anyone right now (a failover, a load): like
+#: a lost connection, they open the breaker (netlimit/limit/stores/topology.py)
+_FAILOVER_REPLIES = ("READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN")
+_FAILOVER_CLASSES = ("ReadOnlyError", "BusyLoadingError", "MasterDownError", "ClusterDownError", "TryAgainError")
+
+
+def _trips(exc: BaseException) -> bool:
+    """Whether a store failure says the store is unusable (opens the breaker):
+    a timeout, a connection error, a failover reply.  Anything else (a script
+    error such as an expiry Redis refuses, a reply the store could not parse, a
+    bug) concerns one call, and one request must not switch the store off."""
+    if _reason(exc) != "error":
+        return True
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 5:
+        if type(e).__name__ in _FAILOVER_CLASSES:
+            return True
+        if type(e).__name__ in ("ReplyError", "ResponseError") and str(e).startswith(_FAILOVER_REPLIES):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
 
 
 class Limiter:
@@ -212,9 +263,16 @@ class Limiter:
         self._breaker_of: Callable[[str, Limit], Any] | None = getattr(store, "breaker_of", None)
         self._fail_log = LogEvery(log_interval, clock)
         self._rule_log = LogEvery(log_interval, clock)
+        self._evict_log = LogEvery(log_interval, clock)
+        #: limit namespace -> (domain, rule name), for evictions (metrics, log)
+        self.budget_names: dict[str, tuple[str, str]] = {}
+        #: the shared store's key budgets of the rules with their own max_keys (keybudget.py)
+        self._key_budgets: dict[Rule, KeyBudget] = {}
         self.rules = rules
+        self._apply_budgets(rules)
         self._ov_rules: RuleSet | None = None  # the rules the override cache was built for
-        self._ov_cache: dict[tuple, Rule] = {}
+        #: the rules of limit overrides, least recently used first (bounded: _OVERRIDE_CACHE_MAX)
+        self._ov_cache: OrderedDict[tuple, Rule] = OrderedDict()
         #: called with (rule, descriptor) for every enforced denial, in every door; it must
         #: only queue (the sidecar's escalation, netlimit.bans.escalate, sets it)
         self.on_over: Callable[[Rule, Sequence[Entry]], None] | None = None
@@ -230,8 +288,60 @@ class Limiter:
             if st is not None:
                 r.stats = st
         self.rules = rules
+        self._apply_budgets(rules)
         if on_store_failure is not None:
             self.on_store_failure = on_store_failure
+
+    def _apply_budgets(self, rules: RuleSet) -> None:
+        """Each rule's memory budget (the in-process stores: the primary or the
+        fallback): a descriptor's own ``max_keys``, else an even share of
+        ``http.max_keys`` among the rules without one and the limit overrides
+        (which share one more such budget per algorithm)."""
+        budgets, share, names = rule_budgets(rules)
+        self.budget_names = names
+        if self._mem is None:  # a shared store: the rules with their own max_keys are bounded there too
+            old = {(r.domain, r.path, kb.max_keys, kb.period): kb for r, kb in self._key_budgets.items()}
+            kbs: dict[Rule, KeyBudget] = {}
+            for r in rules.all_rules:
+                if r.max_keys is not None and r.limit is not None:
+                    kb = old.get((r.domain, r.path, r.max_keys, float(r.limit.period)))
+                    kbs[r] = kb if kb is not None else KeyBudget(r.max_keys, r.limit.period)
+            self._key_budgets = kbs
+        for st in (self._mem, self.local):
+            if st is not None:
+                st.set_budgets(budgets, share)
+                st.on_evict = self._evicted
+
+    def evictions(self) -> dict[tuple[str, str], int]:
+        """States dropped for want of budget, per (domain, rule), every rule listed
+        (0 included); the overrides' under ``(overrides)``."""
+        out = dict.fromkeys(self.budget_names.values(), 0)
+        for st in (self._mem, self.local):
+            if st is None:
+                continue
+            for ns, n in st.evicted.items():
+                k = self.budget_names.get(ns)
+                if k is None:
+                    k = (self.rules.domain, OVERRIDES if ns.startswith("~") else "(removed)")
+                out[k] = out.get(k, 0) + n
+        return out
+
+    def _evicted(self, ns: str, n: int) -> None:
+        held = self._evict_log.due(ns)
+        if held < 0:
+            return
+        domain, name = self.budget_names.get(ns, (self.rules.domain, OVERRIDES))
+        st = self._mem if self._mem is not None else self.local
+        log.warning(
+            "memory store: rule %r (domain %s) is over its budget of %d keys: %d of its least recently used "
+            "states dropped (other rules keep theirs; raise the descriptor's max_keys or http.max_keys if "
+            "these are real clients)%s",
+            name,
+            domain,
+            st.budget(ns) if st is not None else 0,
+            n,
+            f"; {held} more evictions since the last report" if held else "",
+        )
 
     @property
     def store_available(self) -> bool:
@@ -267,14 +377,17 @@ class Limiter:
         override) and rebuilt lazily when the rules are reloaded."""
         if self._ov_rules is not self.rules:
             self._ov_rules = self.rules
-            self._ov_cache = {}
+            self._ov_cache = OrderedDict()
         keys = tuple(k for k, _ in entries)
         ck = (rs.domain, matched.path if matched is not None else None, keys, ov)
-        rule = self._ov_cache.get(ck)
+        cache = self._ov_cache
+        rule = cache.get(ck)
         if rule is None:
-            if len(self._ov_cache) >= _OVERRIDE_CACHE_MAX:
-                self._ov_cache.clear()
-            rule = self._ov_cache[ck] = override_rule(rs.domain, keys, ov, matched)
+            if len(cache) >= _OVERRIDE_CACHE_MAX:
+                cache.popitem(last=False)  # the least recently used
+            rule = cache[ck] = override_rule(rs.domain, keys, ov, matched)
+        else:
+            cache.move_to_end(ck)
         return rule
 
     def check_nowait(self, req: CheckRequest) -> CheckResult:
@@ -287,6 +400,9 @@ class Limiter:
             if other is None:
                 return CheckResult(OK, [DescriptorStatus(OK) for _ in req.descriptors])
             rs = other
+        if not costs:  # no descriptor (an action's input missing): nothing to limit
+            self.stats.no_descriptor += 1
+            return CheckResult(OK, [])
         if not req.overrides and (len(costs) == 1 or costs.count(costs[0]) == len(costs)):
             res = self.check_fast(req.descriptors, costs[0], rs)
             return self.as_result(*res) if isinstance(res, tuple) else res
@@ -365,6 +481,8 @@ class Limiter:
                 else:
                     result = self._evaluate(rs, descriptors, (r,), ((dec, SRC_STORE),), (cost,))
         else:
+            if not descriptors:  # no descriptor (an action's input missing): nothing to limit
+                self.stats.no_descriptor += 1
             match = rs.match
             rules: list[Rule | None] = [match(d) for d in descriptors]
             if rs.has_replaces:
@@ -397,6 +515,9 @@ class Limiter:
             rs = other
         descs = req.descriptors
         costs = req.costs
+        if not descs:  # no descriptor (an action's input missing): nothing to limit
+            self.stats.no_descriptor += 1
+            return CheckResult(OK, [])
         rules = self._rules_of(rs, req)
         pending = [
             (i, r, r.limit, rs.store_key(r, d), costs[i])
@@ -504,6 +625,10 @@ class Limiter:
     # -- store access with the breaker ------------------------------------------
 
     async def _hit(self, key: str, rule: Rule, limit: Limit, cost: int) -> tuple[Decision | None, str]:
+        if rule.max_keys is not None:
+            kb = self._key_budgets.get(rule)
+            if kb is not None and not kb.admit(key, self._clock()):
+                return self._over_key_budget(key, rule, limit, cost, kb)
         part = self._breaker_of
         b = self._breaker if part is None else self._part(part(key, limit))
         probe = False
@@ -513,9 +638,16 @@ class Limiter:
             b.probing = probe = True
         try:
             dec = await self.store.hit(key, limit, cost)
-        except Exception as exc:  # a StoreError, or a store's bug: either way the store is sick
-            self._failed(exc, b)
-            return self._fallback(key, limit, cost, b)
+        except Exception as exc:  # a StoreError, or a store's bug
+            if _trips(exc):  # the store (or this part of it) is sick: open its breaker
+                self._failed(exc, b)
+                return self._fallback(key, limit, cost, b)
+            # an error about this one call (a script error, a reply the store refused):
+            # this decision follows on_store_failure, the store stays in use for the others
+            self._request_failed(exc, key)
+            if b.down_until:  # the store answered: it is up
+                self._recovered(b)
+            return self._fallback(key, limit, cost, b, counted=False)
         finally:
             if probe:
                 b.probing = False
@@ -534,10 +666,13 @@ class Limiter:
             b = self._breakers[part] = _Breaker(part)
         return b
 
-    def _fallback(self, key: str, limit: Limit, cost: int, b: _Breaker) -> tuple[Decision | None, str]:
+    def _fallback(
+        self, key: str, limit: Limit, cost: int, b: _Breaker | None = None, counted: bool = True
+    ) -> tuple[Decision | None, str]:
         mode = self.on_store_failure
-        b.fallbacks += 1
-        self.stats.fallbacks[mode] += 1
+        if counted and b is not None:  # a decision made while a breaker is open
+            b.fallbacks += 1
+            self.stats.fallbacks[mode] += 1
         if mode == "local":
             assert self.local is not None  # made in __init__ when the primary is not in-process
             return self.local.hit_sync(key, limit, cost), SRC_LOCAL
@@ -572,6 +707,45 @@ class Limiter:
                 self.on_store_failure,
                 self.retry_interval,
                 f"; {held} more failures since the last report" if held else "",
+            )
+
+    def _over_key_budget(
+        self, key: str, rule: Rule, limit: Limit, cost: int, kb: KeyBudget
+    ) -> tuple[Decision | None, str]:
+        """A new key beyond the rule's ``max_keys`` on the shared store this period:
+        decided as on_store_failure says, counted, logged once per interval."""
+        k = (rule.domain, rule.name)
+        over = self.stats.over_key_budget
+        over[k] = over.get(k, 0) + 1
+        held = self._evict_log.due("redis|" + rule.path)
+        if held >= 0:
+            log.warning(
+                "rule %r (domain %s) wrote its max_keys of %d new keys to the shared store in this %gs period: "
+                "its further new keys are decided as on_store_failure says (%s), not written%s",
+                rule.name,
+                rule.domain,
+                kb.max_keys,
+                kb.period,
+                self.on_store_failure,
+                f"; {held} more since the last report" if held else "",
+            )
+        return self._fallback(key, limit, cost, counted=False)
+
+    def _request_failed(self, exc: BaseException, key: str) -> None:
+        """A store error caused by one call, not by the store's health: counted
+        (``netlimit_http_store_request_errors``) and logged at most once per log
+        interval; the breaker is left as it is."""
+        self.stats.request_errors += 1
+        held = self._fail_log.due("request")
+        if held >= 0:
+            msg = exc.args[0] if isinstance(exc, StoreError) and exc.args else repr(exc)
+            log.warning(
+                "the store refused one decision (%s) for %.200r; that decision follows on_store_failure (%s), "
+                "the store stays in use%s",
+                str(msg)[:300],
+                key,
+                self.on_store_failure,
+                f"; {held} more since the last report" if held else "",
             )
 
     def _recovered(self, b: _Breaker) -> None:
@@ -631,6 +805,37 @@ class _Breaker:
 _MAX_BREAKERS = 256
 
 
+#: the rule label of the limit overrides' budgets (metrics, log)
+OVERRIDES = "(overrides)"
+
+
+def rule_budgets(rules: RuleSet) -> tuple[dict[str, int], int, dict[str, tuple[str, str]]]:
+    """The memory budgets of a rule set: ``({limit namespace: most states},
+    the share of every other limit (the overrides'), {namespace: (domain, rule)})``.
+    A rule's descriptor may set its own ``max_keys``; the rules without one and
+    the overrides split ``http.max_keys`` evenly (at least 1 each)."""
+    cfg = rules.config
+    total = cfg.max_keys if cfg is not None else 100_000
+    own: dict[str, int] = {}
+    shared: set[str] = set()
+    names: dict[str, tuple[str, str]] = {}
+    for r in rules.all_rules:
+        lim = r.limit
+        if lim is None:
+            continue
+        ns = lim._ns
+        names.setdefault(ns, (r.domain, r.name))
+        if r.max_keys is not None:
+            own[ns] = own.get(ns, 0) + r.max_keys
+        else:
+            shared.add(ns)
+    shared -= own.keys()
+    share = max(1, total // (len(shared) + 1))  # + 1: the overrides
+    budgets = dict.fromkeys(shared, share)
+    budgets.update(own)
+    return budgets, share, names
+
+
 def _replace(rules: list[Rule | None]) -> list[Rule | None]:
     """``rules`` without those a matched rule's ``replaces`` names (by
     ``rate_limit.name``; unlimited rules and overrides are never replaced), as
@@ -659,7 +864,8 @@ def _count_value(vs: RuleStats, cost: int, allowed: bool, near: int, shadow: boo
             vs.shadow += cost
 
 
-#: at most this many override rules are cached (they are built from request data)
+#: at most this many override rules are cached, least recently used dropped first
+#: (they are built from request data)
 _OVERRIDE_CACHE_MAX = 1024
 
 
@@ -683,9 +889,11 @@ def override_rule(domain: str, keys: tuple[str, ...], ov: Override, matched: Rul
         algorithm, delay = matched.algorithm, matched.limit.delay
     per = f"{ov.multiplier} {ov.unit}s" if ov.multiplier > 1 else ov.unit
     name = f"override {ov.requests_per_unit} per {per}"
-    # the Limit's name keeps override state apart from configured rules' state; it
-    # holds no request keys, so the number of distinct Limits stays small
-    limit = Limit(
+    # the Limit's name keeps override state apart from configured rules' state; a
+    # DynamicLimit keeps nothing outside itself (one namespace and one Redis script per
+    # algorithm for every override), so a client's distinct overrides cost nothing once
+    # the Limiter's override cache lets go of them
+    limit = DynamicLimit(
         algorithm=algorithm, limit=ov.requests_per_unit, period=float(period), burst=None, delay=delay, name=name
     )
     path = ".".join(keys)

@@ -103,6 +103,29 @@ class Metrics:
                     f.add_metric([domain, rule, key if key == OTHER else key[cut:]], getattr(stats, attr))
             yield f
         st = lim.stats
+        f = CounterMetricFamily(
+            "netlimit_http_store_evictions",
+            "States the memory store dropped because their rule's budget was full (a rule's keys evict only "
+            "its own; rule (overrides): the limit overrides')",
+            labels=lbl,
+        )
+        for (domain, rule), n in lim.evictions().items():
+            f.add_metric([domain, rule], n)
+        yield f
+        f = CounterMetricFamily(
+            "netlimit_http_store_key_budget_exceeded",
+            "New keys beyond a rule's max_keys on the shared store in one period of the rule: not written, "
+            "decided as on_store_failure says",
+            labels=lbl,
+        )
+        for (domain, rule), n in lim.stats.over_key_budget.items():
+            f.add_metric([domain, rule], n)
+        yield f
+        yield CounterMetricFamily(
+            "netlimit_http_no_descriptor",
+            "Requests whose actions produced no descriptor (an input missing): not limited, answered OK or forwarded",
+            value=st.no_descriptor,
+        )
         yield CounterMetricFamily(
             "netlimit_http_global_shadow_mode",
             "OVER_LIMIT answers turned OK by http.shadow_mode (Lyft's global_shadow_mode)",
@@ -110,12 +133,18 @@ class Metrics:
         )
         f = CounterMetricFamily(
             "netlimit_http_store_errors",
-            "Failed calls to the shared store (reason: timeout, connection, error)",
+            "Failed calls to the shared store that opened the breaker (reason: timeout, connection, error)",
             labels=["reason"],
         )
         for reason, n in st.store_errors.items():
             f.add_metric([reason], n)
         yield f
+        yield CounterMetricFamily(
+            "netlimit_http_store_request_errors",
+            "Errors the shared store answered about one call (not its health): that decision followed "
+            "on_store_failure, the store stayed in use",
+            value=st.request_errors,
+        )
         f = CounterMetricFamily(
             "netlimit_http_store_fallbacks",
             "Decisions made without the shared store (mode: local, open, closed)",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..config.model import UNIT_SECONDS
 from ..errors import BadRequest
 
 Entry = tuple[str, str]
@@ -30,6 +31,12 @@ MAX_COST = 1_000_000
 MAX_TEXT = 4096
 #: the units of a limit override (Envoy's RateLimitUnit without UNKNOWN)
 OVERRIDE_UNITS = ("second", "minute", "hour", "day", "month", "year")
+#: the longest period a limit override may ask for (unit x unit_multiplier): one year
+#: (365 days).  Longer ones are refused at the door, never handed to a store (Redis
+#: cannot expire a key that far out, and one request must not make the store fail)
+MAX_OVERRIDE_PERIOD = UNIT_SECONDS["year"]
+#: the most requests per period a limit override may ask for (2^31)
+MAX_OVERRIDE_REQUESTS = 2**31
 
 
 class Override(NamedTuple):
@@ -102,10 +109,19 @@ def build_request(domain: str, descriptors: Sequence[DescriptorIn], hits_addend:
                     f"descriptors[{i}].limit.unit must be one of {', '.join(u.upper() for u in OVERRIDE_UNITS)}, "
                     f"got {ov.unit!r}"
                 )
-            if not 0 <= ov.requests_per_unit <= 0xFFFFFFFF:
-                raise BadRequest(f"descriptors[{i}].limit.requests_per_unit must be 0-4294967295")
+            if not 0 <= ov.requests_per_unit <= MAX_OVERRIDE_REQUESTS:
+                raise BadRequest(
+                    f"descriptors[{i}].limit.requests_per_unit must be 0-{MAX_OVERRIDE_REQUESTS} (2^31), "
+                    f"got {_short(ov.requests_per_unit)}"
+                )
             if ov.multiplier < 1:
                 ov = ov._replace(multiplier=1)
+            if UNIT_SECONDS[ov.unit] * ov.multiplier > MAX_OVERRIDE_PERIOD:
+                raise BadRequest(
+                    f"descriptors[{i}].limit: the period ({ov.unit} x unit_multiplier "
+                    f"{_short(ov.multiplier)}) "
+                    f"is longer than the maximum of one year ({MAX_OVERRIDE_PERIOD} seconds)"
+                )
         overrides.append(ov)
     if all(o is None for o in overrides):
         overrides = []
@@ -116,3 +132,9 @@ def _cost(n: int, field: str) -> int:
     if not 0 <= n <= MAX_COST:
         raise BadRequest(f"{field} must be a whole number from 0 to {MAX_COST}, got {n}")
     return n
+
+
+def _short(n: int) -> str:
+    """A client's number for a message: at most 20 digits shown."""
+    t = str(n)
+    return t if len(t) <= 20 else f"{t[:20]}... ({len(t)} digits)"

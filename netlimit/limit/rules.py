@@ -151,6 +151,8 @@ class Rule:
     #: (detailed_metric, value_to_metric), else None
     steps: tuple[Step, ...] | None = None
     detailed: bool = False
+    #: the descriptor's own ``max_keys`` (memory store budget), None: a share of http.max_keys
+    max_keys: int | None = None
 
     @property
     def description(self) -> str:
@@ -500,6 +502,7 @@ def _make_rule(
         share=share if any(p is not None for p in share) else None,
         steps=steps if by_value else None,
         detailed=d.detailed_metric,
+        max_keys=d.max_keys,
     )
     if d.unlimited:
         return Rule(

@@ -40,8 +40,8 @@ Errors
 ------
 * A malformed request (the engine's bounds: empty domain, no descriptors, an
   empty key, more than 64 descriptors or 32 entries, a cost above 1,000,000,
-  an override with an unknown unit) → ``INVALID_ARGUMENT`` with a message
-  naming the field.  Envoy
+  an override with an unknown unit, a period over one year or more than 2^31
+  requests) → ``INVALID_ARGUMENT`` with a message naming the field.  Envoy
   then applies ``failure_mode_deny`` (default false: the request passes).
 * Store failures never reach Envoy: the core's ``on_store_failure`` decides
   (``local`` by default: the fallback's decision, answered OK/OVER_LIMIT as

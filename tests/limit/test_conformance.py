@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from netlimit.limit.algorithms import ALGORITHMS, Decision, Limit, decide
+from netlimit.limit.algorithms import ALGORITHMS, Decision, DynamicLimit, Limit, decide
 from netlimit.limit.stores import MemoryStore, RedisStore, hash_key
 
 LONG_KEY = "k" * 300
@@ -147,6 +147,25 @@ def test_random_sequences_match_the_reference(make_store, case):
         store = await make_store()
         try:
             await drive(store, random_events(limit, seed=sorted(LIMITS).index(case)))
+        finally:
+            await store.close()
+
+    arun(main())
+
+
+@pytest.mark.parametrize("case", sorted(LIMITS))
+def test_dynamic_limits_match_the_reference(make_store, case):
+    """A limit override's DynamicLimit: the same decisions, its numbers passed to
+    one script per algorithm as arguments (Redis) and its states in the shared
+    table of its algorithm (memory)."""
+    f = LIMITS[case]
+    limit = DynamicLimit(f.algorithm, f.limit, f.period, f.burst, f.delay, "override " + case)
+    assert limit._ns.startswith("~")
+
+    async def main():
+        store = await make_store()
+        try:
+            await drive(store, random_events(limit, seed=100 + sorted(LIMITS).index(case)))
         finally:
             await store.close()
 

@@ -82,7 +82,7 @@ http:
 def test_rules_check_and_unit_tests():
     promtool = need("promtool")
     p = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0 and "SUCCESS: 9 rules found" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "SUCCESS: 12 rules found" in p.stdout, p.stdout + p.stderr
     p = subprocess.run(
         [promtool, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, timeout=120, cwd=RULES.parent
     )
@@ -229,7 +229,7 @@ def test_every_panel_has_data_from_a_real_prometheus(topo, tmp_path):
 
         groups = api(port, "/api/v1/rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        assert len(rules) == 9 and all(r["health"] == "ok" for r in rules), rules
+        assert len(rules) == 12 and all(r["health"] == "ok" for r in rules), rules
 
         for mport, path in ((d.metrics_port, "/metrics"), (sc.admin_port, "/metrics")):
             text = urllib.request.urlopen(f"http://127.0.0.1:{mport}{path}", timeout=10).read()

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ALGORITHMS, REGISTRY, Algorithm, Decision, Limit
+from .base import ALGORITHMS, REGISTRY, Algorithm, Decision, DynamicLimit, Limit
 from .fixed_window import fixed_window, fixed_window_admitted
 from .leaky_bucket import leaky_bucket
 from .sliding_window_counter import sliding_window_counter, swc_pack, swc_unpack
@@ -77,6 +77,7 @@ __all__ = [
     "REGISTRY",
     "Algorithm",
     "Decision",
+    "DynamicLimit",
     "Limit",
     "decide",
     "fixed_window",

@@ -114,8 +114,11 @@ class Limit(_LimitFields):
     _cb: int  # window algorithms: bits per count field (limit.bit_length(); (limit + 1) for fixed_window)
     _cm: int  # the mask of one count field, (1 << _cb) - 1
 
+    #: a limit made from request data (a limit override): see :class:`DynamicLimit`
+    _dynamic = False
+
     def __reduce__(self):
-        return (Limit, (self.algorithm, self.limit, self.period, self.burst, self.delay, self.name))
+        return (type(self), (self.algorithm, self.limit, self.period, self.burst, self.delay, self.name))
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -148,11 +151,17 @@ class Limit(_LimitFields):
             f"{self.name}|{alg.abbrev}|{self.limit}/{period!r}"
             f"|b{'' if self.burst is None else self.burst}|{'q' if self.delay else 'm'}"
         )
-        ns = _NS_BY_SIG.get(sig)
-        if ns is None:
-            ns = f"{len(_NS_BY_SIG):x}:"
-            _NS_BY_SIG[sig] = ns
-            _LIMIT_BY_NS[ns] = self
+        if self._dynamic:
+            # not registered: one namespace per algorithm (and queue mode) for all of them
+            ns = f"~{alg.abbrev}{'q' if self.delay else 'm'}:"
+        else:
+            known = _NS_BY_SIG.get(sig)
+            if known is None:
+                ns = f"{len(_NS_BY_SIG):x}:"
+                _NS_BY_SIG[sig] = ns
+                _LIMIT_BY_NS[ns] = self
+            else:
+                ns = known
         object.__setattr__(self, "_sig", sig)
         object.__setattr__(self, "_ns", ns)
         # precomputed for the hot path (the Lua scripts compute the same values)
@@ -183,6 +192,21 @@ class Limit(_LimitFields):
     def rate(self) -> float:
         """Refill / outflow rate in units per second."""
         return self._rate
+
+
+class DynamicLimit(Limit):
+    """A Limit made from request data (a descriptor's limit override), of which a
+    client can make any number: nothing is kept per instance outside it.  It is
+    not registered (no namespace id of its own, nothing in ``_LIMIT_BY_NS``):
+    every DynamicLimit of an algorithm (and queue mode) shares one namespace,
+    ``~<abbrev><q|m>:``, so the memory store keeps their states in one table and
+    the caller must make each one's keys its own (the override's store keys
+    carry its numbers, limiter.override_rule).  The Redis store runs them with
+    one script per algorithm that takes the numbers as arguments
+    (stores/redis.py), not one compiled script per limit."""
+
+    __slots__ = ()
+    _dynamic = True
 
 
 @dataclass(slots=True)

@@ -20,16 +20,23 @@ from .base import hash_key
 class MemoryStore:
     """Bounded in-process store (one asyncio loop / thread; not thread-safe).
 
-    Memory is bounded by ``max_keys`` states in total, whatever clients send:
+    Memory is bounded per limit (per rule), whatever clients send:
 
-    * Eviction is a two-generation approximation of LRU: new and recently used
-      states live in ``young`` (at most ``max_keys // 2`` insertions); when it is
-      full it becomes ``old`` and the previous ``old`` is dropped whole.  A state used
-      again while in ``old`` moves back to ``young``.  So any key used within the
-      last ``max_keys // 2`` new keys is kept, and a hit costs one plain-dict
-      lookup -- no reordering.  (An exact LRU ``OrderedDict`` costs ~55 more bytes
-      per key and a ``move_to_end`` per hit; this store stays under ~150 B/key
-      including the key string, see the report in the tests.)
+    * Each limit's states have a budget: ``max_keys`` unless :meth:`set_budgets`
+      gives it one (the Limiter does: each rule's share of ``http.max_keys``, or
+      its descriptor's own ``max_keys``).  A limit's new keys can only evict that
+      limit's states -- junk keys under one rule never push out another rule's
+      state (issue 29: a client over its /login limit got a fresh one after a
+      few seconds of junk keys under another rule).
+    * Eviction is a two-generation approximation of LRU, per limit: new and
+      recently used states live in ``young`` (at most ``budget // 2``
+      insertions); when it is full it becomes ``old`` and the previous ``old`` is
+      dropped whole (counted in :attr:`evicted`, and ``on_evict`` is told).  A
+      state used again while in ``old`` moves back to ``young``.  So any key used
+      within the last ``budget // 2`` new keys of its limit is kept, and a hit
+      costs one plain-dict lookup -- no reordering.  (An exact LRU ``OrderedDict``
+      costs ~55 more bytes per key and a ``move_to_end`` per hit; this store stays
+      under ~150 B/key including the key string, see the report in the tests.)
     * Idle states (ones that decide exactly like no state, ``algorithms.is_idle``)
       are equivalent to absent, so they are simply left to age out;
       :meth:`purge_idle` drops them all at once if wanted.
@@ -44,11 +51,14 @@ class MemoryStore:
         "_old",
         "_n_young",
         "_young_cap",
-        "_keep_old",
+        "_caps",
+        "_budgets",
         "_max_keys",
         "_max_key_length",
         "_clock",
         "evictions",
+        "evicted",
+        "on_evict",
     )
 
     # Each generation is {limit namespace: {key: state}}: nesting instead of
@@ -64,13 +74,49 @@ class MemoryStore:
             raise ValueError("max_key_length must be >= 1")
         self._young: dict[str, dict[str, Any]] = {}
         self._old: dict[str, dict[str, Any]] = {}
-        self._n_young = 0
-        self._young_cap = max(1, max_keys // 2)
-        self._keep_old = 2 * self._young_cap <= max_keys  # False only for max_keys == 1
+        #: per limit namespace: insertions into its young generation since it was made
+        self._n_young: dict[str, int] = {}
+        #: the young generation's size of a limit without a budget of its own (0: a
+        #: budget of 1, no old generation kept)
+        self._young_cap = 0 if max_keys == 1 else max_keys // 2
+        #: per limit namespace given a budget (set_budgets): its young generation's size,
+        #: 0 when its budget is 1 (then it keeps no old generation)
+        self._caps: dict[str, int] = {}
+        self._budgets: dict[str, int] = {}
         self._max_keys = max_keys
         self._max_key_length = max_key_length
         self._clock = clock
-        self.evictions = 0  # states dropped because the store was full
+        self.evictions = 0  # states dropped because their limit's budget was full
+        #: the same per limit namespace
+        self.evicted: dict[str, int] = {}
+        #: called with (namespace, states dropped) at each eviction (it must be cheap)
+        self.on_evict: Callable[[str, int], None] | None = None
+
+    def set_budgets(self, budgets: dict[str, int], default: int | None = None) -> None:
+        """Give limits their budgets: ``{limit namespace: most states}``;
+        ``default`` is the budget of any other limit (None: ``max_keys``).  The
+        states of limits that are neither given a budget nor dynamic (a rule
+        removed or changed by a reload: no decision reaches them again) are dropped."""
+        caps = {}
+        for ns, n in budgets.items():
+            if n < 1:
+                raise ValueError(f"a budget must be >= 1, got {n}")
+            caps[ns] = 0 if n == 1 else n // 2
+        self._caps = caps
+        self._budgets = dict(budgets)
+        if default is not None:
+            if default < 1:
+                raise ValueError(f"a budget must be >= 1, got {default}")
+            self._max_keys = default
+            self._young_cap = 0 if default == 1 else default // 2
+        for gen in (self._young, self._old):
+            for ns in [ns for ns in gen if ns not in caps and not ns.startswith("~")]:
+                del gen[ns]
+                self._n_young.pop(ns, None)
+
+    def budget(self, ns: str) -> int:
+        """The most states a limit namespace keeps."""
+        return self._budgets.get(ns, self._max_keys)
 
     def __len__(self) -> int:
         return sum(map(len, self._young.values())) + sum(map(len, self._old.values()))
@@ -183,14 +229,19 @@ class MemoryStore:
 
     def _insert(self, key: str, limit: Limit, state: Any, table: dict[str, Any] | None) -> None:
         """Store a state that is not in the young generation (``table`` is the
-        limit's young table, or None if it has none yet)."""
-        if self._n_young >= self._young_cap:
-            self._rotate()
+        limit's young table, or None if it has none yet).  Only this limit's own
+        states can be evicted to make room."""
+        ns = limit._ns
+        cap = self._caps.get(ns, self._young_cap)
+        n = self._n_young.get(ns, 0)
+        if n >= cap:
+            self._rotate(ns, cap > 0)
             table = None
+            n = 0
         if table is None:
-            table = self._young.setdefault(limit._ns, {})
+            table = self._young.setdefault(ns, {})
         table[key] = state
-        self._n_young += 1
+        self._n_young[ns] = n + 1
 
     def peek_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> Decision:
         """The decision ``hit_sync`` would return, without changing anything."""
@@ -214,7 +265,7 @@ class MemoryStore:
     def clear(self) -> None:
         self._young = {}
         self._old = {}
-        self._n_young = 0
+        self._n_young = {}
 
     def purge_idle(self, now: float | None = None) -> int:
         """Drop every idle state (O(n)); returns how many were dropped."""
@@ -223,17 +274,31 @@ class MemoryStore:
         dropped = 0
         for gen in (self._young, self._old):
             for ns, table in gen.items():
-                limit = _LIMIT_BY_NS[ns]
+                limit = _LIMIT_BY_NS.get(ns)
+                if limit is None:  # DynamicLimits' shared table: aged out by eviction only
+                    continue
                 idle = [k for k, state in table.items() if is_idle(limit, state, now)]
                 for k in idle:
                     del table[k]
                 dropped += len(idle)
-                if gen is self._young:
-                    self._n_young -= len(idle)
+                if gen is self._young and ns in self._n_young:
+                    self._n_young[ns] -= len(idle)
         return dropped
 
-    def _rotate(self) -> None:
-        self.evictions += sum(map(len, self._old.values()))
-        self._old = self._young if self._keep_old else {}
-        self._young = {}
-        self._n_young = 0
+    def _rotate(self, ns: str, keep_old: bool) -> None:
+        """One limit's young generation is full: it becomes its old one, and the
+        previous old one is dropped (all of the young one too for a budget of 1)."""
+        young = self._young.pop(ns, None)
+        old = self._old.pop(ns, None)
+        dropped = len(old) if old else 0
+        if keep_old:
+            if young:
+                self._old[ns] = young
+        elif young:
+            dropped += len(young)
+        if dropped:
+            self.evictions += dropped
+            self.evicted[ns] = self.evicted.get(ns, 0) + dropped
+            if self.on_evict is not None:
+                self.on_evict(ns, dropped)
+        self._n_young[ns] = 0

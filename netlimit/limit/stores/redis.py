@@ -1,5 +1,10 @@
 """Shared state in Redis: one Lua script per limit, one round trip per decision.
 
+A limit override (a :class:`~netlimit.limit.algorithms.DynamicLimit`, whose
+numbers come from a request) has no script of its own: one script per algorithm
+reads its numbers from ARGV (:func:`_dynamic_script`), so the scripts Redis caches
+stay a bounded set whatever overrides clients send.
+
 The scripts in ``lua/`` perform exactly the floating-point operations of
 :mod:`netlimit.limit.algorithms`, so this store and the memory store return
 identical decisions for identical inputs (``tests/limit/test_conformance.py``).
@@ -87,7 +92,43 @@ def _pack(limit: Limit) -> int | None:
     return pack if (limit._cap + 1) * pack <= 2**53 else None
 
 
+def _dynamic_script(limit: Limit) -> tuple[str, bytes, int | None]:
+    """The script of a DynamicLimit (a limit override): one per algorithm, the
+    limit's numbers read from ARGV[4..9] (:func:`_dynamic_argv`) instead of Lua
+    literals, so any number of overrides run a bounded set of scripts in Redis
+    (and in ``_LIMIT_LUA``); the pack is the limit's own."""
+    alg = limit.algorithm
+    s = _LIMIT_LUA.get("~" + alg)
+    if s is None:
+        nowstr = REGISTRY[alg].lua_now_string
+        head = (
+            "local lim, period, cap, ttl, queue, pack, nowstr_needed = tonumber(ARGV[4]), tonumber(ARGV[5]), "
+            f"tonumber(ARGV[6]), ARGV[7], ARGV[8] == '1', tonumber(ARGV[9]), {'true' if nowstr else 'false'}\n"
+        )
+        src = head + load_lua(alg)
+        s = _LIMIT_LUA["~" + alg] = (src, hashlib.sha1(src.encode("utf-8")).hexdigest().encode(), None)
+    return s[0], s[1], _pack(limit)
+
+
+def _dynamic_argv(limit: Limit, pack: int | None, cost: int, now: float | None, dry: bytes) -> tuple[bytes, ...]:
+    """ARGV of a DynamicLimit's call: cost, now, dry run (always given), then the
+    numbers :func:`_limit_script` writes as literals for a configured limit."""
+    return (
+        b"%d" % cost,
+        b"" if now is None else repr(float(now)).encode(),
+        dry,
+        b"%d" % limit.limit,
+        repr(limit.period).encode(),
+        b"%d" % limit._cap,
+        b"%d" % (math.ceil(limit.period * 1000) + 1000),
+        b"1" if limit.delay else b"0",
+        b"" if pack is None else b"%d" % pack,
+    )
+
+
 def _limit_script(limit: Limit) -> tuple[str, bytes, int | None]:
+    if limit._dynamic:
+        return _dynamic_script(limit)
     s = _LIMIT_LUA.get(limit._sig)
     if s is None:
         alg = limit.algorithm
@@ -298,6 +339,50 @@ class RedisStore:
             log.warning(
                 "redis %s: not usable at start (%s); decisions follow on_store_failure until it answers", where, e
             )
+            return
+        await self._check_eviction_policy(budget)
+
+    async def _check_eviction_policy(self, budget: float) -> None:
+        """Warn once when a server's ``maxmemory-policy`` is not ``noeviction``: a
+        full Redis then evicts rate limit counters (every key has a TTL, so the
+        volatile-* policies pick them too), and a client whose counter is evicted
+        gets a fresh limit.  Read from ``INFO memory`` (CONFIG is often disabled);
+        a refusal is not an error."""
+        policies: dict[str, str] = {}
+        try:
+            async with asyncio.timeout(budget):
+                if self._lean:
+                    if self._cluster is not None:
+                        nodes = self._cluster.primaries()
+                    elif self._sentinel is not None:
+                        nodes = [self._sentinel.primary] if self._sentinel.primary is not None else []
+                    else:
+                        nodes = [self._node] if self._node is not None else []
+                    for n in nodes[:64]:
+                        info = await n.execute_command(b"INFO", b"memory", timeout=budget)
+                        text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
+                        for line in text.splitlines():
+                            if line.startswith("maxmemory_policy:"):
+                                policies[str(n.address)] = line.split(":", 1)[1].strip()
+                elif self._owns_client:
+                    info = await self._client.info("memory")
+                    if "maxmemory_policy" in info:
+                        policies[self._where()] = str(info["maxmemory_policy"])
+        except (*_STORE_FAILURES, ReplyError) as e:
+            log.info("redis %s: maxmemory-policy not read (%s)", self._where(), e)
+            return
+        bad = {a: p for a, p in policies.items() if p != "noeviction"}
+        if bad:
+            where, policy = next(iter(bad.items()))
+            log.warning(
+                "redis %s: maxmemory-policy is %s%s: when Redis is full it evicts rate limit counters, and a "
+                "client whose counter is evicted gets a fresh limit (one flooding a per-client rule can evict "
+                "everyone's); set maxmemory-policy noeviction, with which a full Redis refuses the writes and "
+                "those decisions follow on_store_failure (docs/security.md, Budgets and overrides)",
+                where,
+                policy,
+                f" (and on {len(bad) - 1} more nodes)" if len(bad) > 1 else "",
+            )
 
     def _where(self) -> str:
         if self._node is not None:
@@ -384,21 +469,28 @@ class RedisStore:
             return _deny_all(cost)
         if not self._lean:
             return await self._call(key, limit, cost, now, _dry)
-        la = self._lean_args.get(limit._ns)
-        if la is None:
-            la = self._lean_args[limit._ns] = _lean(self._prefix, limit)
-        head, sha, pack, frames, hlen, seed = la
+        if limit._dynamic:  # an override: its numbers travel as arguments, nothing cached per limit
+            head, sha, pack, frames, hlen, seed = _lean(self._prefix, limit)
+        else:
+            la = self._lean_args.get(limit._ns)
+            if la is None:
+                la = self._lean_args[limit._ns] = _lean(self._prefix, limit)
+            head, sha, pack, frames, hlen, seed = la
         rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}").encode(
             "utf-8", "surrogatepass"
         )
         # the whole EVALSHA but the key, encoded once per (cost, dry run) when the
         # server's clock is used: one bytes formatting per decision
-        if now is None:
-            frame = frames.get((cost, _dry))
-            if frame is None:
+        if limit._dynamic:
+            frame = _evalsha_frame(sha, _dynamic_argv(limit, pack, cost, now, _dry))
+        elif now is None:
+            cached = frames.get((cost, _dry))
+            if cached is None:
                 frame = _evalsha_frame(sha, _argv(cost, None, _dry))
                 if len(frames) < 64:
                     frames[(cost, _dry)] = frame
+            else:
+                frame = cached
         else:
             frame = _evalsha_frame(sha, _argv(cost, now, _dry))
         data = b"%b$%d\r\n%b\r\n%b" % (frame[0], len(rkey), rkey, frame[1])
@@ -554,7 +646,7 @@ class RedisStore:
         handle); :meth:`hit` checked the cost and decided limits of 0."""
         keys = self.redis_keys(key, limit)
         src, sha, pack = _limit_script(limit)
-        argv = _argv(cost, now, dry)
+        argv = _dynamic_argv(limit, pack, cost, now, dry) if limit._dynamic else _argv(cost, now, dry)
         try:
             async with asyncio.timeout(self._timeout):
                 try:
