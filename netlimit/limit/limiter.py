@@ -67,7 +67,7 @@ from ..config.model import UNIT_SECONDS
 from ..errors import StoreError
 from ..logevery import LogEvery
 from .algorithms import Decision, Limit
-from .hitters import HeavyHitters, descriptor_text
+from .hitters import HeavyHitters, descriptor_text, shown_value
 from .request import CheckRequest, Override
 from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
 from .stores import MemoryStore, Store
@@ -208,6 +208,9 @@ class Limiter:
         self._fallbacks = 0  # decisions made without the primary since it went down
         self._fail_log = LogEvery(log_interval, clock)
         self._rule_log = LogEvery(log_interval, clock)
+        #: header: descriptor values (API keys, tokens) shown as such in the denied top and
+        #: the logs; by default they are hashed (hitters.shown_value)
+        self.show_values = False
         self.rules = rules
         self._ov_rules: RuleSet | None = None  # the rules the override cache was built for
         self._ov_cache: dict[tuple, Rule] = {}
@@ -468,7 +471,7 @@ class Limiter:
                 statuses.append(DescriptorStatus(OK, rule, dec, True, False, src))
                 continue
             self._log_rule("over", rule, d, dec)
-            self.stats.denied.add((rule.name, descriptor_text(d)), cost)
+            self.stats.denied.add((rule.name, descriptor_text(d, self.show_values)), cost)
             if self.on_over is not None:
                 self.on_over(rule, d)
             st = DescriptorStatus(OVER_LIMIT, rule, dec, False, False, src)
@@ -565,7 +568,7 @@ class Limiter:
         held = self._rule_log.due(kind + "|" + rule.path)
         if held < 0:
             return
-        desc = ", ".join(f"{k}={v!r}" for k, v in entries)
+        desc = ", ".join(f"{k}={shown_value(k, v, self.show_values)!r}" for k, v in entries)
         more = f"; {held} more since the last report" if held else ""
         if kind == "shadow":
             log.info(

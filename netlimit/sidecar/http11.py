@@ -485,7 +485,11 @@ class HttpConnection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # the client finished sending: answer what it asked, then close (a half-close
-        # with requests in flight is how some clients end)
+        # with requests in flight is how some clients end).  Answers held for the end
+        # of the loop iteration go to the transport first: returning False closes it,
+        # and a closing transport takes no more writes (uvloop delivers the end of a
+        # read and its EOF in one iteration: a JSON answer was lost that way)
+        self.state.flush_out()
         if self.cur is not None and self.cur.body is not None:
             self.cur.body.fail(ClientError(400, "the request body ended early"))
         elif self.in_head:  # a head cut short: nothing to answer (nginx closes too)
