@@ -51,7 +51,7 @@ def _tc_bytes(rows: list[dict[str, Any]]) -> dict[str, int]:
     return {rule: k["class"] or k["qdisc"] for rule, k in by.items()}
 
 
-def take(socket_path: str, sidecars: list[str]) -> Sample:
+def take(socket_path: str, sidecars: list[str], token: bytes | None = None) -> Sample:
     s = Sample(time.monotonic())
     try:
         st = query_status(socket_path, timeout=3.0)
@@ -74,7 +74,10 @@ def take(socket_path: str, sidecars: list[str]) -> Sample:
             s.problems.append(f"netlimitd: {st['counters_error']}")
     for url in sidecars:
         try:
-            with urllib.request.urlopen(url.rstrip("/") + "/v1/top", timeout=3.0) as resp:
+            req = urllib.request.Request(url.rstrip("/") + "/v1/top")
+            if token is not None:  # the sidecar's --admin-token-file
+                req.add_header("Authorization", "Bearer " + token.decode("ascii"))
+            with urllib.request.urlopen(req, timeout=3.0) as resp:
                 doc = json.loads(resp.read(1 << 20))
         except (OSError, ValueError) as exc:
             s.problems.append(f"sidecar {url}: {exc}")
@@ -202,13 +205,13 @@ def _wait_key(interval: float) -> str:
     return os.read(sys.stdin.fileno(), 16).decode(errors="replace") if r else ""
 
 
-def run(socket_path: str, sidecars: list[str], interval: float, count: int | None) -> int:
+def run(socket_path: str, sidecars: list[str], interval: float, count: int | None, token: bytes | None = None) -> int:
     prev: Sample | None = None
     n = 0
     if not sys.stdout.isatty():
         try:
             while count is None or n < count:
-                cur = take(socket_path, sidecars)
+                cur = take(socket_path, sidecars, token)
                 for line in plain(view(prev, cur)):
                     print(line, flush=True)
                 prev, n = cur, n + 1
@@ -232,7 +235,7 @@ def run(socket_path: str, sidecars: list[str], interval: float, count: int | Non
             tty.setcbreak(fd)
         with Live(console=Console(), screen=True, auto_refresh=False) as live:
             while count is None or n < count:
-                cur = take(socket_path, sidecars)
+                cur = take(socket_path, sidecars, token)
                 live.update(render(view(prev, cur), interval), refresh=True)
                 prev, n = cur, n + 1
                 deadline = time.monotonic() + interval
@@ -260,7 +263,19 @@ def register(app: typer.Typer) -> None:
         ),
         interval: float = typer.Option(1.0, "--interval", min=0.2, max=60.0, help="Seconds between refreshes."),
         count: int | None = typer.Option(None, "--count", min=1, help="Stop after this many refreshes."),
+        admin_token_file: str | None = typer.Option(
+            None, "--admin-token-file", help="The sidecars' --admin-token-file (sent as a bearer token)."
+        ),
     ) -> None:
         """A live view of this host: rules' packets, drops and bandwidth, HTTP denials,
         the busiest sources. Quits on q or Ctrl-C; plain lines when not on a terminal."""
-        raise typer.Exit(run(socket_path, sidecar, interval, count))
+        token = None
+        if admin_token_file is not None:  # the sidecar checked the file's contents at its start
+            try:
+                with open(admin_token_file, "rb") as f:
+                    token = f.read(4096).strip()
+                token.decode("ascii")
+            except (OSError, UnicodeDecodeError) as exc:
+                typer.echo(f"netlimit top: --admin-token-file {admin_token_file}: {exc}", err=True)
+                raise typer.Exit(64) from None
+        raise typer.Exit(run(socket_path, sidecar, interval, count, token))

@@ -33,7 +33,7 @@ from ..reload import DropGuard
 from ..watch import FileWatch
 from .kernel_ops import KernelOps
 from .metrics import Metrics
-from .status import Status, open_status_socket
+from .status import Status, open_status_socket, remove_status_socket, socket_path_problem
 
 log = logging.getLogger("netlimit.daemon")
 
@@ -283,6 +283,10 @@ class Daemon:
                 log.error(str(p))
             log.error(f"{self.config_path}: invalid, not starting ({len(exc.problems)} problems)")
             return 1
+        problem = socket_path_problem(self.socket_path)
+        if problem is not None:  # before the kernel is touched
+            log.error(problem)
+            return 1
         if self.metrics_addr:
             self.metrics = Metrics(self.kernel, self.status)
         self._lockout_warn(loaded, "start")
@@ -514,10 +518,7 @@ class Daemon:
         if self._status_srv is not None:
             self._status_srv.shutdown()
             self._status_srv.server_close()
-            try:
-                os.unlink(self.socket_path)
-            except OSError:
-                pass
+            remove_status_socket(self.socket_path)
             self._status_srv = None
         if self.metrics:
             self.metrics.close()

@@ -9,6 +9,7 @@ import json
 import os
 import socket
 import socketserver
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -171,9 +172,22 @@ class _StatusServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 def open_status_socket(path: str, daemon: StatusSource) -> _StatusServer:
+    """Serve the status socket at ``path`` (0600).  A missing parent directory is
+    created 0700; an existing one is left as it is (``--socket /tmp/x.sock`` must not
+    make /tmp root-only).  What is at ``path`` already is replaced only when it is a
+    socket nobody answers on (a crashed daemon's): anything else -- a regular file, a
+    directory, a symlink -- is refused with RuntimeError, never deleted."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(p.parent, 0o700)
+    if not p.parent.is_dir():
+        try:
+            p.parent.mkdir(mode=0o700, parents=True)
+        except FileExistsError:  # created meanwhile (or a non-directory): the bind says
+            pass
+        else:
+            os.chmod(p.parent, 0o700)  # mkdir's mode is cut by the umask
+    problem = socket_path_problem(path)
+    if problem is not None:
+        raise RuntimeError(problem)
     if p.exists() or p.is_symlink():
         # A stale socket from a crashed daemon; a live one would answer.
         try:
@@ -192,6 +206,43 @@ def open_status_socket(path: str, daemon: StatusSource) -> _StatusServer:
     srv.daemon_ref = daemon  # type: ignore[attr-defined]
     threading.Thread(target=srv.serve_forever, name="status", daemon=True).start()
     return srv
+
+
+_KINDS = {
+    stat.S_IFREG: "a regular file",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def socket_path_problem(path: str) -> str | None:
+    """Why netlimitd will not take ``path`` for its status socket (something other
+    than a socket is there), or None.  Checked before any kernel work."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"--socket {path}: {exc.strerror or exc}"
+    if stat.S_ISSOCK(st.st_mode):
+        return None
+    kind = _KINDS.get(stat.S_IFMT(st.st_mode), "something that is not a socket")
+    return (
+        f"--socket {path}: {kind} is there, not a socket; netlimitd replaces only a stale socket "
+        "of its own and deletes nothing else: remove it, or pass another --socket path"
+    )
+
+
+def remove_status_socket(path: str) -> None:
+    """Remove the status socket at shutdown -- only if a socket is still what is there."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def query_status(path: str = DEFAULT_SOCKET, timeout: float = 5.0) -> dict[str, Any] | None:

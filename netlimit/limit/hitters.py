@@ -5,6 +5,8 @@ missed and each count over-states by at most the `error` it carries."""
 
 from __future__ import annotations
 
+import hashlib
+
 MAX_KEY = 160  # characters of a descriptor shown; clients choose the values
 
 
@@ -37,7 +39,19 @@ class HeavyHitters:
         return [{"rule": r, "key": k, "count": v, "error": self._error[(r, k)]} for (r, k), v in best]
 
 
-def descriptor_text(entries) -> str:
-    """`key=value, ...` of one descriptor, cut to MAX_KEY characters."""
-    s = ", ".join(f"{k}={v}" for k, v in entries)
+def shown_value(key: str, value: str, reveal: bool = False) -> str:
+    """A descriptor value as /v1/top and the logs show it: the value of a ``header:``
+    entry (an API key, a token: a client's secret) as ``sha256:`` and the first 16
+    hex digits of its SHA-256, unless ``reveal`` (the sidecar's --show-values).
+    The hash is plain, so an operator holding a key finds it:
+    ``printf %s "$KEY" | sha256sum | cut -c1-16``."""
+    if reveal or not key.startswith("header:"):
+        return value
+    return "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def descriptor_text(entries, reveal: bool = False) -> str:
+    """`key=value, ...` of one descriptor (header values hashed unless ``reveal``),
+    cut to MAX_KEY characters."""
+    s = ", ".join(f"{k}={shown_value(k, v, reveal)}" for k, v in entries)
     return s if len(s) <= MAX_KEY else s[: MAX_KEY - 1] + "…"

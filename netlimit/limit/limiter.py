@@ -76,7 +76,7 @@ from ..config.model import UNIT_SECONDS
 from ..errors import StoreError
 from ..logevery import LogEvery
 from .algorithms import Decision, DynamicLimit, Limit
-from .hitters import HeavyHitters, descriptor_text
+from .hitters import HeavyHitters, descriptor_text, shown_value
 from .keybudget import KeyBudget
 from .request import CheckRequest, Override
 from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
@@ -268,6 +268,9 @@ class Limiter:
         self.budget_names: dict[str, tuple[str, str]] = {}
         #: the shared store's key budgets of the rules with their own max_keys (keybudget.py)
         self._key_budgets: dict[Rule, KeyBudget] = {}
+        #: header: descriptor values (API keys, tokens) shown as such in the denied top and
+        #: the logs; by default they are hashed (hitters.shown_value)
+        self.show_values = False
         self.rules = rules
         self._apply_budgets(rules)
         self._ov_rules: RuleSet | None = None  # the rules the override cache was built for
@@ -598,7 +601,7 @@ class Limiter:
                 statuses.append(DescriptorStatus(OK, rule, dec, True, False, src))
                 continue
             self._log_rule("over", rule, d, dec)
-            self.stats.denied.add((rule.name, descriptor_text(d)), cost)
+            self.stats.denied.add((rule.name, descriptor_text(d, self.show_values)), cost)
             if self.on_over is not None:
                 self.on_over(rule, d)
             st = DescriptorStatus(OVER_LIMIT, rule, dec, False, False, src)
@@ -764,7 +767,7 @@ class Limiter:
         held = self._rule_log.due(kind + "|" + rule.path)
         if held < 0:
             return
-        desc = ", ".join(f"{k}={v!r}" for k, v in entries)
+        desc = ", ".join(f"{k}={shown_value(k, v, self.show_values)!r}" for k, v in entries)
         more = f"; {held} more since the last report" if held else ""
         if kind == "shadow":
             log.info(

@@ -30,7 +30,7 @@ from .stores import RedisStore
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 ENDPOINTS = ("proxy", "check", "authz", "json", "http")  # http: refused before an endpoint was known
-RESULTS = ("ok", "over_limit", "bad_request", "upstream_error")
+RESULTS = ("ok", "over_limit", "bad_request", "upstream_error", "unauthorized")
 
 
 class FrontStats:

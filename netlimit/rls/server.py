@@ -23,6 +23,7 @@ go on through ``on_store_failure`` (the store's state is in /metrics and
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 import grpc
@@ -73,6 +74,7 @@ class GrpcServer:
         self.servicer = RateLimitServicer(limiter, front, max_delay=max_delay)
         self.health = health_async.HealthServicer()
         self._server: grpc.aio.Server | None = None
+        self._v6_hold: socket.socket | None = None  # see _add_port
 
     @property
     def address(self) -> str:
@@ -96,19 +98,37 @@ class GrpcServer:
         )
         rls_pb2_grpc.add_RateLimitServiceServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        target = format_hostport(self.host, self.requested_port)
-        try:
-            port = server.add_insecure_port(target)
-        except RuntimeError as exc:  # grpcio raises on a failed bind
-            raise OSError(f"cannot listen for gRPC on {target}: {exc}") from None
-        if port == 0:  # older grpcio report a failed bind as port 0
-            raise OSError(f"cannot listen for gRPC on {target}: the address is in use or not available")
-        self.port = port
+        self.port = self._add_port(server)
         await server.start()
         self._server = server
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        return port
+        return self.port
+
+    def _add_port(self, server: grpc.aio.Server) -> int:
+        """Bind ``host:port``.  gRPC core takes ``0.0.0.0`` for "every address" and binds
+        ``[::]`` dual-stack, so it would answer on IPv6 (``::1``) too, unlike the HTTP
+        listeners; a socket of our own holding ``[::]:port`` (IPv6 only, bound, never
+        listening, no SO_REUSEADDR) makes that bind fail, and gRPC falls back to
+        ``0.0.0.0`` alone (its documented path for hosts without IPv6).  A connection
+        to ``[::1]:port`` is then refused.  Port 0: the IPv6 hold picks the port,
+        retried when IPv4 has it taken."""
+        for _ in range(8 if self.host == "0.0.0.0" and self.requested_port == 0 else 1):
+            hold = _hold_ipv6(self.requested_port) if self.host == "0.0.0.0" else None
+            port_asked = hold.getsockname()[1] if hold is not None else self.requested_port
+            target = format_hostport(self.host, port_asked)
+            try:
+                port = server.add_insecure_port(target)
+            except RuntimeError as exc:  # grpcio raises on a failed bind
+                port, err = 0, str(exc)
+            else:
+                err = "the address is in use or not available"  # older grpcio report a failed bind as port 0
+            if port:
+                self._v6_hold = hold
+                return port
+            if hold is not None:
+                hold.close()
+        raise OSError(f"cannot listen for gRPC on {target}: {err}")
 
     async def stop(self, grace: float = 5.0) -> None:
         """NOT_SERVING, then finish in-flight calls (at most ``grace`` seconds)."""
@@ -120,3 +140,23 @@ class GrpcServer:
         except Exception:
             pass
         await server.stop(grace)
+        if self._v6_hold is not None:
+            self._v6_hold.close()
+            self._v6_hold = None
+
+
+def _hold_ipv6(port: int) -> socket.socket | None:
+    """An IPv6-only socket bound to ``[::]:port`` and never listening (None where the
+    host has no IPv6 or another socket holds that port already: gRPC then cannot take
+    ``[::]`` either)."""
+    try:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    except OSError:
+        return None
+    try:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind(("::", port))
+    except OSError:
+        s.close()
+        return None
+    return s

@@ -105,6 +105,8 @@ class Sidecar:
         log_interval: float = 10.0,
         max_connections: int = 10_000,
         admin_max_connections: int = 1024,
+        admin_token: bytes | None = None,
+        show_values: bool = False,
     ):
         self.config_path = str(config_path)
         loaded = load_file(self.config_path)  # ConfigError goes to the caller
@@ -135,6 +137,10 @@ class Sidecar:
             retry_interval=retry_interval,
             log_interval=log_interval,
         )
+        # header: descriptor values (API keys...) are hashed in /v1/top and the logs unless shown
+        self.limiter.show_values = show_values
+        # --admin-token-file: the decision and operator endpoints need `Authorization: Bearer <token>`
+        self.admin_token = admin_token
         self.metrics = Metrics(self.limiter, self.front)
         # escalation: repeat offenders banned at L3 (netlimit/bans/escalate.py)
         self.escalator = escalator_for(loaded.config, store, redis_url)

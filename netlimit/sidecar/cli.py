@@ -88,6 +88,20 @@ def register(app: typer.Typer) -> None:
             help="Also serve Envoy's rate limit gRPC API (envoy.service.ratelimit.v3, as envoyproxy/ratelimit) "
             "and grpc.health.v1 on HOST:PORT, on the same rules and store.",
         ),
+        admin_token_file: Path | None = typer.Option(
+            None,
+            "--admin-token-file",
+            show_default=False,
+            help="A file holding a shared secret (one line, at least 16 characters): the decision, JSON and "
+            "operator endpoints then answer 401 to requests without 'Authorization: Bearer <secret>' "
+            '(nginx: proxy_set_header Authorization "Bearer ..."; Prometheus: authorization.credentials_file).',
+        ),
+        show_values: bool = typer.Option(
+            False,
+            "--show-values",
+            help="Show the values of header: descriptors (API keys, tokens) in /v1/top and the logs; by default "
+            "they are shown as sha256:<16 hex digits>.",
+        ),
     ) -> None:
         """Run the HTTP rate-limit sidecar (decision endpoint, JSON API, or reverse proxy).
 
@@ -110,6 +124,7 @@ def register(app: typer.Typer) -> None:
         from ..extras import missing as missing_extra
         from ..listen import parse_listen
         from .app import Sidecar
+        from .auth import load_token
         from .http11 import Limits
         from .proxy import Origin
         from .server import serve
@@ -126,6 +141,7 @@ def register(app: typer.Typer) -> None:
                 Origin(upstream)
             if redis is not None and (problem := redis_url_problem(redis)):
                 raise ValueError(f"--redis {redis!r}: {problem}")
+            token = load_token(str(admin_token_file)) if admin_token_file is not None else None
         except ValueError as exc:
             err(str(exc))
             raise typer.Exit(EXIT_USAGE) from None
@@ -136,6 +152,8 @@ def register(app: typer.Typer) -> None:
                 redis_url=redis,
                 max_connections=max_connections,
                 admin_max_connections=admin_max_connections,
+                admin_token=token,
+                show_values=show_values,
             )
         except ConfigError as exc:
             for p in exc.problems:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from ..errors import BadRequest
@@ -18,10 +19,14 @@ from ..limit.headers import rate_headers
 from ..limit.limiter import OVER_LIMIT
 from ..limit.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..limit.request import CheckRequest
+from ..logevery import LogEvery
 from . import responses
 from .app import Reply, Sidecar
+from .auth import bearer_ok
 from .http11 import ClientError, HttpConnection, Request
 from .json_api import parse_json_request, result_json
+
+log = logging.getLogger("netlimit.sidecar")
 
 #: the JSON API's body
 MAX_JSON_BODY = 64 * 1024
@@ -40,6 +45,9 @@ _FIELDS = frozenset(
     )
 )
 _OK = (("check", "ok"), ("authz", "ok"))  # FrontStats.requests keys by endpoint kind
+_AUTH_FIELDS = frozenset(("authorization",))
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="netlimit"'}
+_auth_log = LogEvery(10.0)
 
 
 class Endpoints:
@@ -52,13 +60,14 @@ class Endpoints:
         self.admin = admin
         self._plan: Any = None
         self._wanted: frozenset[str] = _FIELDS
+        self.token: bytes | None = sc.admin_token  # --admin-token-file: every request needs it
 
     @property
     def wanted(self) -> frozenset[str]:
         plan = self.sc.plan
         if plan is not self._plan:  # the rules were reloaded: their header actions may differ
             self._plan = plan
-            self._wanted = _FIELDS | plan.header_names
+            self._wanted = _FIELDS | plan.header_names | (_AUTH_FIELDS if self.token is not None else frozenset())
         return self._wanted
 
     def bad_request(self) -> None:
@@ -67,6 +76,8 @@ class Endpoints:
     def handle(self, conn: HttpConnection, req: Request) -> Any:
         path = req.path
         method = req.method
+        if self.token is not None and not bearer_ok(req.fields.get("authorization"), self.token):
+            return self._unauthorized(conn, req)
         if self.decisions:
             if path == "/v1/check":
                 if method in ("GET", "HEAD"):
@@ -89,6 +100,19 @@ class Endpoints:
             doc = sc.health() if path == "/healthz" else sc.top_doc() if path == "/v1/top" else sc.rules_doc()
             return responses.json_response(200, doc, keep=req.keep, http10=req.http10, head_only=head)
         return responses.problem(404, "Not Found", f"no endpoint {path[:200]!r} here", keep=req.keep, http10=req.http10)
+
+    def _unauthorized(self, conn: HttpConnection, req: Request) -> bytes:
+        self.sc.front.request("http", "unauthorized")
+        held = _auth_log.due("401")
+        if held >= 0:
+            more = f" ({held} more since the last report)" if held else ""
+            why = "a wrong" if "authorization" in req.fields else "no"
+            log.warning("request from %s for %s refused with 401: %s bearer token%s",
+                        conn.peer, req.path[:200], why, more)  # fmt: skip
+        return responses.problem(
+            401, "Unauthorized", "this endpoint needs 'Authorization: Bearer <token>' (--admin-token-file)",
+            _CHALLENGE, keep=req.keep, http10=req.http10,
+        )  # fmt: skip
 
     # -- decisions ----------------------------------------------------------------------
 

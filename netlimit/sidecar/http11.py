@@ -28,7 +28,10 @@ Bounds, each with its own answer:
   requests cannot queue thousands);
 * at most ``max_body_buffer`` bytes of a body are buffered, and reading stops
   while the connection's write buffer is above its high-water mark (a client
-  that pipelines and never reads cannot grow our memory);
+  that pipelines and never reads cannot grow our memory); answers held back
+  for the end of the loop iteration count too: past ``write_high`` of them the
+  batch goes to the transport at once, so its mark stops reading within the
+  read being parsed, on every door;
 * at the connection cap the oldest idle connection, else the slowest head in
   progress, is shed for a new one;
 * requests are answered one after the other by a loop, never by recursion.
@@ -385,6 +388,7 @@ class HttpConnection(asyncio.Protocol):
         self.closing = False
         self.last = _monotonic()  # the last answer (or the connection's start): idle since
         self.out_total = 0  # bytes handed to the transport (sweep: send_timeout)
+        self.out_mark = 0  # out_total when write() last flushed the batch early (see write)
         self.sent_mark = 0
         self.send_since = self.last
         self._piece: bytes = b""  # what the parser is being fed (the request line check)
@@ -490,7 +494,11 @@ class HttpConnection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         # the client finished sending: answer what it asked, then close (a half-close
-        # with requests in flight is how some clients end)
+        # with requests in flight is how some clients end).  Answers held for the end
+        # of the loop iteration go to the transport first: returning False closes it,
+        # and a closing transport takes no more writes (uvloop delivers the end of a
+        # read and its EOF in one iteration: a JSON answer was lost that way)
+        self.state.flush_out()
         if self.cur is not None and self.cur.body is not None:
             self.cur.body.fail(ClientError(400, "the request body ended early"))
         elif self.in_head:  # a head cut short: nothing to answer (nginx closes too)
@@ -868,9 +876,19 @@ class HttpConnection(asyncio.Protocol):
         t = self.transport
         if t is None or t.is_closing():
             return
-        self.out_total += len(out)
+        total = self.out_total = self.out_total + len(out)
         state = self.state
         batch = state.out_batch
+        if total - self.out_mark > self.limits.write_high and batch:
+            # a read of pipelined requests answered at once: hand what is held to the
+            # transport now, whose high-water mark then pauses reading (answers held
+            # in the batch are invisible to it: a client that never reads grew us by
+            # the whole of what the sidecar read in one loop iteration, +40-130 MiB)
+            self.out_mark = total
+            state.flush_out()
+            if t.is_closing():
+                return
+            batch = None
         if batch is None:
             try:
                 loop = self._loop()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..listen import format_hostport
 from .app import Sidecar
+from .auth import warn_exposed
 from .endpoints import Endpoints
 from .http11 import HttpConnection, Limits
 from .proxy import Origin, Proxy, UpstreamPool
@@ -29,6 +30,11 @@ async def _listen(loop: asyncio.AbstractEventLoop, factory: Any, host: str, port
         return await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)
     except OSError as exc:
         raise SystemExit(f"cannot listen on {format_hostport(host, port)} ({what}): {exc.strerror or exc}") from None
+
+
+def _bound(server: Any, host: str) -> list[str]:
+    """The addresses a listener is bound to (the one asked for when unknown)."""
+    return [str(s.getsockname()[0]) for s in server.sockets] or [host]
 
 
 def _shown(server: Any, host: str, port: int) -> str:
@@ -80,6 +86,9 @@ async def serve(
             sc.limiter.on_store_failure,
             _llhttp_version(),
         )
+        token = sc.admin_token is not None
+        if pool is None:  # decision mode: this listener is the decision door (proxy mode: the public's)
+            warn_exposed("decision listener", _shown(s, host, port), _bound(s, host), token)
         if admin is not None:
             endpoints = Endpoints(sc)
             a = await _listen(
@@ -88,6 +97,7 @@ async def serve(
             servers.append(a)
             log.info("admin listener on http://%s (decision endpoints, /healthz, /metrics, /v1/rules, /v1/top)",
                      _shown(a, *admin))  # fmt: skip
+            warn_exposed("admin listener", _shown(a, *admin), _bound(a, admin[0]), token)
         if grpc is not None:
             from ..rls.server import GrpcServer
 
@@ -101,6 +111,7 @@ async def serve(
                 gs.address,
                 rs.domain,
             )
+            warn_exposed("gRPC door", gs.address, [gs.host], token)
         sweeper = asyncio.create_task(_sweep(sc))
         stop = asyncio.Event()
         loop.add_signal_handler(signal.SIGTERM, stop.set)

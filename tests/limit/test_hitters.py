@@ -3,12 +3,13 @@ its guarantees hold for any stream (hypothesis)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netlimit.limit.hitters import MAX_KEY, HeavyHitters, descriptor_text
+from netlimit.limit.hitters import MAX_KEY, HeavyHitters, descriptor_text, shown_value
 
 streams = st.lists(st.tuples(st.sampled_from("abcdefghijklmnop"), st.integers(1, 5)), max_size=400)
 
@@ -35,6 +36,16 @@ def test_top_is_largest_first_and_keys_are_cut():
     for k, n in (("a", 1), ("b", 5), ("c", 3)):
         hh.add(("r", k), n)
     assert [e["key"] for e in hh.top(2)] == ["b", "c"]
-    long = descriptor_text([("header:x", "v" * 1000)])
+    long = descriptor_text([("user", "v" * 1000)])
     assert len(long) == MAX_KEY and long.endswith("…")
     assert descriptor_text([("path", "/login"), ("remote_address", "1.2.3.4")]) == "path=/login, remote_address=1.2.3.4"
+
+
+@given(st.text(max_size=300))
+def test_header_values_are_shown_hashed_unless_revealed(value):
+    h = "sha256:" + hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    assert shown_value("header:X-Api-Key", value) == h
+    assert shown_value("header:X-Api-Key", value, reveal=True) == value
+    assert shown_value("remote_address", value) == value  # addresses are what operators ban: shown
+    text = descriptor_text([("path", "/a"), ("header:X-Api-Key", value)])
+    assert text == f"path=/a, header:X-Api-Key={h}"
