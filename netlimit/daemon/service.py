@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..logs import problem_fields
 from ..reload import DropGuard
 from ..watch import FileWatch
 from .kernel_ops import KernelOps
@@ -177,7 +178,7 @@ class Daemon:
             loaded = load_file(self.config_path)
         except ConfigError as exc:
             for p in exc.problems:
-                log.error(str(p))
+                log.error(str(p), extra=problem_fields(p))
             log.error(f"{self.config_path}: invalid, not starting ({len(exc.problems)} problems)")
             return 1
         if self.metrics_addr:
@@ -203,8 +204,8 @@ class Daemon:
                 loaded = load_file(self.config_path)
             except ConfigError as exc:
                 lines = [str(p) for p in exc.problems]
-                for line in lines:
-                    log.error(f"{why}: rejected: {line}")
+                for p in exc.problems:
+                    log.error(f"{why}: rejected: {p}", extra=problem_fields(p))
                 log.error(f"{why}: new config rejected, the old rules stay in place")
                 self.status.rejected = "\n".join(lines)
                 self.status.rejected_at = time.time()

@@ -548,6 +548,7 @@ class Limiter:
                 self.on_store_failure,
                 self.retry_interval,
                 f"; {held} more failures since the last report" if held else "",
+                extra={"reason": reason},
             )
 
     def _recovered(self) -> None:
@@ -567,6 +568,10 @@ class Limiter:
             return
         desc = ", ".join(f"{k}={v!r}" for k, v in entries)
         more = f"; {held} more since the last report" if held else ""
+        fields = {"rule": rule.name, "domain": rule.domain, "descriptor": dict(entries)}
+        client = next((v for k, v in entries if k == "remote_address"), None)
+        if client is not None:
+            fields["client"] = client
         if kind == "shadow":
             log.info(
                 "shadow_mode rule %r (domain %s, %s) would have limited %s, retry after %.3gs%s",
@@ -576,6 +581,7 @@ class Limiter:
                 desc,
                 dec.retry_after,
                 more,
+                extra=fields,
             )
         else:
             log.info(
@@ -586,6 +592,7 @@ class Limiter:
                 desc,
                 dec.retry_after,
                 more,
+                extra=fields,
             )
 
 

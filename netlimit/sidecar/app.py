@@ -51,6 +51,7 @@ from ..limit.limiter import OVER_LIMIT, CheckResult, Limiter
 from ..limit.metrics import FrontStats, Metrics
 from ..limit.rules import from_loaded
 from ..limit.stores import MemoryStore, RedisStore
+from ..logs import problem_fields
 from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
 from . import responses
@@ -168,7 +169,7 @@ class Sidecar:
             plan = ActionPlan(http.actions, http.trusted_proxies)
         except ConfigError as exc:
             for p in exc.problems:
-                log.error("%s", p)
+                log.error("%s", p, extra=problem_fields(p))
             n = len(exc.problems)
             self.last_reload_error = "; ".join(str(p) for p in exc.problems[:5])
             log.error(
