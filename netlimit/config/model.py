@@ -141,6 +141,37 @@ DurationT = Annotated[
 ]
 
 
+#: a rule's `comment:` -- it goes into nft/iptables comments (nft allows 128 bytes in all,
+#: "netlimit:<48-character name> #<12-hex tag>" takes 71): printable ASCII, no quote or backslash
+COMMENT_MAX = 48
+_COMMENT_RE = re.compile(r'^[ !#-\[\]-~]+$')
+
+
+def _check_comment(v: object) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"comment must be text, got {v!r}")
+    v = v.strip()
+    if len(v) > COMMENT_MAX:
+        raise ValueError(f"comment is {len(v)} characters; at most {COMMENT_MAX} fit in a kernel rule's comment")
+    if not _COMMENT_RE.match(v):
+        raise ValueError(f"comment {v!r}: printable ASCII only, without '\"' or '\\' (it is quoted in nft/iptables)")
+    return v
+
+
+CommentT = Annotated[
+    str,
+    BeforeValidator(_check_comment),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": COMMENT_MAX,
+            "pattern": _COMMENT_RE.pattern,
+            "description": "up to 48 printable ASCII characters, no double quote or backslash",
+        }
+    ),
+]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
@@ -219,6 +250,9 @@ class NetworkRule(Strict):
     escalate: Escalate | None = Field(
         None, description="ban a source at L3 after this many over-limit packets (README: Escalation and bans)"
     )
+    comment: CommentT | None = Field(
+        None, description="a note for people: shown by `netlimit list`, written into the kernel rules' comment"
+    )
 
     _v_name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 
@@ -259,6 +293,9 @@ class BandwidthRule(Strict):
     )
     rate: BandwidthT = Field(description="bit/kbit/mbit/gbit")
     burst: SizeT | None = Field(None, description="optional; a safe default is derived from rate")
+    comment: CommentT | None = Field(
+        None, description="a note for people: shown by `netlimit list` (tc objects have no comment field)"
+    )
 
     _v_name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 
