@@ -144,7 +144,7 @@ DurationT = Annotated[
 #: a rule's `comment:` -- it goes into nft/iptables comments (nft allows 128 bytes in all,
 #: "netlimit:<48-character name> #<12-hex tag>" takes 71): printable ASCII, no quote or backslash
 COMMENT_MAX = 48
-_COMMENT_RE = re.compile(r'^[ !#-\[\]-~]+$')
+_COMMENT_RE = re.compile(r"^[ !#-\[\]-~]+$")
 
 
 def _check_comment(v: object) -> str:
