@@ -639,6 +639,11 @@ class Config(Strict):
     on_stop: Literal["flush", "keep"] = Field(
         "flush", description="daemon stop: remove rules (flush) or leave them in place (keep)"
     )
+    include: list[str] = Field(
+        default_factory=list,
+        description="more files whose exempt / network / bandwidth lists are appended, e.g. "
+        "/etc/netlimit/conf.d/*.yaml (globs in name order; relative to this file)",
+    )
     backend: Literal["auto", "nftables", "restore", "python-iptables"] = Field(
         "auto",
         description="how network rules reach the kernel: nftables (table inet netlimit), restore "
