@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 from ..bans.escalate import escalator_for
+from ..buildinfo import InfoCollector
 from ..config.model import redis_url_problem
 from ..config.validate import load_file, lyft_dir_path
 from ..errors import ConfigError, StoreError
@@ -137,6 +138,7 @@ class Sidecar:
             log_interval=log_interval,
         )
         self.metrics = Metrics(self.limiter, self.front)
+        self.metrics.registry.register(InfoCollector(lambda: self.loaded.sha256))
         # escalation: repeat offenders banned at L3 (netlimit/bans/escalate.py)
         self.escalator = escalator_for(loaded.config, store, redis_url)
         self.limiter.on_over = self.escalator.note
