@@ -165,7 +165,9 @@ def validate(
                 for p in exc.problems:
                     typer.echo(str(p))
             continue
-        warnings = loaded.warnings + _backend_warnings(loaded, backend)
+        from .config.validate import secret_warnings
+
+        warnings = loaded.warnings + _backend_warnings(loaded, backend) + secret_warnings(loaded)
         c = loaded.config
         entry: dict = {
             "file": str(path),

@@ -511,6 +511,17 @@ class HttpConfig(Strict):
         description="memory | redis://host:6379/0 | redis+cluster://host:port,host:port/ | "
         "redis+sentinel://host:26379,host:26379/service[/db] (rediss... for TLS)",
     )
+    password_file: str | None = Field(
+        None,
+        description="the Redis password: the first line of this file (absolute, or ${CREDENTIALS_DIRECTORY}/NAME "
+        "under systemd's LoadCredential=), read when the sidecar connects; = ?password_file= in storage",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password_file(cls, data: Any) -> Any:
+        return _password_file_into_url(data, "storage")
+
     actions: list[ActionList] = Field(
         default_factory=list,
         description="how a request becomes descriptor lists: remote_address, path, method, "
@@ -573,13 +584,14 @@ class LyftFile(LyftText):
     descriptors: DescriptorList = Field(default_factory=list)
 
 
-def redis_url_problem(url: str) -> str | None:
+def redis_url_problem(url: str, *, secrets: bool = False) -> str | None:
     """What is wrong with a storage URL (redis_url.py lists the forms), as a
-    message; None when it can be used."""
+    message; None when it can be used. ``secrets``: also expand ${VAR} and read the
+    password files (a process about to connect); without, their shape only."""
     from .redis_url import parse_redis_url
 
     try:
-        parse_redis_url(url)
+        parse_redis_url(url, secrets=secrets)
     except ValueError as exc:
         return str(exc)
     return None
@@ -589,6 +601,24 @@ def redis_url_problem(url: str) -> str | None:
 
 
 MAX_BANS_DEFAULT = 100_000
+
+
+def _password_file_into_url(data: Any, key: str) -> Any:
+    """A section's ``password_file:`` becomes its URL's ``?password_file=`` option
+    (redis_url.py reads it when a process connects)."""
+    if not isinstance(data, dict) or data.get("password_file") is None:
+        return data
+    from urllib.parse import quote
+
+    pf, url = data["password_file"], data.get(key)
+    if not isinstance(pf, str) or not pf.strip():
+        raise ValueError(f"password_file must be a path, got {pf!r}")
+    if not isinstance(url, str) or "://" not in url:
+        raise ValueError(f"password_file needs a Redis URL in {key} (it is {url or 'memory'!r})")
+    if "password_file=" in url:
+        raise ValueError(f"password_file is given twice: as a key and in {key}")
+    sep = "&" if "?" in url else "?"
+    return {**data, key: f"{url}{sep}password_file={quote(pf.strip(), safe='/${}')}"}
 
 
 class BansConfig(Strict):
@@ -610,6 +640,14 @@ class BansConfig(Strict):
         min_length=1,
         description="memory store: the status socket of this host's netlimitd, which keeps the list",
     )
+    password_file: str | None = Field(
+        None, description="bans.store's Redis password: the first line of this file (as http.password_file)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password_file(cls, data: Any) -> Any:
+        return _password_file_into_url(data, "store")
 
     @field_validator("store")
     @classmethod

@@ -595,6 +595,42 @@ def hashlimit_name(rule_name: str) -> str:
     return f"{rule_name[:9]}~{digest}"
 
 
+def secret_warnings(loaded: Loaded) -> list[Problem]:
+    """A Redis password written in a file that every user may read (the sidecar's
+    DynamicUser needs the file world-readable, so the password belongs elsewhere:
+    ${VAR}, password_file=, systemd LoadCredential=; docs/operations.md)."""
+    from .redis_url import inline_password
+
+    try:
+        mode = os.stat(loaded.path).st_mode
+    except OSError:
+        return []
+    if not mode & 0o004:
+        return []
+    c = loaded.config
+    urls: list[tuple[tuple[Any, ...], str, str | None]] = []
+    if c.http is not None:
+        urls.append((("http", "storage"), "http", c.http.storage))
+    if c.bans is not None:
+        urls.append((("bans", "store"), "bans", c.bans.store))
+    out = []
+    for path, rule, url in urls:
+        if url and url != "memory" and inline_password(url):
+            line, col = loaded.position(*path)
+            out.append(
+                Problem(
+                    loaded.path,
+                    line,
+                    col,
+                    rule,
+                    f"warning: a Redis password in a file every user can read (mode {mode & 0o777:04o}): take it from "
+                    "the environment (${REDIS_PASSWORD}) or a file (?password_file=${CREDENTIALS_DIRECTORY}/redis, "
+                    "systemd LoadCredential=); docs/operations.md, Secrets",
+                )
+            )
+    return out
+
+
 def backend_warnings(loaded: Loaded, backend: str) -> list[Problem]:
     """What a file means differently under `backend` (the key the kernel layer chose)."""
     out: list[Problem] = []

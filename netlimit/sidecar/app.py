@@ -122,7 +122,7 @@ class Sidecar:
         if self.storage == "memory":
             store: Any = MemoryStore(max_keys=http.max_keys, max_key_length=http.max_key_length)
         else:
-            problem = redis_url_problem(self.storage)
+            problem = redis_url_problem(self.storage, secrets=True)  # ${VAR} and password files: now
             if problem is not None:
                 from ..config.loader import Problem
 
