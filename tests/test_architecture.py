@@ -144,6 +144,7 @@ SHARED = (
     "netlimit.logs",
     "netlimit.logevery",
     "netlimit.sdnotify",
+    "netlimit.buildinfo",
 )
 MAY_IMPORT = {
     "netlimit.config": set(),
