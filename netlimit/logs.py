@@ -180,7 +180,35 @@ def setup(
     if top.level == logging.NOTSET or top.level < logging.WARNING:
         top.setLevel(logging.WARNING)
     logging.captureWarnings(True)
+    _route_uncaught(root)
     return handler
+
+
+def _route_uncaught(log: logging.Logger) -> None:
+    """An exception nothing caught (in the main thread or another) is logged at
+    critical, so even the traceback of a crash carries a level on every line."""
+    import threading
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            sys.__excepthook__(kind, exc, tb)
+            return
+        log.critical("uncaught %s: %s", kind.__name__, exc, exc_info=(kind, exc, tb))
+
+    def thread_hook(args: Any) -> None:
+        if args.exc_type is SystemExit or args.exc_value is None:
+            return
+        name = args.thread.name if args.thread is not None else "?"
+        log.critical(
+            "uncaught %s in thread %s: %s",
+            args.exc_type.__name__,
+            name,
+            args.exc_value,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
+
+    sys.excepthook = hook
+    threading.excepthook = thread_hook
 
 
 def problem_fields(p: Any) -> dict[str, Any]:

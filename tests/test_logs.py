@@ -230,3 +230,24 @@ def test_daemon_flags_documented(tmp_path):
     out = _run(["daemon", "--help"]).stdout
     assert "--log-format" in out and "--log-level" in out
     assert Path(__file__).exists()
+
+
+def test_an_uncaught_exception_is_logged_with_its_level_on_every_line(tmp_path):
+    """A crash's traceback too: under journald each of its lines starts with <2>."""
+    code = (
+        "import sys, threading\n"
+        "from netlimit import logs\n"
+        "logs.setup('info', 'netlimitd: ')\n"
+        "t = threading.Thread(target=lambda: 1 / 0, name='worker'); t.start(); t.join()\n"
+        "raise RuntimeError('boom')\n"
+    )
+    err = tmp_path / "stderr"
+    with open(err, "w") as f:
+        s = os.fstat(f.fileno())
+        env = {**os.environ, "JOURNAL_STREAM": f"{s.st_dev}:{s.st_ino}"}
+        p = subprocess.run([sys.executable, "-c", code], stderr=f, env=env, timeout=60)
+    assert p.returncode == 1
+    lines = err.read_text().splitlines()
+    assert lines and all(x.startswith("<2>netlimitd: ") for x in lines), lines
+    assert "<2>netlimitd: uncaught ZeroDivisionError in thread worker: division by zero" in lines
+    assert "<2>netlimitd: uncaught RuntimeError: boom" in lines and lines[-1] == "<2>netlimitd: RuntimeError: boom"
