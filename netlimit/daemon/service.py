@@ -29,7 +29,7 @@ from typing import Any
 
 from ..logs import problem_fields
 from ..reload import DropGuard
-from ..watch import FileWatch
+from ..watch import DirWatch, FileWatch
 from .kernel_ops import KernelOps
 from .metrics import Metrics
 from .status import Status, open_status_socket
@@ -65,6 +65,7 @@ class Daemon:
         self.guard = DropGuard()  # holds back a file that would remove most rules (reload.py)
         self.recheck_at = 0.0  # when to look at a held file again (monotonic; 0: none held)
         self._watch: FileWatch | None = None  # made by start(), before the first apply; loop() takes it
+        self._inc_watches: dict[str, DirWatch] = {}  # the directories of the file's include: entries
         self.bans: Any = None  # the ban follower (daemon/bans.py) while the file uses bans
 
     # signals only record what happened and wake the loop
@@ -295,7 +296,8 @@ class Daemon:
                 timeout = max(0.0, min(next_resync, next_wd, self.recheck_at or float("inf"), ban_at) - now)
                 if not watch.uses_inotify and timeout > 1.0:
                     timeout = 1.0
-                fds = [self._wake_r] + ([watch] if watch.uses_inotify else [])
+                incs = self._sync_include_watches()
+                fds = [self._wake_r] + ([watch] if watch.uses_inotify else []) + [w for w in incs if w.uses_inotify]
                 try:
                     ready, _, _ = select.select(fds, [], [], timeout)
                 except InterruptedError:
@@ -311,6 +313,7 @@ class Daemon:
                 if self.bans is not None:
                     self.bans.tick()
                 pending, self._pending = self._pending, set()
+                inc_changed = [w for w in incs if (w in ready or not w.uses_inotify) and w.changed()]  # drain each
                 if pending & {signal.SIGTERM, signal.SIGINT}:
                     return self.stop("SIGTERM" if signal.SIGTERM in pending else "SIGINT")
                 if signal.SIGHUP in pending:
@@ -318,6 +321,8 @@ class Daemon:
                     self.reload("SIGHUP")
                 elif (watch in ready or not watch.uses_inotify) and watch.changed():
                     self.reload("file changed")
+                elif inc_changed:
+                    self.reload("included file changed")
                 now = time.monotonic()
                 if self.recheck_at and now >= self.recheck_at:
                     self.recheck_at = 0.0
@@ -331,6 +336,22 @@ class Daemon:
                     next_wd = now + wd_interval
         finally:
             watch.close()
+            for w in self._inc_watches.values():
+                w.close()
+            self._inc_watches = {}
+
+    def _sync_include_watches(self) -> list[DirWatch]:
+        """Watch the directories the running file's `include:` entries name (an edit of
+        conf.d/x.yaml reloads as an edit of the file does)."""
+        patterns: list[str] = self.loaded.config.include if self.loaded is not None else []
+        base = os.path.dirname(os.path.abspath(self.config_path))
+        want = {os.path.dirname(os.path.join(base, os.path.expanduser(p))) for p in patterns}
+        for d in [d for d in self._inc_watches if d not in want]:
+            self._inc_watches.pop(d).close()
+        for d in want - set(self._inc_watches):
+            if os.path.isdir(d) and len(self._inc_watches) < 64:
+                self._inc_watches[d] = DirWatch(d)
+        return list(self._inc_watches.values())
 
     def stop(self, why: str) -> int:
         self.notifier.stopping()
