@@ -98,6 +98,8 @@ def summarize(config: Config) -> tuple[dict[str, Any], ...]:
         out.append(
             {"rule": "(exempt)", "kind": "network", "match": "from " + _nets(config.exempt), "limit": "never limited"}
         )
+    if config.bans_on:
+        out.append({"rule": "(bans)", "kind": "network", "match": "the ban list's prefixes", "limit": "dropped"})
     for r in config.network:
         line = {"rule": r.name, "kind": "network", "match": network_match(r), "limit": network_limit(r)}
         out.append(line | {"comment": r.comment})
