@@ -33,9 +33,48 @@ EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state re
 EXIT_USAGE = 64  # wrong flags / not root / missing tool
 
 
+#: what err() printed (bounded), for the JSON error object of a failed `--json` command
+_said: list[str] = []
+#: the config problems load_or_exit reported, as JSON (same purpose)
+_problems: list[dict] = []
+_SAID_MAX = 1000
+#: set by a command that printed its own JSON answer to a failure (validate --json)
+_json_answered: list[bool] = []
+
+
 def err(message: str) -> None:
     """Print an error line to stderr (no colour, journal-friendly)."""
+    if len(_said) < _SAID_MAX:
+        _said.append(message)
     typer.echo(message, err=True)
+
+
+def problem_json(p) -> dict:
+    """A config problem as JSON: file, line, col, rule, message."""
+    return {"file": p.file, "line": p.line, "col": p.col, "rule": p.rule, "message": p.message}
+
+
+def _json_errors(run) -> None:
+    """Run the command; when it was given --json and fails, print one JSON object on
+    stdout: {"error": the last message, "messages": [...], "problems": [...], "exit_code": N}
+    (the text stays on stderr for people)."""
+    if "--json" not in sys.argv[1:]:
+        run()
+        return
+    try:
+        run()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code and not _json_answered:
+            doc = {
+                "error": _said[-1] if _said else f"failed with exit code {code} (see stderr)",
+                "messages": list(_said),
+                "problems": list(_problems),
+                "exit_code": code,
+            }
+            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            sys.stdout.flush()
+        raise
 
 
 def load_checked(path: Path):
@@ -75,6 +114,7 @@ def load_or_exit(path: Path):
         return load_file(path)
     except ConfigError as exc:
         for p in exc.problems:
+            _problems.append(problem_json(p))
             err(str(p))
         err(f"{path}: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}; nothing was changed")
         raise typer.Exit(EXIT_INVALID) from None
@@ -105,36 +145,62 @@ def validate(
         metavar="auto|nftables|restore|python-iptables",
         help="Warn about what the file means under this kernel backend (default: as `apply` would choose).",
     ),
+    as_json: bool = typer.Option(
+        False, "--json", help="One JSON object: per file valid or not, problems and warnings with file/line/col/rule."
+    ),
 ) -> None:
     """Check files without root: print every problem as FILE:LINE:COL: RULE: MESSAGE.
 
     Exit 0 when every file is valid, 1 otherwise.
     """
     bad = 0
+    report: list[dict] = []
     for path in files:
         try:
             loaded = load_checked(path)
         except ConfigError as exc:
             bad += 1
-            for p in exc.problems:
-                typer.echo(str(p))
+            report.append({"file": str(path), "valid": False, "problems": [problem_json(p) for p in exc.problems]})
+            if not as_json:
+                for p in exc.problems:
+                    typer.echo(str(p))
             continue
-        for w in loaded.warnings + _backend_warnings(loaded, backend):
+        from .config.validate import secret_warnings
+
+        from .kernel.cli import lockout_warnings
+
+        warnings = loaded.warnings + _backend_warnings(loaded, backend) + secret_warnings(loaded)
+        lockout = lockout_warnings(loaded, None)
+        c = loaded.config
+        entry: dict = {
+            "file": str(path),
+            "valid": True,
+            "problems": [],
+            "warnings": [problem_json(w) for w in warnings + lockout],
+        }
+        entry |= {"sha256": loaded.sha256, "included": [p for p, _ in loaded.included]}
+        entry |= {"network": len(c.network), "bandwidth": len(c.bandwidth)}
+        report.append(entry)
+        if as_json:
+            continue
+        for w in warnings:
             typer.echo(str(w))
         if not quiet:
-            c = loaded.config
             parts = [f"{len(c.network)} network", f"{len(c.bandwidth)} bandwidth"]
             if c.http is not None:  # with its lyft_config_dir's
                 domains = list(
                     dict.fromkeys([c.http.domain] * bool(c.http.domain) + [f.config.domain for f in loaded.lyft])
                 )
                 parts.append(f"http domain{'s' if len(domains) != 1 else ''} {', '.join(map(repr, domains))}")
+            if loaded.included:
+                parts.append(f"{len(loaded.included)} included file{'s' if len(loaded.included) != 1 else ''}")
             typer.echo(f"{path}: valid ({', '.join(parts)})")
         # after the verdict: they are about this host (its SSH session, its sshd), not the file
-        from .kernel.cli import lockout_warnings
-
-        for w in lockout_warnings(loaded, None):
+        for w in lockout:
             typer.echo(str(w))
+    if as_json:
+        typer.echo(json.dumps({"valid": not bad, "files": report}, indent=2))
+        _json_answered.append(True)
     if bad:
         raise typer.Exit(EXIT_INVALID)
 
@@ -175,7 +241,7 @@ for _mod in _LAYERS:
 
 
 def main() -> None:
-    app(prog_name="netlimit")
+    _json_errors(lambda: app(prog_name="netlimit"))
 
 
 def daemon_main() -> None:
@@ -185,4 +251,5 @@ def daemon_main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m netlimit.cli`: run the imported module's main, whose err() the layers call
+    importlib.import_module("netlimit.cli").main()

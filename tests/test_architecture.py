@@ -145,6 +145,7 @@ SHARED = (
     "netlimit.logevery",
     "netlimit.sdnotify",
     "netlimit.extras",
+    "netlimit.buildinfo",
 )
 MAY_IMPORT = {
     "netlimit.config": set(),

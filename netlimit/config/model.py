@@ -141,6 +141,37 @@ DurationT = Annotated[
 ]
 
 
+#: a rule's `comment:` -- it goes into nft/iptables comments (nft allows 128 bytes in all,
+#: "netlimit:<48-character name> #<12-hex tag>" takes 71): printable ASCII, no quote or backslash
+COMMENT_MAX = 48
+_COMMENT_RE = re.compile(r"^[ !#-\[\]-~]+$")
+
+
+def _check_comment(v: object) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"comment must be text, got {v!r}")
+    v = v.strip()
+    if len(v) > COMMENT_MAX:
+        raise ValueError(f"comment is {len(v)} characters; at most {COMMENT_MAX} fit in a kernel rule's comment")
+    if not _COMMENT_RE.match(v):
+        raise ValueError(f"comment {v!r}: printable ASCII only, without '\"' or '\\' (it is quoted in nft/iptables)")
+    return v
+
+
+CommentT = Annotated[
+    str,
+    BeforeValidator(_check_comment),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "maxLength": COMMENT_MAX,
+            "pattern": _COMMENT_RE.pattern,
+            "description": "up to 48 printable ASCII characters, no double quote or backslash",
+        }
+    ),
+]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
@@ -219,6 +250,9 @@ class NetworkRule(Strict):
     escalate: Escalate | None = Field(
         None, description="ban a source at L3 after this many over-limit packets (README: Escalation and bans)"
     )
+    comment: CommentT | None = Field(
+        None, description="a note for people: shown by `netlimit list`, written into the kernel rules' comment"
+    )
 
     _v_name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 
@@ -259,6 +293,9 @@ class BandwidthRule(Strict):
     )
     rate: BandwidthT = Field(description="bit/kbit/mbit/gbit")
     burst: SizeT | None = Field(None, description="optional; a safe default is derived from rate")
+    comment: CommentT | None = Field(
+        None, description="a note for people: shown by `netlimit list` (tc objects have no comment field)"
+    )
 
     _v_name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 
@@ -505,6 +542,17 @@ class HttpConfig(Strict):
         description="memory | redis://host:6379/0 | redis+cluster://host:port,host:port/ | "
         "redis+sentinel://host:26379,host:26379/service[/db] (rediss... for TLS)",
     )
+    password_file: str | None = Field(
+        None,
+        description="the Redis password: the first line of this file (absolute, or ${CREDENTIALS_DIRECTORY}/NAME "
+        "under systemd's LoadCredential=), read when the sidecar connects; = ?password_file= in storage",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password_file(cls, data: Any) -> Any:
+        return _password_file_into_url(data, "storage")
+
     actions: list[ActionList] = Field(
         default_factory=list,
         description="how a request becomes descriptor lists: remote_address, path, method, "
@@ -581,13 +629,14 @@ class LyftFile(LyftText):
     descriptors: DescriptorList = Field(default_factory=list)
 
 
-def redis_url_problem(url: str) -> str | None:
+def redis_url_problem(url: str, *, secrets: bool = False) -> str | None:
     """What is wrong with a storage URL (redis_url.py lists the forms), as a
-    message; None when it can be used."""
+    message; None when it can be used. ``secrets``: also expand ${VAR} and read the
+    password files (a process about to connect); without, their shape only."""
     from .redis_url import parse_redis_url
 
     try:
-        parse_redis_url(url)
+        parse_redis_url(url, secrets=secrets)
     except ValueError as exc:
         return str(exc)
     return None
@@ -597,6 +646,24 @@ def redis_url_problem(url: str) -> str | None:
 
 
 MAX_BANS_DEFAULT = 100_000
+
+
+def _password_file_into_url(data: Any, key: str) -> Any:
+    """A section's ``password_file:`` becomes its URL's ``?password_file=`` option
+    (redis_url.py reads it when a process connects)."""
+    if not isinstance(data, dict) or data.get("password_file") is None:
+        return data
+    from urllib.parse import quote
+
+    pf, url = data["password_file"], data.get(key)
+    if not isinstance(pf, str) or not pf.strip():
+        raise ValueError(f"password_file must be a path, got {pf!r}")
+    if not isinstance(url, str) or "://" not in url:
+        raise ValueError(f"password_file needs a Redis URL in {key} (it is {url or 'memory'!r})")
+    if "password_file=" in url:
+        raise ValueError(f"password_file is given twice: as a key and in {key}")
+    sep = "&" if "?" in url else "?"
+    return {**data, key: f"{url}{sep}password_file={quote(pf.strip(), safe='/${}')}"}
 
 
 class BansConfig(Strict):
@@ -618,6 +685,14 @@ class BansConfig(Strict):
         min_length=1,
         description="memory store: the status socket of this host's netlimitd, which keeps the list",
     )
+    password_file: str | None = Field(
+        None, description="bans.store's Redis password: the first line of this file (as http.password_file)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password_file(cls, data: Any) -> Any:
+        return _password_file_into_url(data, "store")
 
     @field_validator("store")
     @classmethod
@@ -646,6 +721,11 @@ class Config(Strict):
     bans: BansConfig | None = Field(None, description="the shared ban list (README: Escalation and bans)")
     on_stop: Literal["flush", "keep"] = Field(
         "flush", description="daemon stop: remove rules (flush) or leave them in place (keep)"
+    )
+    include: list[str] = Field(
+        default_factory=list,
+        description="more files whose exempt / network / bandwidth lists are appended, e.g. "
+        "/etc/netlimit/conf.d/*.yaml (globs in name order; relative to this file)",
     )
     backend: Literal["auto", "nftables", "restore", "python-iptables"] = Field(
         "auto",

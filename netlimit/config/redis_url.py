@@ -20,12 +20,22 @@ require AUTH (user and password of the URL are for the Redis servers).  A
 single-server URL with other options is handed to redis-py as it is; a cluster
 or sentinel URL with other options is an error.
 
+Secrets need not be written in the file (docs/operations.md, "Secrets"):
+``${NAME}`` anywhere in a URL is replaced by the environment variable NAME
+(``${CREDENTIALS_DIRECTORY}``: systemd's LoadCredential= directory), and
+``password_file=PATH`` / ``sentinel_password_file=PATH`` read the password from
+the first line of a file.  A process that connects expands and reads them
+(``secrets=True``, the default); ``netlimit validate`` checks the URL's shape
+without them (``secrets=False``: an unset variable or an unreadable file is the
+running service's business, not the shell's).
+
 Only the standard library: the config package imports no engine.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote
@@ -50,6 +60,83 @@ CERT_REQS = ("none", "optional", "required")
 BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 #: the most hosts one URL may name (seeds or sentinels)
 MAX_HOSTS = 64
+#: options naming a file that holds a password (its first line)
+SECRET_FILES = {"password_file": "password", "sentinel_password_file": "sentinel_password"}
+#: a password file is read up to this many bytes
+MAX_SECRET_BYTES = 4096
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_PLACEHOLDER = "netlimit-unset"
+
+
+def uses_secrets(url: str) -> bool:
+    """Whether a URL takes its password (or anything) from the environment or a file."""
+    return bool(_VAR.search(url)) or any(f"{name}=" in url for name in SECRET_FILES)
+
+
+def inline_password(url: str) -> bool:
+    """Whether a URL spells a password out (not through ${VAR} or a password file)."""
+    try:
+        u = parse_redis_url(url, secrets=False)
+    except ValueError:
+        return False
+    scheme_less = url.partition("://")[2].partition("/")[0].partition("?")[0]
+    userinfo = scheme_less.rpartition("@")[0] if "@" in scheme_less else ""
+    pw = userinfo.partition(":")[2]
+    if pw and not _VAR.fullmatch(pw):
+        return True
+    sp = u.options.get("sentinel_password")
+    return bool(sp) and "${" not in url.partition("sentinel_password=")[2].partition("&")[0]
+
+
+def _expand(text: str, secrets: bool, safe: str | None = None) -> str:
+    """``${VAR}`` replaced by the variable's value, percent-encoded (but for ``safe``)
+    where it goes into a part of the URL that is decoded (user, password, options)."""
+    from urllib.parse import quote
+
+    def sub(m: re.Match[str]) -> str:
+        value = os.environ.get(m.group(1))
+        if value is None:
+            if secrets:
+                raise ValueError(f"${{{m.group(1)}}} is not set in the environment")
+            return _PLACEHOLDER
+        return value if safe is None else quote(value, safe=safe)
+
+    return _VAR.sub(sub, text)
+
+
+def _expand_url(url: str, secrets: bool) -> str:
+    """Each part of the URL expanded on its own, so that a password may hold any
+    character (``@``, ``:``, ``/``, ``#``) without breaking the URL around it."""
+    scheme, sep, rest = url.partition("://")
+    rest, qm, query = rest.partition("?")
+    rest, hashmark, fragment = rest.partition("#")
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        userinfo = _expand(user, secrets, "") + colon + _expand(pw, secrets, "")
+    netloc = userinfo + at + _expand(hosts, secrets)
+    return (
+        scheme + sep + netloc + slash + _expand(path, secrets) + qm + _expand(query, secrets, "/") + hashmark + fragment
+    )
+
+
+def read_secret(path: str) -> str:
+    """The first line of a password file; ValueError saying why it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_SECRET_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"password file {path!r}: cannot read it: {exc.strerror}") from None
+    if len(raw) > MAX_SECRET_BYTES:
+        raise ValueError(f"password file {path!r}: longer than {MAX_SECRET_BYTES} bytes")
+    try:
+        line = raw.decode("utf-8").split("\n", 1)[0].rstrip("\r")
+    except UnicodeDecodeError:
+        raise ValueError(f"password file {path!r}: not UTF-8 text") from None
+    if not line:
+        raise ValueError(f"password file {path!r}: its first line is empty")
+    return line
 
 
 @dataclass(frozen=True)
@@ -108,8 +195,44 @@ def _host_port(item: str, default: int) -> tuple[str, int]:
     return host, _port(port, item) if sep else default
 
 
-def parse_redis_url(url: str) -> RedisURL:
-    """Parse a storage URL; ValueError with a message saying what is wrong."""
+def parse_redis_url(url: str, *, secrets: bool = True) -> RedisURL:
+    """Parse a storage URL; ValueError with a message saying what is wrong.
+    ``secrets``: expand ``${VAR}`` and read password files (else placeholders)."""
+    if uses_secrets(url):
+        return _with_secrets(url, secrets)
+    return _parse(url)
+
+
+def _with_secrets(url: str, secrets: bool) -> RedisURL:
+    u = _parse(_expand_url(url, secrets))
+    if u.other:
+        raise ValueError(
+            "${VAR} and password files work with the options netlimit knows; "
+            f"not with {', '.join(map(repr, u.other))}"
+        )
+    options = dict(u.options)
+    password = u.password
+    for opt, target in SECRET_FILES.items():
+        path = options.pop(opt, None)
+        if path is None:
+            continue
+        if target == "password" and password is not None:
+            raise ValueError("a password in the URL and password_file: give one of them")
+        if target in options:
+            raise ValueError(f"{target} and {opt}: give one of them")
+        if _PLACEHOLDER not in path and not os.path.isabs(path):
+            raise ValueError(f"{opt} {path!r} must be an absolute path (or ${{CREDENTIALS_DIRECTORY}}/NAME)")
+        secret = read_secret(path) if secrets else _PLACEHOLDER
+        if target == "password":
+            password = secret
+        else:
+            options[target] = secret
+    from dataclasses import replace
+
+    return replace(u, password=password, options=options)
+
+
+def _parse(url: str) -> RedisURL:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
         raise ValueError(EXAMPLE)
@@ -134,7 +257,7 @@ def parse_redis_url(url: str) -> RedisURL:
     for name, values in opts.items():
         if len(values) > 1:
             raise ValueError(f"option {name!r} given {len(values)} times")
-        if name in TLS_OPTIONS or name in SENTINEL_OPTIONS or name == "db":
+        if name in TLS_OPTIONS or name in SENTINEL_OPTIONS or name in SECRET_FILES or name == "db":
             options[name] = values[0]
         else:
             other.append(name)
@@ -145,9 +268,16 @@ def parse_redis_url(url: str) -> RedisURL:
         if not path or path == "/":
             raise ValueError("a unix:// URL needs the socket's path, e.g. unix:///run/redis/redis.sock")
         db = _db(options.pop("db", "0"), "?db=")
-        _no_options(options, TLS_OPTIONS + SENTINEL_OPTIONS, "a unix:// URL")
+        _no_options(options, TLS_OPTIONS + SENTINEL_OPTIONS + ("sentinel_password_file",), "a unix:// URL")
         return RedisURL(
-            "unix", False, path=unquote(path), username=username, password=password, db=db, other=tuple(other)
+            "unix",
+            False,
+            path=unquote(path),
+            username=username,
+            password=password,
+            db=db,
+            options=options,
+            other=tuple(other),
         )
 
     if not netloc:
@@ -162,7 +292,7 @@ def parse_redis_url(url: str) -> RedisURL:
     else:
         _no_options(options, TLS_OPTIONS, f"a {scheme}:// URL (TLS options need rediss{scheme[5:]}://)")
     if kind != "sentinel":
-        _no_options(options, SENTINEL_OPTIONS, f"a {scheme}:// URL")
+        _no_options(options, SENTINEL_OPTIONS + ("sentinel_password_file",), f"a {scheme}:// URL")
 
     if kind == "single":
         if len(hosts) > 1:

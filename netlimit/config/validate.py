@@ -73,14 +73,25 @@ class Loaded:
     warnings: list[Problem] = field(default_factory=list)
     #: the files of http.lyft_config_dir, by name
     lyft: list[LyftLoaded] = field(default_factory=list)
+    #: the files of `include:`, (path, text) in the order merged
+    included: list[tuple[str, str]] = field(default_factory=list)
+    #: with `include:`: turns positions in `doc` back into FILE:LINE (include.Includes)
+    includes: Any = field(default=None, repr=False)
 
     @property
     def sha256(self) -> str:
-        """The file's hash; with a lyft_config_dir, of the file and every file of the directory."""
+        """The file's hash; with a lyft_config_dir, of the file and every file of the directory;
+        with `include:`, of every included file too."""
         h = hashlib.sha256(self.text.encode())
         for lf in self.lyft:
             h.update(b"\0" + lf.path.encode("utf-8", "surrogateescape") + b"\0" + lf.text.encode())
+        for path, text in self.included:
+            h.update(b"\0include\0" + path.encode("utf-8", "surrogateescape") + b"\0" + text.encode())
         return h.hexdigest()
+
+    def decode(self, problems: list[Problem]) -> list[Problem]:
+        """Problems made from ``doc`` positions with the file they are in (``include:``)."""
+        return self.includes.decode(problems) if self.includes is not None else problems
 
     def position(self, *path: Any) -> tuple[int, int]:
         return self.doc.pos(path)
@@ -122,6 +133,28 @@ def load_string(text: str, filename: str = "<string>") -> Loaded:
         doc = load_text(text, filename)
     except YamlError as exc:
         raise ConfigError(exc.problems) from None
+    if isinstance(doc.data, dict) and "include" in doc.data:
+        return _with_includes(text, doc, filename)
+    return _validated(text, doc, filename)
+
+
+def _with_includes(text: str, doc: Document, filename: str) -> Loaded:
+    """The file and its ``include:`` files validated as one (include.py); every
+    problem and warning with the file it is in."""
+    from .include import merge
+
+    merged, inc = merge(doc, filename, _read_text)
+    try:
+        loaded = _validated(text, merged, filename)
+    except ConfigError as exc:
+        raise ConfigError(inc.decode(exc.problems)) from None
+    loaded.warnings = inc.decode(loaded.warnings)
+    loaded.included = list(zip(inc.files[1:], inc.texts))
+    loaded.includes = inc
+    return loaded
+
+
+def _validated(text: str, doc: Document, filename: str) -> Loaded:
     if doc.data is None:
         raise ConfigError([Problem(filename, 1, 1, "file", "the file is empty: start with 'version: 1'")])
     if not isinstance(doc.data, dict):
@@ -568,6 +601,42 @@ def hashlimit_name(rule_name: str) -> str:
     return f"{rule_name[:9]}~{digest}"
 
 
+def secret_warnings(loaded: Loaded) -> list[Problem]:
+    """A Redis password written in a file that every user may read (the sidecar's
+    DynamicUser needs the file world-readable, so the password belongs elsewhere:
+    ${VAR}, password_file=, systemd LoadCredential=; docs/operations.md)."""
+    from .redis_url import inline_password
+
+    try:
+        mode = os.stat(loaded.path).st_mode
+    except OSError:
+        return []
+    if not mode & 0o004:
+        return []
+    c = loaded.config
+    urls: list[tuple[tuple[Any, ...], str, str | None]] = []
+    if c.http is not None:
+        urls.append((("http", "storage"), "http", c.http.storage))
+    if c.bans is not None:
+        urls.append((("bans", "store"), "bans", c.bans.store))
+    out = []
+    for path, rule, url in urls:
+        if url and url != "memory" and inline_password(url):
+            line, col = loaded.position(*path)
+            out.append(
+                Problem(
+                    loaded.path,
+                    line,
+                    col,
+                    rule,
+                    f"warning: a Redis password in a file every user can read (mode {mode & 0o777:04o}): take it from "
+                    "the environment (${REDIS_PASSWORD}) or a file (?password_file=${CREDENTIALS_DIRECTORY}/redis, "
+                    "systemd LoadCredential=); docs/operations.md, Secrets",
+                )
+            )
+    return out
+
+
 def backend_warnings(loaded: Loaded, backend: str) -> list[Problem]:
     """What a file means differently under `backend` (the key the kernel layer chose)."""
     out: list[Problem] = []
@@ -589,7 +658,7 @@ def backend_warnings(loaded: Loaded, backend: str) -> list[Problem]:
                     f"hit {r.limit.count + 1} (README: recent under nftables, measured)",
                 )
             )
-    return out
+    return loaded.decode(out)
 
 
 def _semantic(config: Config, doc: Document, filename: str, warnings: list[Problem]) -> list[Problem]:

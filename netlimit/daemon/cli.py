@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -39,16 +40,29 @@ def register(app: typer.Typer) -> None:
             metavar="auto|nftables|restore|python-iptables",
             help="Packet-filter backend; default: $NETLIMIT_BACKEND, else the file's `backend:`, else auto.",
         ),
+        log_level: str = typer.Option(
+            "info", "--log-level", envvar="NETLIMIT_LOG_LEVEL", help="debug | info | warning | error."
+        ),
+        log_format: str = typer.Option(
+            "text",
+            "--log-format",
+            envvar="NETLIMIT_LOG_FORMAT",
+            help="text (a level on every line; sd-daemon <N> prefixes under journald) | json (one object a line).",
+        ),
     ) -> None:
         """Run netlimitd: apply the file, reload on change or SIGHUP, repair drift (systemd Type=notify)."""
-        if os.geteuid() != 0:
-            err("netlimit daemon: must run as root (it changes iptables and tc)")
-            raise typer.Exit(EXIT_USAGE)
-        from ..logs import setup
+        from ..logs import check, setup
 
-        setup("info", "netlimitd: ")
+        if problem := check(log_level, log_format):
+            err(problem)
+            raise typer.Exit(EXIT_USAGE)
+        setup(log_level, "netlimitd: ", fmt=log_format)
+        log = logging.getLogger("netlimit.daemon")
+        if os.geteuid() != 0:
+            log.error("netlimit daemon: must run as root (it changes iptables and tc)")
+            raise typer.Exit(EXIT_USAGE)
         if metrics and ":" not in metrics:
-            err(f"--metrics {metrics!r}: expected HOST:PORT, e.g. 127.0.0.1:9732")
+            log.error(f"--metrics {metrics!r}: expected HOST:PORT, e.g. 127.0.0.1:9732")
             raise typer.Exit(EXIT_USAGE)
         raise typer.Exit(run_daemon(config, resync, netns, socket_path, metrics, backend))
 

@@ -9,6 +9,7 @@ import socket
 import time
 from typing import Any
 
+from ..buildinfo import InfoCollector
 from .kernel_ops import KernelOps
 from .status import DeadlineReader, Status
 
@@ -54,6 +55,7 @@ class Metrics:
         for r in ("ok", "rejected"):
             self.reloads.labels(r)
         self._bans = _BanCollector()
+        self.registry.register(InfoCollector(lambda: status.config_sha256))
         self.registry.register(_RuleCollector(kernel, self._bans))
         self.registry.register(self._bans)
         self._server: Any = None

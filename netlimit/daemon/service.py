@@ -29,8 +29,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..logs import problem_fields
 from ..reload import DropGuard
-from ..watch import FileWatch
+from ..watch import DirWatch, FileWatch
 from .kernel_ops import KernelOps
 from .metrics import Metrics
 from .status import Status, open_status_socket, remove_status_socket, socket_path_problem
@@ -77,6 +78,7 @@ class Daemon:
         self.guard = DropGuard()  # holds back a file that would remove most rules (reload.py)
         self.recheck_at = 0.0  # when to look at a held file again (monotonic; 0: none held)
         self._watch: FileWatch | None = None  # made by start(), before the first apply; loop() takes it
+        self._inc_watches: dict[str, DirWatch] = {}  # the directories of the file's include: entries
         self.bans: Any = None  # the ban follower (daemon/bans.py) while the file uses bans
         self.status.config_realpath = os.path.realpath(config_path)
         # requests of the CLI (reload, standdown, resume), run by the main loop
@@ -280,7 +282,7 @@ class Daemon:
             loaded = load_file(self.config_path)
         except ConfigError as exc:
             for p in exc.problems:
-                log.error(str(p))
+                log.error(str(p), extra=problem_fields(p))
             log.error(f"{self.config_path}: invalid, not starting ({len(exc.problems)} problems)")
             return 1
         problem = socket_path_problem(self.socket_path)
@@ -334,8 +336,8 @@ class Daemon:
                 loaded = load_file(self.config_path)
             except ConfigError as exc:
                 lines = [str(p) for p in exc.problems]
-                for line in lines:
-                    log.error(f"{why}: rejected: {line}")
+                for p in exc.problems:
+                    log.error(f"{why}: rejected: {p}", extra=problem_fields(p))
                 log.error(f"{why}: new config rejected, the old rules stay in place")
                 self.status.rejected = "\n".join(lines)
                 self.status.rejected_at = time.time()
@@ -427,7 +429,8 @@ class Daemon:
                 timeout = max(0.0, min(next_resync, next_wd, self.recheck_at or float("inf"), ban_at, nft_at) - now)
                 if not watch.uses_inotify and timeout > 1.0:
                     timeout = 1.0
-                fds = [self._wake_r] + ([watch] if watch.uses_inotify else [])
+                incs = self._sync_include_watches()
+                fds = [self._wake_r] + ([watch] if watch.uses_inotify else []) + [w for w in incs if w.uses_inotify]
                 try:
                     ready, _, _ = select.select(fds, [], [], timeout)
                 except InterruptedError:
@@ -443,6 +446,7 @@ class Daemon:
                 if self.bans is not None:
                     self.bans.tick()
                 pending, self._pending = self._pending, set()
+                inc_changed = [w for w in incs if (w in ready or not w.uses_inotify) and w.changed()]  # drain each
                 if pending & {signal.SIGTERM, signal.SIGINT}:
                     return self.stop("SIGTERM" if signal.SIGTERM in pending else "SIGINT")
                 self._run_controls()
@@ -453,6 +457,8 @@ class Daemon:
                         self.reload("SIGHUP")
                 elif (watch in ready or not watch.uses_inotify) and watch.changed() and not down:
                     self.reload("file changed")
+                elif inc_changed:
+                    self.reload("included file changed")
                 now = time.monotonic()
                 if self.recheck_at and now >= self.recheck_at and not down:
                     self.recheck_at = 0.0
@@ -468,6 +474,22 @@ class Daemon:
                     next_wd = now + wd_interval
         finally:
             watch.close()
+            for w in self._inc_watches.values():
+                w.close()
+            self._inc_watches = {}
+
+    def _sync_include_watches(self) -> list[DirWatch]:
+        """Watch the directories the running file's `include:` entries name (an edit of
+        conf.d/x.yaml reloads as an edit of the file does)."""
+        patterns: list[str] = self.loaded.config.include if self.loaded is not None else []
+        base = os.path.dirname(os.path.abspath(self.config_path))
+        want = {os.path.dirname(os.path.join(base, os.path.expanduser(p))) for p in patterns}
+        for d in [d for d in self._inc_watches if d not in want]:
+            self._inc_watches.pop(d).close()
+        for d in want - set(self._inc_watches):
+            if os.path.isdir(d) and len(self._inc_watches) < 64:
+                self._inc_watches[d] = DirWatch(d)
+        return list(self._inc_watches.values())
 
     def stop(self, why: str) -> int:
         self.notifier.stopping()

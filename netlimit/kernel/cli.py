@@ -274,8 +274,12 @@ def register(app: typer.Typer) -> None:  # one function per command below
             help="Name tc objects after this file's rules (default: what the last apply remembered).",
         ),
         backend: str | None = _backend_option(),
+        verbose: bool = typer.Option(
+            False, "--verbose", "-v", help="Every kernel object as read back (nft rule, iptables rule, tc command)."
+        ),
     ) -> None:
-        """Show every object netlimit owns, by rule, with packets/bytes matched and dropped (root)."""
+        """Show netlimit's rules in the kernel, one line each: what it matches, its limit as the file
+        writes it, packets, drops and tracked sources (root). --verbose: every object."""
         base = _cli()
         loaded = base.load_or_exit(file) if file else None
         desired = _compile(loaded) if loaded else None
@@ -289,15 +293,24 @@ def register(app: typer.Typer) -> None:  # one function per command below
         except ApplyError as exc:
             base.err(f"error: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
+        from . import listing
+
+        rules = list(desired.summary) if desired is not None else listing.load(netns).get("rules", [])
+        lines = listing.rule_lines(rows, rules, choice.key) if rows else []
         if json_out:
-            doc = {"netns": netns, "backend": choice.key, "backend_reason": choice.why, "objects": rows}
+            doc = {"netns": netns, "backend": choice.key, "backend_reason": choice.why, "rules": lines, "objects": rows}
             typer.echo(json.dumps(doc, indent=2))
             return
         typer.echo(f"backend: {choice.key} ({choice.why})")
         if not rows:
             typer.echo("netlimit owns nothing here" + (f" (netns {netns})" if netns else ""))
             return
-        typer.echo(format_list(rows))
+        if verbose:
+            typer.echo(format_list(rows))
+            return
+        typer.echo(listing.format_lines(lines))
+        if not rules:
+            typer.echo("(what each rule matches: run `netlimit list --file FILE`; the last apply left no description)")
 
     @app.command()
     def flush(

@@ -17,6 +17,7 @@ from ..config.model import BandwidthRule, Config, NetworkRule
 from ..config.units import PortRange, Rate, format_bandwidth
 from ..config.validate import hashlimit_name
 from .compile_nft import compile_nft
+from .listing import summarize
 from .network_common import (
     HASHLIMIT_DEFAULT_MAX,
     HASHLIMIT_DEFAULT_SIZE,
@@ -231,7 +232,7 @@ def _network_rules(rule: NetworkRule, family: int, chain: str) -> list[IptRule]:
                     table=TABLE,
                     chain=chain,
                     rule=rule.name,
-                    comment=comment_for(rule.name),
+                    comment=comment_for(rule.name, rule.comment),
                     src=s,
                     dst=d,
                     in_iface=rule.interface,
@@ -264,7 +265,7 @@ def _log_chain_rules(rule: NetworkRule, family: int) -> list[IptRule]:
             table=TABLE,
             chain=log_chain_name(rule.name),
             rule=rule.name,
-            comment=comment_for(rule.name),
+            comment=comment_for(rule.name, rule.comment),
             matches=(Match("limit", (("limit", LOG_LIMIT), ("limit-burst", LOG_LIMIT_BURST))),),
             target="LOG",
             target_options=(("log-prefix", log_prefix(rule.name)),),
@@ -291,7 +292,7 @@ def _escalate_chain_rules(rule: NetworkRule, family: int) -> list[IptRule]:
         ("hashlimit-srcmask", str(esc.prefix(family))),
     ]
     common: dict[str, Any] = dict(
-        family=family, table=TABLE, chain=chain, rule=rule.name, comment=comment_for(rule.name)
+        family=family, table=TABLE, chain=chain, rule=rule.name, comment=comment_for(rule.name, rule.comment)
     )
     target, topts = _target(rule, family, escalating=False)
     return [
@@ -621,4 +622,5 @@ def compile_config(config: Config, hz: int | None = None) -> Desired:
         notes=(f"HZ={hz}",),
         nft=compile_nft(config),
         ipsets=tuple(compile_ipsets(config)),
+        summary=summarize(config),
     )

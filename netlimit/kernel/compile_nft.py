@@ -146,9 +146,10 @@ def _dynamic_spec(key_type: str, timeout_ms: int | None, size: int) -> str:
 class _Rules:
     """Sets and rules as they are made, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, texts: dict[str, str] | None = None) -> None:
         self.sets: list[NftSet] = []
         self.rules: list[NftRule] = []
+        self.texts = texts or {}  # rule name -> its `comment:` (into the rules' comments)
 
     def set(
         self, name: str, spec: str, rule: str, holds: str, elements: tuple[str, ...] = (), owner: str = COMMENT_EXEMPT
@@ -162,7 +163,7 @@ class _Rules:
         self, chain: str, family: int, name: str, body: str, sets: list[NftSet], note: str, owner: str = COMMENT_EXEMPT
     ) -> None:
         tag = _tag(body, *(s.comment for s in sets))
-        comment = f"{comment_for(name) if name else owner} #{tag}"
+        comment = f"{comment_for(name, self.texts.get(name)) if name else owner} #{tag}"
         self.rules.append(NftRule(chain, body, name, comment, family, tuple(s.name for s in sets), note))
 
 
@@ -294,7 +295,8 @@ def compile_nft(config: Config) -> NftTable:
     Order: the base chains (exempt rules, then one jump per network rule in file
     order), then each rule's chain (IPv4 before IPv6, as the iptables chains read);
     sets in the same order."""
-    out = _Rules()
+    texts = {r.name: r.comment for r in config.network if r.comment}
+    out = _Rules(texts)
     jumps: dict[str, list[str]] = {"input": [], "forward": []}  # base chain -> rule chains, in file order
     rule_chains: list[NftChain] = []
     kernel_bans: list[tuple[int, str, NftSet]] = []  # (family, the source's key, the rule's ban set)
@@ -319,7 +321,7 @@ def compile_nft(config: Config) -> NftTable:
         bases = [NftChain(c, NFT_CHAINS[c]) for c in ("input", "forward") if jumps[c]]
     if not bases:
         return NftTable()
-    head = _Rules()
+    head = _Rules(texts)
     for family in (4, 6):
         nets = tuple(str(n) for n in config.exempt if n.version == family)
         if nets:

@@ -9,7 +9,7 @@ import hashlib
 import math
 
 from ..config.model import NetworkRule
-from .objects import COMMENT_PREFIX, LOG_PREFIX_MAX
+from .objects import COMMENT_PREFIX, COMMENT_SEP, LOG_PREFIX_MAX
 
 HASHLIMIT_DEFAULT_BURST = 5  # iptables' own default
 HASHLIMIT_DEFAULT_SIZE = 4096
@@ -30,8 +30,9 @@ def log_prefix(rule_name: str) -> str:
     return COMMENT_PREFIX + short_name(rule_name, LOG_PREFIX_MAX - len(COMMENT_PREFIX) - 1) + " "
 
 
-def comment_for(rule_name: str) -> str:
-    return COMMENT_PREFIX + rule_name
+def comment_for(rule_name: str, text: str | None = None) -> str:
+    """ "netlimit:<rule>", with the rule's `comment:` after " | " when it has one."""
+    return COMMENT_PREFIX + rule_name + (COMMENT_SEP + text if text else "")
 
 
 def burst_of(rule: NetworkRule) -> int:

@@ -11,6 +11,7 @@ Pure data, no kernel access, no heavy imports.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # --- names and numbers netlimit owns --------------------------------------------
 
@@ -19,6 +20,7 @@ CHAIN_FORWARD = "NETLIMIT-FWD"  # jumped to once from FORWARD
 CHAIN_PREFIX = "NETLIMIT"  # every owned chain is NETLIMIT or NETLIMIT-*
 LOG_CHAIN_PREFIX = "NETLIMIT-L-"  # per-rule chain of an `action: log` rule
 COMMENT_PREFIX = "netlimit:"  # every owned rule carries "netlimit:<rule>"
+COMMENT_SEP = " | "  # "netlimit:<rule> | <the rule's comment: text>" (+ " #<tag>" on nftables)
 COMMENT_JUMP = "netlimit: jump"  # the jumps from built-in chains (a space: no rule name can collide)
 COMMENT_EXEMPT = "netlimit: exempt"
 COMMENT_BANS = "netlimit: bans"  # the rules that drop banned sources (README: Escalation and bans)
@@ -50,6 +52,7 @@ def rule_of_comment(comment: str) -> str:
     tag = rest.rfind(" #")
     if tag >= 0 and len(rest) - tag - 2 == NFT_TAG_LEN:
         rest = rest[:tag]
+    rest = rest.split(COMMENT_SEP, 1)[0]  # the rule's own `comment:` text follows the name
     return f"({rest.strip()})" if rest.startswith(" ") else rest
 
 
@@ -313,6 +316,8 @@ class Desired:
     ipsets: tuple[IpSet, ...] = ()  # the legacy backends' ban sets (made before the rules that match them)
     rule_names: tuple[str, ...] = ()  # network + bandwidth rule names, file order
     notes: tuple[str, ...] = field(default=())
+    #: each rule as `netlimit list` describes it (listing.summarize); not part of the kernel state
+    summary: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
 
     def family_rules(self, family: int) -> tuple[IptRule, ...]:
         return tuple(r for r in self.rules if r.family == family)

@@ -230,7 +230,10 @@ def apply(
     except LockTimeout as exc:
         raise ApplyError(str(exc), None, rolled_back=True) from None
     if not dry_run:
+        from . import listing
+
         save_names(netns, desired)
+        listing.save(netns, desired)
     return result
 
 
@@ -302,7 +305,10 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> FlushResul
             raise ApplyError(f"flush incomplete after {FLUSH_ATTEMPTS} attempts: " + "; ".join(problems), None)
 
     res = run_in_netns(netns, work)
+    from . import listing
+
     forget_names(netns)
+    listing.forget(netns)
     return res
 
 
@@ -417,11 +423,18 @@ def list_owned(
         with kernel_lock(wait):
             return _rows(chosen, _read(chosen, netns))
 
+    from . import listing
+
     rows = run_in_netns(netns, work)
     names = tc_names(desired) if desired is not None else load_names(netns)
+    spelled = listing.tc_spelling(desired) if desired is not None else listing.load(netns).get("tc", {})
     for row in rows:
         if row["layer"] == "tc" and not row["rule"]:
             row["rule"] = names.get(row.get("key", ""), "")
+        # tc reads back its own spelling of a planned object: print the plan's (not drift)
+        plan = spelled.get(row.pop("norm", None)) if row["layer"] == "tc" else None
+        if plan is not None and plan != row["object"]:
+            row["read_back"], row["object"] = row["object"], plan
     return rows
 
 

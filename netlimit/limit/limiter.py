@@ -710,6 +710,7 @@ class Limiter:
                 self.on_store_failure,
                 self.retry_interval,
                 f"; {held} more failures since the last report" if held else "",
+                extra={"reason": reason},
             )
 
     def _over_key_budget(
@@ -769,6 +770,10 @@ class Limiter:
             return
         desc = ", ".join(f"{k}={shown_value(k, v, self.show_values)!r}" for k, v in entries)
         more = f"; {held} more since the last report" if held else ""
+        fields = {"rule": rule.name, "domain": rule.domain, "descriptor": dict(entries)}
+        client = next((v for k, v in entries if k == "remote_address"), None)
+        if client is not None:
+            fields["client"] = client
         if kind == "shadow":
             log.info(
                 "shadow_mode rule %r (domain %s, %s) would have limited %s, retry after %.3gs%s",
@@ -778,6 +783,7 @@ class Limiter:
                 desc,
                 dec.retry_after,
                 more,
+                extra=fields,
             )
         else:
             log.info(
@@ -788,6 +794,7 @@ class Limiter:
                 desc,
                 dec.retry_after,
                 more,
+                extra=fields,
             )
 
 

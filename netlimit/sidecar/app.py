@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 from ..bans.escalate import escalator_for
+from ..buildinfo import InfoCollector
 from ..config.model import redis_url_problem
 from ..config.validate import load_file, lyft_dir_path
 from ..errors import ConfigError, StoreError
@@ -51,6 +52,7 @@ from ..limit.limiter import OVER_LIMIT, CheckResult, Limiter
 from ..limit.metrics import FrontStats, Metrics
 from ..limit.rules import from_loaded
 from ..limit.stores import MemoryStore, RedisStore
+from ..logs import problem_fields
 from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
 from . import responses
@@ -122,7 +124,7 @@ class Sidecar:
         if self.storage == "memory":
             store: Any = MemoryStore(max_keys=http.max_keys, max_key_length=http.max_key_length)
         else:
-            problem = redis_url_problem(self.storage)
+            problem = redis_url_problem(self.storage, secrets=True)  # ${VAR} and password files: now
             if problem is not None:
                 from ..config.loader import Problem
 
@@ -142,6 +144,7 @@ class Sidecar:
         # --admin-token-file: the decision and operator endpoints need `Authorization: Bearer <token>`
         self.admin_token = admin_token
         self.metrics = Metrics(self.limiter, self.front)
+        self.metrics.registry.register(InfoCollector(lambda: self.loaded.sha256))
         # escalation: repeat offenders banned at L3 (netlimit/bans/escalate.py)
         self.escalator = escalator_for(loaded.config, store, redis_url)
         self.limiter.on_over = self.escalator.note
@@ -174,7 +177,7 @@ class Sidecar:
             plan = ActionPlan.of(http)
         except ConfigError as exc:
             for p in exc.problems:
-                log.error("%s", p)
+                log.error("%s", p, extra=problem_fields(p))
             n = len(exc.problems)
             self.last_reload_error = "; ".join(str(p) for p in exc.problems[:5])
             log.error(

@@ -80,7 +80,15 @@ def register(app: typer.Typer) -> None:
         redis: str | None = typer.Option(
             None, "--redis", show_default=False, help="Redis URL; overrides http.storage."
         ),
-        log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
+        log_level: str = typer.Option(
+            "info", "--log-level", envvar="NETLIMIT_LOG_LEVEL", help="debug | info | warning | error."
+        ),
+        log_format: str = typer.Option(
+            "text",
+            "--log-format",
+            envvar="NETLIMIT_LOG_FORMAT",
+            help="text (a level on every line; sd-daemon <N> prefixes under journald) | json (one object a line).",
+        ),
         grpc: str | None = typer.Option(
             None,
             "--grpc",
@@ -109,13 +117,16 @@ def register(app: typer.Typer) -> None:
         the running rules. Exit 1 when the file is invalid at start.
         """
         from ..cli import EXIT_INVALID, EXIT_USAGE, err
+        from ..logs import check, problem_fields, setup
 
-        if log_level.lower() not in ("debug", "info", "warning", "error"):
-            err(f"--log-level {log_level!r}: expected debug, info, warning or error")
+        if problem := check(log_level, log_format):
+            err(problem)
             raise typer.Exit(EXIT_USAGE)
-        from ..logs import setup
+        setup(log_level, fmt=log_format)
+        import logging
 
-        setup(log_level)
+        log = logging.getLogger("netlimit.sidecar")
+        # from here on every line carries its level (and in JSON the fields)
 
         import asyncio
 
@@ -143,7 +154,7 @@ def register(app: typer.Typer) -> None:
                 raise ValueError(f"--redis {redis!r}: {problem}")
             token = load_token(str(admin_token_file)) if admin_token_file is not None else None
         except ValueError as exc:
-            err(str(exc))
+            log.error(str(exc))
             raise typer.Exit(EXIT_USAGE) from None
         try:
             sc = Sidecar(
@@ -157,9 +168,9 @@ def register(app: typer.Typer) -> None:
             )
         except ConfigError as exc:
             for p in exc.problems:
-                err(str(p))
+                log.error(str(p), extra=problem_fields(p))
             n = len(exc.problems)
-            err(f"{config}: {n} problem{'s' if n != 1 else ''}; the sidecar did not start")
+            log.error(f"{config}: {n} problem{'s' if n != 1 else ''}; the sidecar did not start")
             raise typer.Exit(EXIT_INVALID) from None
         limits = Limits(
             header_timeout=header_timeout,
@@ -189,6 +200,6 @@ def register(app: typer.Typer) -> None:
                 )
         except SystemExit as exc:
             if isinstance(exc.code, str):
-                err(exc.code)
+                log.error(exc.code)
                 raise typer.Exit(EXIT_USAGE) from None
             raise

@@ -462,7 +462,13 @@ class HttpConnection(asyncio.Protocol):
             if held >= 0:
                 more = f" ({held} more since the last report)" if held else ""
                 n = len(self.state.conns)
-                log.warning("connection from %s refused: %d connections, none idle%s", self.peer, n, more)
+                log.warning(
+                    "connection from %s refused: %d connections, none idle%s",
+                    self.peer,
+                    n,
+                    more,
+                    extra={"client": self.peer},
+                )
             self.closing = True
             transport.abort()
             return
@@ -823,7 +829,8 @@ class HttpConnection(asyncio.Protocol):
             where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
             more = f" ({held} more since the last report)" if held else ""
             log.error("the answer to a request from %s failed: %s: %s%s; 500%s",
-                      self.peer, type(exc).__name__, str(exc)[:200], where, more)  # fmt: skip
+                      self.peer, type(exc).__name__, str(exc)[:200], where, more,
+                      extra={"client": self.peer})  # fmt: skip
             log.debug("the failure in full", exc_info=exc)
         return ClientError(500, "the sidecar failed; see its log")
 
@@ -942,7 +949,14 @@ class HttpConnection(asyncio.Protocol):
         held = _bad_log.due("bad-request")
         if held >= 0:
             more = f" ({held} more since the last report)" if held else ""
-            log.info("request from %s refused with %d: %s%s", self.peer, err.status, err.detail[:200], more)
+            log.info(
+                "request from %s refused with %d: %s%s",
+                self.peer,
+                err.status,
+                err.detail[:200],
+                more,
+                extra={"client": self.peer, "status": err.status},
+            )
 
 
 def _reason(exc: Exception) -> str:

@@ -104,7 +104,7 @@ def test_unknown_field_without_close_match_lists_known_fields():
     """)
     assert out == [
         "f.yaml:6:5: b: unknown field 'zzz'; known fields: name, interface, direction, ports, "
-        "protocol, sources, rate, burst"
+        "protocol, sources, rate, burst, comment"
     ]
 
 

@@ -46,7 +46,12 @@ def free_port() -> int:
 
 def logged_at(m: re.Match) -> float:
     """When a netlimit process logged the line a ``wait_line`` match is in: its leading
-    ``%(asctime)s`` (netlimit/logs.py; local time, to the millisecond)."""
+    ``%(asctime)s`` (netlimit/logs.py's text format; local time, to the millisecond),
+    or in ``--log-format json`` its ``time`` field (ISO 8601 with the offset)."""
+    if m.string.startswith("{"):
+        from datetime import datetime
+
+        return datetime.fromisoformat(json.loads(m.string)["time"]).timestamp()
     stamp = m.string[:23]
     return time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:23]) / 1000
 

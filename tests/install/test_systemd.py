@@ -176,6 +176,18 @@ def test_netlimitd_and_sidecar_under_systemd(container):
     user = c.run(["systemctl", "show", "netlimit-sidecar", "-p", "DynamicUser", "-p", "CapabilityBoundingSet"]).stdout
     assert "DynamicUser=yes" in user and "CapabilityBoundingSet=\n" in user + "\n"
 
+    # a bad edit is rejected at error priority: `journalctl -p err` shows it, and not the routine lines
+    c.write("/etc/netlimit/netlimit.yaml", CONFIG.format(extra=EXTRA).replace("limit: 3/minute", "limit: 3/fortnight"))
+    c.run(["systemctl", "reload", "netlimitd"], timeout=60)
+
+    def errors() -> str:
+        cmd = ["journalctl", "-u", "netlimitd", "-p", "err", "--no-pager", "-o", "cat"]
+        return c.run(cmd, check=False).stdout
+
+    wait_for(lambda: "new config rejected" in errors(), 20, "the rejection at priority err")
+    assert "bad rate unit 'fortnight'" in errors() and "start: applied" not in errors(), errors()
+    c.write("/etc/netlimit/netlimit.yaml", CONFIG.format(extra=EXTRA))
+
     # stop -> flushed
     c.run(["systemctl", "stop", "netlimitd"], timeout=60)
     assert owned(c.netns) == [], c.journal("netlimitd")

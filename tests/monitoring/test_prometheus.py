@@ -82,7 +82,7 @@ http:
 def test_rules_check_and_unit_tests():
     promtool = need("promtool")
     p = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0 and "SUCCESS: 12 rules found" in p.stdout, p.stdout + p.stderr
+    assert p.returncode == 0 and "SUCCESS: 13 rules found" in p.stdout, p.stdout + p.stderr
     p = subprocess.run(
         [promtool, "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, timeout=120, cwd=RULES.parent
     )
@@ -218,6 +218,21 @@ def test_every_panel_has_data_from_a_real_prometheus(topo, tmp_path):
         assert value('netlimit_http_rule_over_limit_total{rule="login"}') == 20
         assert value('netlimit_http_rule_shadow_over_limit_total{rule="search-trial"}') == 25
         assert value("netlimit_bans_in_kernel") == 1 and value("netlimit_bans_added_total") == 1
+        # the running configs and the version, one series per process (issue 31 item 9)
+        from netlimit.buildinfo import version
+
+        def labels(q: str, name: str) -> list[str]:
+            return [s["metric"][name] for s in api(port, "/api/v1/query", query=q)["data"]["result"]]
+
+        sha = d.status()["config_sha256"]
+        wait_for(lambda: labels('netlimit_config_info{job="netlimitd"}', "sha256") == [sha], 30, "the reloaded sha")
+        from netlimit.config.validate import load_file
+
+        assert labels('netlimit_config_info{job="netlimit-sidecar"}', "sha256") == [
+            load_file(tmp_path / "sidecar.yaml").sha256
+        ]
+        assert sorted(labels("netlimit_build_info", "version")) == [version(), version()]
+        assert value("count by (job) (count by (job, sha256) (netlimit_config_info)) > 1") == 0
 
         for v in dash["templating"]["list"]:
             if v["type"] != "query":
@@ -229,7 +244,7 @@ def test_every_panel_has_data_from_a_real_prometheus(topo, tmp_path):
 
         groups = api(port, "/api/v1/rules")["data"]["groups"]
         rules = [r for g in groups for r in g["rules"]]
-        assert len(rules) == 12 and all(r["health"] == "ok" for r in rules), rules
+        assert len(rules) == 13 and all(r["health"] == "ok" for r in rules), rules
 
         for mport, path in ((d.metrics_port, "/metrics"), (sc.admin_port, "/metrics")):
             text = urllib.request.urlopen(f"http://127.0.0.1:{mport}{path}", timeout=10).read()

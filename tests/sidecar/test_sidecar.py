@@ -594,10 +594,11 @@ def test_invalid_file_at_start_exits_1_with_positions(tmp_path):
         timeout=30,
     )
     assert p.returncode == 1
-    assert p.stderr.splitlines() == [
-        f"{cfg}:6:26: http: 'unit' must be one of 'second', 'minute', 'hour', 'day', 'week', 'month', 'year', "
+    # every line with its time and level (netlimit/logs.py), then the problem
+    assert [re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", "", x) for x in p.stderr.splitlines()] == [
+        f"ERROR {cfg}:6:26: http: 'unit' must be one of 'second', 'minute', 'hour', 'day', 'week', 'month', 'year', "
         "got 'fortnight'",
-        f"{cfg}: 1 problem; the sidecar did not start",
+        f"ERROR {cfg}: 1 problem; the sidecar did not start",
     ]
 
 

@@ -38,7 +38,7 @@ from ..iptables_plan import (
     want_of,
 )
 from ..netns import xtables_lock
-from ..objects import COMMENT_PREFIX, IptRule, Match, owned_chain, owned_comment
+from ..objects import COMMENT_PREFIX, IptRule, Match, owned_chain, owned_comment, rule_of_comment
 from .xtables import XtablesBackend
 
 
@@ -159,7 +159,7 @@ def from_iptc(rule, family: int, chain: str) -> IptRule:
     if family == 6 and proto == "icmpv6":
         proto = "ipv6-icmp"  # as compile and iptables-save spell it
     name = (
-        comment[len(COMMENT_PREFIX) :]
+        rule_of_comment(comment)
         if comment.startswith(COMMENT_PREFIX) and not comment.startswith(COMMENT_PREFIX + " ")
         else ""
     )

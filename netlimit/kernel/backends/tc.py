@@ -593,6 +593,7 @@ def rows(st: TcState) -> list[dict[str, Any]]:
                 "dropped": x.drops,
                 "overlimits": x.overlimits,
                 "backlog": x.backlog,
+                "norm": repr(norm(o)),  # reconcile.list_owned: the plan's spelling of an equal object
             }
         )
     return out
