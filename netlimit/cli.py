@@ -14,11 +14,42 @@ import sys
 from pathlib import Path
 
 import typer
+import typer.core
 
 from . import __version__
 from .errors import ConfigError, NetlimitError
 
+# Exit codes shared by every command (0: done).
+EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
+EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
+EXIT_USAGE = 64  # wrong flags / not root / missing tool (EX_USAGE of sysexits.h)
+
+# click's UsageError (typer vendors click in recent versions): BadParameter's base.
+_UsageError = importlib.import_module(typer.BadParameter.__module__).UsageError
+
+
+class _Group(typer.core.TyperGroup):
+    """The root group: a usage error anywhere below it (unknown command, bad flag, bad
+    value, missing argument) exits 64 as README says, not click's 2, which is netlimit's
+    "the operation failed, previous state restored"."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _UsageError as exc:
+            exc.exit_code = EXIT_USAGE
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _UsageError as exc:
+            exc.exit_code = EXIT_USAGE
+            raise
+
+
 app = typer.Typer(
+    cls=_Group,
     name="netlimit",
     help="Rate limits at L3/L4 (iptables, tc) and L7 (HTTP sidecar) from one YAML file.",
     no_args_is_help=True,
@@ -26,11 +57,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-# Exit codes shared by every command (0: done).
-EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
-EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
-EXIT_USAGE = 64  # wrong flags / not root / missing tool
 
 
 def err(message: str) -> None:

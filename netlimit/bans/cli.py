@@ -48,9 +48,12 @@ def _open(config: Path) -> tuple[Any, Any]:
 
 
 def _failed(exc: Exception, store: str) -> None:
-    from ..cli import EXIT_FAILED, EXIT_INVALID, err
+    from ..cli import EXIT_FAILED, EXIT_INVALID, EXIT_USAGE, err
     from .socket_client import BanRefused
 
+    if isinstance(exc, PermissionError):  # netlimitd's socket is root-only (0600)
+        err("netlimit ban: netlimitd's status socket is root-only (0600): run as root")
+        raise typer.Exit(EXIT_USAGE)
     if isinstance(exc, BanRefused):
         err(f"netlimit ban: {exc}")
         raise typer.Exit(EXIT_INVALID)
