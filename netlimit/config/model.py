@@ -552,6 +552,8 @@ def redis_url_problem(url: str) -> str | None:
 
 
 MAX_BANS_DEFAULT = 100_000
+#: entries of the static `deny:` list (one nftables interval set; one iptables rule each)
+MAX_DENY = 100_000
 
 
 class BansConfig(Strict):
@@ -595,6 +597,11 @@ class Config(Strict):
 
     version: Literal[1] = Field(description="file format version; must be 1")
     exempt: list[CIDR] = Field(default_factory=list, description="addresses never limited, matched before any rule")
+    deny: list[CIDR] = Field(
+        default_factory=list,
+        max_length=MAX_DENY,
+        description="addresses always dropped (a static ban that never expires), matched right after exempt",
+    )
     network: list[NetworkRule] = Field(default_factory=list, description="L3/L4 packet and connection limits")
     bandwidth: list[BandwidthRule] = Field(default_factory=list, description="L3/L4 shaping (tc)")
     http: HttpConfig | None = Field(None, description="L7 sidecar rules")
