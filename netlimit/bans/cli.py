@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import json
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,23 @@ def _target(text: str):
         raise typer.Exit(EXIT_INVALID) from None
 
 
+_YES = typer.Option(False, "--yes", "-y", help="Do it without asking (needed when not on a terminal).")
+
+
+def _confirm(question: str, yes: bool, flag_hint: str) -> None:
+    """Lifting bans acts on every host: ask on a terminal, insist on --yes elsewhere."""
+    from ..cli import EXIT_INVALID, EXIT_USAGE, err
+
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        err(f"netlimit ban: {flag_hint} lifts bans on every host: no terminal to confirm on, pass --yes")
+        raise typer.Exit(EXIT_USAGE)
+    if not typer.confirm(question, default=False, err=True):
+        err("netlimit ban: not confirmed; nothing was changed")
+        raise typer.Exit(EXIT_INVALID)
+
+
 @ban_app.command("add")
 def add(
     target: str = typer.Argument(..., metavar="ADDR[/LEN]", help="An address or a prefix, IPv4 or IPv6."),
@@ -119,14 +137,18 @@ def add(
 def delete(
     target: str = typer.Argument(..., metavar="ADDR[/LEN]", help="Exactly as it is listed."),
     config: Path = _CONFIG,
+    yes: bool = _YES,
 ) -> None:
-    """Lift a ban now, on every host."""
+    """Lift a ban now, on every host (asks first; --yes when not on a terminal)."""
     from ..cli import EXIT_INVALID, err
 
     net = _target(target)
     loaded, bans = _open(config)
     try:
+        _confirm(f"lift the ban of {net} on every host ({loaded.config.ban_store})?", yes, f"ban del {net}")
         gone = bans.delete(net)
+    except typer.Exit:
+        raise
     except Exception as exc:
         _failed(exc, loaded.config.ban_store)
     finally:
@@ -173,11 +195,19 @@ def list_(
 
 
 @ban_app.command("flush")
-def flush(config: Path = _CONFIG) -> None:
-    """Lift every ban, on every host."""
+def flush(config: Path = _CONFIG, yes: bool = _YES) -> None:
+    """Lift every ban, on every host (asks first; --yes when not on a terminal)."""
     loaded, bans = _open(config)
     try:
+        if not yes and sys.stdin.isatty():
+            n = len(bans.snapshot().bans)
+            what = f"{n} ban{'s' if n != 1 else ''}"
+        else:
+            what = "every ban"
+        _confirm(f"lift {what} on every host ({loaded.config.ban_store})?", yes, "ban flush")
         n = bans.flush()
+    except typer.Exit:
+        raise
     except Exception as exc:
         _failed(exc, loaded.config.ban_store)
     finally:
