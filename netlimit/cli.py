@@ -165,12 +165,18 @@ def schema(
     indent: int = typer.Option(2, help="JSON indentation."),
 ) -> None:
     """Print the JSON Schema of the config file (for editor completion)."""
+    typer.echo(schema_text(indent), nl=False)
+
+
+def schema_text(indent: int = 2) -> str:
+    """The JSON Schema of the file, as `netlimit schema` prints it (and install-service
+    writes beside the config for the `# yaml-language-server: $schema=` line)."""
     from .config.model import Config
 
     s = Config.model_json_schema(mode="validation")
     s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     s["$id"] = "https://netlimit.invalid/schema/v1.json"
-    typer.echo(json.dumps(s, indent=indent, sort_keys=False))
+    return json.dumps(s, indent=indent, sort_keys=False) + "\n"
 
 
 # Layers register their commands here (each import is cheap: heavy modules
