@@ -216,7 +216,7 @@ class Escalate(Strict):
 
 
 class NetworkRule(Strict):
-    """A packet-rate or connection limit enforced by iptables/ip6tables."""
+    """A packet-rate or connection limit enforced by nftables (or the legacy iptables/ip6tables)."""
 
     name: str = Field(description="unique rule name; tags kernel objects as netlimit:<name>")
     protocol: Literal["tcp", "udp", "icmp", "all"] = Field("all", description="tcp | udp | icmp | all")

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run netlimitd: apply the file, reload on change or SIGHUP, repair drift (systemd Type=notify)."""
         if os.geteuid() != 0:
-            err("netlimit daemon: must run as root (it changes iptables and tc)")
+            err("netlimit daemon: must run as root (it changes nftables or iptables rules and tc)")
             raise typer.Exit(EXIT_USAGE)
         from ..logs import setup
 
