@@ -173,6 +173,14 @@ def forget_record() -> None:
         pass
 
 
+def prune_records() -> None:
+    """Drop the records of namespaces that no longer exist (a flush calls it)."""
+    try:
+        _prune_records()
+    except OSError:
+        pass
+
+
 def _prune_records() -> None:
     """Drop the records of namespaces that no longer exist."""
     live = set()
