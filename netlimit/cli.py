@@ -14,23 +14,95 @@ import sys
 from pathlib import Path
 
 import typer
+import typer.core
 
 from . import __version__
 from .errors import ConfigError, NetlimitError
 
+# Exit codes shared by every command (0: done).
+EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
+EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
+EXIT_USAGE = 64  # wrong flags / not root / missing tool (EX_USAGE of sysexits.h)
+
+# click's UsageError (typer vendors click in recent versions): BadParameter's base.
+_UsageError = importlib.import_module(typer.BadParameter.__module__).UsageError
+
+
+class _Group(typer.core.TyperGroup):
+    """The root group: a usage error anywhere below it (unknown command, bad flag, bad
+    value, missing argument) exits 64 as README says, not click's 2, which is netlimit's
+    "the operation failed, previous state restored"."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _metavars(self)
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _UsageError as exc:
+            exc.exit_code = EXIT_USAGE
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _UsageError as exc:
+            exc.exit_code = EXIT_USAGE
+            raise
+
+
+_TYPE_WORDS = {int: "N", float: "NUMBER"}
+
+
+def _metavars(cmd) -> None:
+    """Words for the values in --help instead of Python types (`<list[Path]>`, `<bool>`):
+    flags show none, arguments their name (FILE..., LOGS...), options PATH, N, NUMBER
+    or TEXT; a metavar a command sets itself stays."""
+    for sub in getattr(cmd, "commands", {}).values():
+        _metavars(sub)
+    help_option = getattr(cmd, "get_help_option", None)
+    if help_option is not None:  # made per command on demand: a flag, no word
+
+        def get_help_option(ctx, _made=help_option):
+            opt = _made(ctx)
+            if opt is not None and opt.metavar is None:
+                opt.metavar = ""
+            return opt
+
+        cmd.get_help_option = get_help_option
+    for p in getattr(cmd, "params", []):
+        if getattr(p, "param_type_name", "") == "argument":
+            # the name column says what it is (FILE); no Python type beside it
+            p.display_type_rich = lambda ctx=None: None
+            if p.metavar is None:
+                name = (p.name or "value").upper()
+                p.metavar = name.removesuffix("S") if p.nargs != 1 else name
+            continue
+        if p.metavar is not None:
+            continue
+        if getattr(p, "is_flag", False):
+            p.metavar = ""
+            continue
+        desc = getattr(p, "type_descriptor", None)
+        if desc is not None and getattr(desc, "is_path", False):
+            p.metavar = "PATH"
+            continue
+        base = getattr(desc, "annotation", None)
+        if getattr(desc, "is_list", False) and base is not None:
+            base = (getattr(base, "__args__", None) or (str,))[0]
+        p.metavar = _TYPE_WORDS.get(base, "PATH" if base is Path else "TEXT")  # type: ignore[arg-type]
+
+
 app = typer.Typer(
+    cls=_Group,
     name="netlimit",
-    help="Rate limits at L3/L4 (iptables, tc) and L7 (HTTP sidecar) from one YAML file.",
+    help="Rate limits at L3/L4 (nftables, or legacy iptables; tc) and L7 (HTTP sidecar) from one YAML file.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-# Exit codes shared by every command (0: done).
-EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
-EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
-EXIT_USAGE = 64  # wrong flags / not root / missing tool
 
 
 #: what err() printed (bounded), for the JSON error object of a failed `--json` command
@@ -210,12 +282,18 @@ def schema(
     indent: int = typer.Option(2, help="JSON indentation."),
 ) -> None:
     """Print the JSON Schema of the config file (for editor completion)."""
+    typer.echo(schema_text(indent), nl=False)
+
+
+def schema_text(indent: int = 2) -> str:
+    """The JSON Schema of the file, as `netlimit schema` prints it (and install-service
+    writes beside the config for the `# yaml-language-server: $schema=` line)."""
     from .config.model import Config
 
     s = Config.model_json_schema(mode="validation")
     s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     s["$id"] = "https://netlimit.invalid/schema/v1.json"
-    typer.echo(json.dumps(s, indent=indent, sort_keys=False))
+    return json.dumps(s, indent=indent, sort_keys=False) + "\n"
 
 
 # Layers register their commands here (each import is cheap: heavy modules

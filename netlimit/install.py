@@ -67,6 +67,12 @@ def install(root: Path = Path("/"), enable: bool = False, reload: bool = True, e
         shutil.copyfile(rules_dir / "starter.yaml", conf)
         conf.chmod(0o644)  # the sidecar runs as a dynamic user and must read it
         echo(f"installed {conf} (starter: shadow-mode SSH rule; edit it, then reload)")
+    from .cli import schema_text
+
+    schema = etc / "netlimit.schema.json"  # for the file's `# yaml-language-server: $schema=` line
+    schema.write_text(schema_text())
+    schema.chmod(0o644)
+    echo(f"installed {schema} (editors complete and check netlimit.yaml with it)")
     default = root / "etc/default/netlimit-sidecar"
     if not default.exists():
         default.parent.mkdir(parents=True, exist_ok=True)

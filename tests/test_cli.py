@@ -93,7 +93,7 @@ def test_validate_quiet_and_missing_file(tmp_path):
 
 def test_bad_flag_is_a_usage_error():
     res = runner.invoke(app, ["validate", "--frobnicate", "x.yaml"])
-    assert res.exit_code == 2 and "No such option" in res.output
+    assert res.exit_code == 64 and "No such option" in res.output
 
 
 def test_schema_is_valid_json_schema():

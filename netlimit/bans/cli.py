@@ -6,6 +6,7 @@ from __future__ import annotations
 import getpass
 import json
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,12 @@ def _open(config: Path) -> tuple[Any, Any]:
 
 
 def _failed(exc: Exception, store: str) -> None:
-    from ..cli import EXIT_FAILED, EXIT_INVALID, err
+    from ..cli import EXIT_FAILED, EXIT_INVALID, EXIT_USAGE, err
     from .socket_client import BanRefused
 
+    if isinstance(exc, PermissionError):  # netlimitd's socket is root-only (0600)
+        err("netlimit ban: netlimitd's status socket is root-only (0600): run as root")
+        raise typer.Exit(EXIT_USAGE)
     if isinstance(exc, BanRefused):
         err(f"netlimit ban: {exc}")
         raise typer.Exit(EXIT_INVALID)
@@ -67,6 +71,23 @@ def _target(text: str):
     except ValueError as exc:
         err(f"netlimit ban: {exc}")
         raise typer.Exit(EXIT_INVALID) from None
+
+
+_YES = typer.Option(False, "--yes", "-y", help="Do it without asking (needed when not on a terminal).")
+
+
+def _confirm(question: str, yes: bool, flag_hint: str) -> None:
+    """Lifting bans acts on every host: ask on a terminal, insist on --yes elsewhere."""
+    from ..cli import EXIT_INVALID, EXIT_USAGE, err
+
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        err(f"netlimit ban: {flag_hint} lifts bans on every host: no terminal to confirm on, pass --yes")
+        raise typer.Exit(EXIT_USAGE)
+    if not typer.confirm(question, default=False, err=True):
+        err("netlimit ban: not confirmed; nothing was changed")
+        raise typer.Exit(EXIT_INVALID)
 
 
 @ban_app.command("add")
@@ -116,14 +137,18 @@ def add(
 def delete(
     target: str = typer.Argument(..., metavar="ADDR[/LEN]", help="Exactly as it is listed."),
     config: Path = _CONFIG,
+    yes: bool = _YES,
 ) -> None:
-    """Lift a ban now, on every host."""
+    """Lift a ban now, on every host (asks first; --yes when not on a terminal)."""
     from ..cli import EXIT_INVALID, err
 
     net = _target(target)
     loaded, bans = _open(config)
     try:
+        _confirm(f"lift the ban of {net} on every host ({loaded.config.ban_store})?", yes, f"ban del {net}")
         gone = bans.delete(net)
+    except typer.Exit:
+        raise
     except Exception as exc:
         _failed(exc, loaded.config.ban_store)
     finally:
@@ -170,11 +195,19 @@ def list_(
 
 
 @ban_app.command("flush")
-def flush(config: Path = _CONFIG) -> None:
-    """Lift every ban, on every host."""
+def flush(config: Path = _CONFIG, yes: bool = _YES) -> None:
+    """Lift every ban, on every host (asks first; --yes when not on a terminal)."""
     loaded, bans = _open(config)
     try:
+        if not yes and sys.stdin.isatty():
+            n = len(bans.snapshot().bans)
+            what = f"{n} ban{'s' if n != 1 else ''}"
+        else:
+            what = "every ban"
+        _confirm(f"lift {what} on every host ({loaded.config.ban_store})?", yes, "ban flush")
         n = bans.flush()
+    except typer.Exit:
+        raise
     except Exception as exc:
         _failed(exc, loaded.config.ban_store)
     finally:

@@ -199,19 +199,23 @@ class Escalator:
         if self.bans is None:  # pragma: no cover - escalator_for always gives one with specs
             return False
         reason = spec.reason or f"{spec.after} denials within {spec.within} s"
+        repeat = spec.repeat.as_tuple if spec.repeat is not None else None
         try:
-            await self.bans.add(net, float(spec.ban), rule=name, reason=reason, by=self.by, origin="http", extend=True)
+            res = await self.bans.add(
+                net, float(spec.ban), rule=name, reason=reason, by=self.by, origin="http", extend=True, repeat=repeat
+            )
         except Exception as exc:
             self.errors["ban_store"] += 1
             if self._log.due("ban") >= 0:
                 log.warning("escalation: could not ban %s (rule %r): %s", net, name, exc)
             return False
         self.banned[name] += 1
-        self._recent[net] = now + spec.ban
+        left = float(getattr(res, "left", spec.ban) or spec.ban)  # a repeat ban lasts longer than `ban`
+        self._recent[net] = now + left
         self._recent.move_to_end(net)
         while len(self._recent) > MAX_RECENT:
             self._recent.popitem(last=False)
-        log.info("escalation: banned %s for %s s (rule %r: %s)", net, spec.ban, name, reason)
+        log.info("escalation: banned %s for %.0f s (rule %r: %s)", net, left, name, reason)
         return True
 
     # --- metrics (the sidecar registers this collector) ------------------------------------------

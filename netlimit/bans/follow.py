@@ -211,6 +211,7 @@ class RedisFollower:
                     by=item.get("by", ""),
                     origin=item.get("origin", "network"),
                     extend=True,
+                    repeat=item.get("repeat"),
                 )
                 self.published += 1
             except Exception:

@@ -39,16 +39,37 @@ for i = 1, #old do
   redis.call('ZREM', KEYS[1], old[i])
   redis.call('HDEL', KEYS[2], old[i])
 end
+local cur = redis.call('ZSCORE', KEYS[1], net)
+-- repeat: the last ban of each prefix, remembered until its end + its duration
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 256)
+for i = 1, #gone do
+  redis.call('ZREM', KEYS[4], gone[i])
+  redis.call('HDEL', KEYS[5], gone[i])
+end
+if ARGV[7] ~= '' and not (cur and tonumber(cur) > now) then
+  local upto = redis.call('ZSCORE', KEYS[4], net)
+  local last = redis.call('HGET', KEYS[5], net)
+  if upto and last and tonumber(upto) > now then
+    local most = math.max(tonumber(ARGV[8]), ttl)
+    ttl = math.min(math.max(ttl, math.floor(tonumber(last) * tonumber(ARGV[7]))), most)
+  end
+end
 local exp = now + ttl
 local d = cjson.decode(ARGV[3])
 d.added = now / 1000
 local ds = cjson.encode(d)
-local cur = redis.call('ZSCORE', KEYS[1], net)
 if ARGV[5] == '1' and cur and tonumber(cur) >= exp then
   return {0, tostring(cur), tostring(now), {}}
 end
 redis.call('ZADD', KEYS[1], exp, net)
 redis.call('HSET', KEYS[2], net, ds)
+redis.call('ZADD', KEYS[4], exp + ttl, net)
+redis.call('HSET', KEYS[5], net, ttl)
+local nl = redis.call('ZCARD', KEYS[4])
+if nl > max then
+  local forgot = redis.call('ZPOPMIN', KEYS[4], nl - max)
+  for i = 1, #forgot, 2 do redis.call('HDEL', KEYS[5], forgot[i]) end
+end
 local evicted = {}
 local n = redis.call('ZCARD', KEYS[1])
 if n > max then
@@ -68,13 +89,15 @@ return {1, tostring(exp), tostring(now), evicted}
 DEL_LUA = """
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
 if n > 0 then redis.call('PUBLISH', ARGV[2], cjson.encode({op = 'del', net = ARGV[1]})) end
 return n
 """
 
 FLUSH_LUA = """
 local n = redis.call('ZCARD', KEYS[1])
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 redis.call('PUBLISH', ARGV[1], cjson.encode({op = 'flush'}))
 return n
 """
@@ -95,12 +118,38 @@ def keys(prefix: str) -> tuple[str, str, str, str]:
     return base, base + ":d", base + ":n", f"{prefix}:bans"
 
 
+def history_keys(prefix: str) -> tuple[str, str]:
+    """(sorted set: prefix -> remembered until (ms), hash: prefix -> its last ban's duration
+    (ms)) of `escalate.repeat`: the last ban of each prefix, kept for its duration after
+    its end; bounded by max_entries like the list."""
+    base = f"{prefix}:{{bans}}"
+    return base + ":r", base + ":rt"
+
+
 def _text(v: Any) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
-def _add_args(net: IPNetwork, ttl: float, ban: Ban, max_entries: int, extend: bool, channel: str) -> list[Any]:
-    return [str(net), max(1, int(ttl * 1000)), ban.details(), max_entries, "1" if extend else "0", channel]
+def _add_args(
+    net: IPNetwork,
+    ttl: float,
+    ban: Ban,
+    max_entries: int,
+    extend: bool,
+    channel: str,
+    repeat: tuple[float, float] | None = None,
+) -> list[Any]:
+    factor, most = (repr(float(repeat[0])), max(1, int(repeat[1] * 1000))) if repeat is not None else ("", 0)
+    return [
+        str(net),
+        max(1, int(ttl * 1000)),
+        ban.details(),
+        max_entries,
+        "1" if extend else "0",
+        channel,
+        factor,
+        most,
+    ]
 
 
 def _add_result(res: Any) -> AddResult:
@@ -243,6 +292,7 @@ class RedisBanList:
         self.url = url
         self.max_entries = max_entries
         self.zkey, self.dkey, self.nkey, self.channel = keys(key_prefix)
+        self.rkey, self.rtkey = history_keys(key_prefix)
         self.r = redis_py_client(url, timeout)
         self._add = self.r.register_script(ADD_LUA)
         self._del = self.r.register_script(DEL_LUA)
@@ -259,19 +309,20 @@ class RedisBanList:
         by: str = "",
         origin: str = "manual",
         extend: bool = False,
+        repeat: tuple[float, float] | None = None,
     ) -> AddResult:
         ban = Ban.make(net, 0, rule=rule, reason=reason, by=by, origin=origin)  # the script sets `added`
         res = self._add(
-            keys=[self.zkey, self.dkey, self.nkey],
-            args=_add_args(net, ttl, ban, self.max_entries, extend, self.channel),
+            keys=[self.zkey, self.dkey, self.nkey, self.rkey, self.rtkey],
+            args=_add_args(net, ttl, ban, self.max_entries, extend, self.channel, repeat),
         )
         return _add_result(res)
 
     def delete(self, net: IPNetwork) -> bool:
-        return bool(self._del(keys=[self.zkey, self.dkey], args=[str(net), self.channel]))
+        return bool(self._del(keys=[self.zkey, self.dkey, self.rkey, self.rtkey], args=[str(net), self.channel]))
 
     def flush(self) -> int:
-        return int(self._flush(keys=[self.zkey, self.dkey], args=[self.channel]))
+        return int(self._flush(keys=[self.zkey, self.dkey, self.rkey, self.rtkey], args=[self.channel]))
 
     def snapshot(self) -> Snapshot:
         """The whole list, read atomically by one script (TIME, the set, the details, the
@@ -288,6 +339,7 @@ class AsyncRedisBanList:
     def __init__(self, url: str, *, key_prefix: str = "netlimit", max_entries: int = 100_000, timeout: float = 1.0):
         self.max_entries = max_entries
         self.zkey, self.dkey, self.nkey, self.channel = keys(key_prefix)
+        self.rkey, self.rtkey = history_keys(key_prefix)
         self.r = redis_py_client(url, timeout, aio=True)
         self._add = self.r.register_script(ADD_LUA)
 
@@ -301,11 +353,12 @@ class AsyncRedisBanList:
         by: str = "",
         origin: str = "manual",
         extend: bool = False,
+        repeat: tuple[float, float] | None = None,
     ) -> AddResult:
         ban = Ban.make(net, 0, rule=rule, reason=reason, by=by, origin=origin)  # the script sets `added`
         res = await self._add(
-            keys=[self.zkey, self.dkey, self.nkey],
-            args=_add_args(net, ttl, ban, self.max_entries, extend, self.channel),
+            keys=[self.zkey, self.dkey, self.nkey, self.rkey, self.rtkey],
+            args=_add_args(net, ttl, ban, self.max_entries, extend, self.channel, repeat),
         )
         return _add_result(res)
 

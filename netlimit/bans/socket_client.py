@@ -68,6 +68,7 @@ class SocketBanList:
         by: str = "",
         origin: str = "manual",
         extend: bool = False,
+        repeat: tuple[float, float] | None = None,
     ) -> AddResult:
         a = self._ask(
             {
@@ -79,6 +80,7 @@ class SocketBanList:
                 "by": by,
                 "origin": origin,
                 "extend": extend,
+                **({"repeat": list(repeat)} if repeat is not None else {}),
             }
         )
         return AddResult(bool(a.get("added")), float(a.get("left", 0)), [parse_target(n) for n in a.get("evicted", [])])

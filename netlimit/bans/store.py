@@ -62,15 +62,30 @@ class BanList(Protocol):
         by: str = "",
         origin: str = "manual",
         extend: bool = False,
+        repeat: tuple[float, float] | None = None,
     ) -> AddResult:
         """Ban `net` for `ttl` seconds. `extend`: keep an existing ban that lasts longer
-        (an escalation never shortens one); else the new time replaces it."""
+        (an escalation never shortens one); else the new time replaces it. `repeat`
+        (factor, max seconds): when `net` is not banned now but its last ban ended less
+        than that ban's duration ago, this one lasts the last duration times factor
+        (at most max; never less than `ttl`) -- see :func:`repeat_ttl`."""
         ...
 
     def delete(self, net: IPNetwork) -> bool: ...
     def flush(self) -> int: ...
     def snapshot(self) -> Snapshot: ...
     def close(self) -> None: ...
+
+
+def repeat_ttl(ttl: float, repeat: tuple[float, float] | None, last: tuple[float, float] | None, now: float) -> float:
+    """The duration of a new ban of a prefix that is not banned now. `last`: (its last
+    ban's duration, the time until which that ban is remembered = its end + its
+    duration). A recidive (now before that time) gets last duration x factor, capped at
+    max; anyone else `ttl`. The Redis store's ADD_LUA does the same in the script."""
+    if repeat is None or last is None or now >= last[1]:
+        return ttl
+    factor, most = repeat
+    return min(max(ttl, last[0] * factor), max(most, ttl))
 
 
 class MemoryBanList:
@@ -89,6 +104,9 @@ class MemoryBanList:
         self.on_event = on_event
         self._bans: dict[IPNetwork, Ban] = {}
         self._heap: list[tuple[float, int, int, IPNetwork]] = []  # (expires, version, int, net), lazy
+        # the last ban of each prefix, remembered for its duration after its end (repeat)
+        self._last: dict[IPNetwork, tuple[float, float]] = {}  # net -> (duration, remembered until)
+        self._last_heap: list[tuple[float, int, int, IPNetwork]] = []  # (remembered until, ...), lazy
         self._lock = threading.Lock()
         self.added = 0
         self.evicted = 0
@@ -105,6 +123,13 @@ class MemoryBanList:
             b = self._bans.get(net)
             if b is not None and b.expires == exp:
                 del self._bans[net]
+        lh = self._last
+        hh = self._last_heap
+        while hh and (hh[0][0] <= now or len(lh) > self.max_entries):
+            until, _v, _i, net = heapq.heappop(hh)
+            last = lh.get(net)
+            if last is not None and last[1] == until:
+                del lh[net]
 
     def _soonest(self) -> IPNetwork | None:
         h = self._heap
@@ -126,17 +151,23 @@ class MemoryBanList:
         by: str = "",
         origin: str = "manual",
         extend: bool = False,
+        repeat: tuple[float, float] | None = None,
     ) -> AddResult:
         with self._lock:
             now = self.clock()
             self._prune(now)
-            expires = now + ttl
             old = self._bans.get(net)
+            if old is None:
+                ttl = repeat_ttl(ttl, repeat, self._last.get(net), now)
+            expires = now + ttl
             if extend and old is not None and old.expires >= expires:
                 return AddResult(False, old.expires - now, [])
             ban = Ban.make(net, expires, rule=rule, reason=reason, by=by, added=now, origin=origin)
             self._bans[net] = ban
             heapq.heappush(self._heap, (expires, net.version, int(net.network_address), net))
+            self._last[net] = (ttl, expires + ttl)
+            heapq.heappush(self._last_heap, (expires + ttl, net.version, int(net.network_address), net))
+            self._prune(now)  # the remembered last bans stay within max_entries too
             evicted: list[IPNetwork] = []
             while len(self._bans) > self.max_entries:
                 first = self._soonest()
@@ -153,6 +184,7 @@ class MemoryBanList:
         with self._lock:
             self._prune(self.clock())
             gone = self._bans.pop(net, None) is not None
+            self._last.pop(net, None)  # lifted by hand: forgiven, the next ban starts again at `ban`
         if gone:
             self._emit(BanEvent("del", net=net))
         return gone
@@ -163,6 +195,8 @@ class MemoryBanList:
             n = len(self._bans)
             self._bans.clear()
             self._heap.clear()
+            self._last.clear()
+            self._last_heap.clear()
         self._emit(BanEvent("flush"))
         return n
 

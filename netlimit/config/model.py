@@ -189,6 +189,20 @@ def _check_name(v: str) -> str:
 BAN_MAX_SECONDS = 2_147_483  # ipset's longest timeout (about 24.8 days); nftables takes it too
 
 
+class Repeat(Strict):
+    """Recidive: a prefix banned again within its last ban's duration (counted from that
+    ban's end) gets the last duration times `factor`, at most `max` (as fail2ban's
+    bantime.increment); a prefix that stayed away that long starts again at `ban`."""
+
+    factor: float = Field(2.0, gt=1, le=100, description="each repeat ban lasts the last one times this")
+    max: DurationT = Field(description="the longest a repeat ban lasts, e.g. 1d (at most 24 days)")
+
+    @property
+    def as_tuple(self) -> tuple[float, float]:
+        """(factor, max seconds): what a ban list's `add` takes as `repeat`."""
+        return (float(self.factor), float(self.max))
+
+
 class Escalate(Strict):
     """After `after` denials within `within`, the client's address (or its prefix) is
     banned at L3 on every host for `ban` (README: Escalation and bans)."""
@@ -203,6 +217,9 @@ class Escalate(Strict):
     prefix4: int = Field(32, ge=8, le=32, description="ban the client's IPv4 /prefix4 (24: its /24)")
     prefix6: int = Field(128, ge=16, le=128, description="ban the client's IPv6 /prefix6 (64: its /64)")
     reason: str | None = Field(None, min_length=1, max_length=200, description="shown in `netlimit ban list`")
+    repeat: Repeat | None = Field(
+        None, description="a prefix banned again soon after its last ban gets a longer one: {factor: 2, max: 1d}"
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Escalate:
@@ -210,6 +227,16 @@ class Escalate(Strict):
             raise ValueError(f"within {format_duration(self.within)} is longer than a day: count over at most 1d")
         if self.ban > BAN_MAX_SECONDS:
             raise ValueError(f"ban {format_duration(self.ban)} is longer than the kernel keeps one (24 days)")
+        if self.repeat is not None:
+            if self.repeat.max > BAN_MAX_SECONDS:
+                raise ValueError(
+                    f"repeat max {format_duration(self.repeat.max)} is longer than the kernel keeps a ban (24 days)"
+                )
+            if self.repeat.max <= self.ban:
+                raise ValueError(
+                    f"repeat max {format_duration(self.repeat.max)} must be longer than ban "
+                    f"{format_duration(self.ban)}: repeat bans grow from ban up to max"
+                )
         return self
 
     def prefix(self, version: int) -> int:
@@ -220,7 +247,7 @@ class Escalate(Strict):
 
 
 class NetworkRule(Strict):
-    """A packet-rate or connection limit enforced by iptables/ip6tables."""
+    """A packet-rate or connection limit enforced by nftables (or the legacy iptables/ip6tables)."""
 
     name: str = Field(description="unique rule name; tags kernel objects as netlimit:<name>")
     protocol: Literal["tcp", "udp", "icmp", "all"] = Field("all", description="tcp | udp | icmp | all")
@@ -646,6 +673,8 @@ def redis_url_problem(url: str, *, secrets: bool = False) -> str | None:
 
 
 MAX_BANS_DEFAULT = 100_000
+#: entries of the static `deny:` list (one nftables interval set; one iptables rule each)
+MAX_DENY = 100_000
 
 
 def _password_file_into_url(data: Any, key: str) -> Any:
@@ -715,6 +744,11 @@ class Config(Strict):
 
     version: Literal[1] = Field(description="file format version; must be 1")
     exempt: list[CIDR] = Field(default_factory=list, description="addresses never limited, matched before any rule")
+    deny: list[CIDR] = Field(
+        default_factory=list,
+        max_length=MAX_DENY,
+        description="addresses always dropped (a static ban that never expires), matched right after exempt",
+    )
     network: list[NetworkRule] = Field(default_factory=list, description="L3/L4 packet and connection limits")
     bandwidth: list[BandwidthRule] = Field(default_factory=list, description="L3/L4 shaping (tc)")
     http: HttpConfig | None = Field(None, description="L7 sidecar rules")

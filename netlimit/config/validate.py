@@ -830,6 +830,7 @@ def _semantic(config: Config, doc: Document, filename: str, warnings: list[Probl
         if b.protocol != "all" and not b.ports:
             add(p + ("protocol",), b.name, "protocol only narrows port matches: add ports or drop protocol")
     _escalation(config, doc, add)
+    _deny(config, doc, add)
     # whole-interface caps: at most one per interface and direction
     seen_whole: dict[tuple[str, str], str] = {}
     for i, b in enumerate(config.bandwidth):
@@ -844,6 +845,25 @@ def _semantic(config: Config, doc: Document, filename: str, warnings: list[Probl
                 )
             seen_whole[k] = b.name
     return out
+
+
+# --- deny ------------------------------------------------------------------------
+
+
+def _deny(config: Config, doc: Document, add: Any) -> None:
+    """A deny entry overlapping an exempt one is refused: exempt is matched first, so the
+    overlap would be silently allowed (or, the other way round, an exempt host dropped)."""
+    for i, net in enumerate(config.deny):
+        for j, ex in enumerate(config.exempt):
+            if net.version == ex.version and (net.subnet_of(ex) or net.supernet_of(ex)):  # type: ignore[arg-type]
+                line = doc.pos(("exempt", j))[0]
+                add(
+                    ("deny", i),
+                    "deny",
+                    f"{net} overlaps exempt {ex} (line {line}): exempt is matched first, so the overlap would "
+                    "never be dropped; remove one of them",
+                )
+                break
 
 
 # --- escalation ------------------------------------------------------------------

@@ -69,6 +69,7 @@ class BanFollower:
         self.kernel_seen: dict[tuple[str, IPNetwork], float] = {}  # kernel bans handed on -> deadline
         self.protected = Protected([], [])
         self.escalating: list[tuple[str, int, int]] = []
+        self.repeats: dict[str, tuple[float, float]] = {}  # escalating rule -> its repeat (factor, max s)
         self._log = LogEvery(10.0)
         # counters (status, metrics)
         self.loads = 0
@@ -100,6 +101,11 @@ class BanFollower:
         self.escalating = [
             (r.name, r.escalate.prefix4, r.escalate.prefix6) for r in config.network if r.escalate is not None
         ]
+        self.repeats = {
+            r.name: r.escalate.repeat.as_tuple
+            for r in config.network
+            if r.escalate is not None and r.escalate.repeat is not None
+        }
         if config.ban_store != self.store_url:
             log.warning("bans.store changed to %s: it takes effect when netlimitd restarts", config.ban_store)
 
@@ -347,10 +353,11 @@ class BanFollower:
                 "by": f"netlimitd@{self.host} (kernel)",
                 "origin": "network",
             }
+            repeat = self.repeats.get(rule)
             if self.redis is not None:
-                ok = self.redis.publish(net, left, **details)
+                ok = self.redis.publish(net, left, repeat=repeat, **details)
             elif self.memory is not None:
-                self.memory.add(net, left, extend=True, **details)
+                self.memory.add(net, left, extend=True, repeat=repeat, **details)
                 ok = True
             else:  # pragma: no cover - start() made one
                 ok = False
@@ -389,6 +396,13 @@ class BanFollower:
                 if why is not None:
                     self.skipped += 1
                     return {"ok": False, "refused": True, "error": f"refused: {why}: never banned"}
+                rep = req.get("repeat")
+                repeat = None
+                if rep is not None:  # [factor, max seconds] of an escalation's repeat
+                    factor, most = float(rep[0]), float(rep[1])
+                    if not (1 < factor <= 100 and 0 < most <= 2_147_483):
+                        return {"ok": False, "error": f"repeat {rep!r} is out of range"}
+                    repeat = (factor, most)
                 res = self.memory.add(
                     net,
                     ttl,
@@ -397,9 +411,10 @@ class BanFollower:
                     by=str(req.get("by", "")),
                     origin=str(req.get("origin", "manual")),
                     extend=bool(req.get("extend", False)),
+                    repeat=repeat,
                 )
                 return {"ok": True, "added": res.added, "left": res.left, "evicted": [str(n) for n in res.evicted]}
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, IndexError) as exc:
             return {"ok": False, "error": str(exc)}
         return {"ok": False, "error": f"unknown ban request {op!r}: add, del, list or flush"}
 

@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         setup(log_level, "netlimitd: ", fmt=log_format)
         log = logging.getLogger("netlimit.daemon")
         if os.geteuid() != 0:
-            log.error("netlimit daemon: must run as root (it changes iptables and tc)")
+            log.error("netlimit daemon: must run as root (it changes nftables or iptables rules and tc)")
             raise typer.Exit(EXIT_USAGE)
         if metrics and ":" not in metrics:
             log.error(f"--metrics {metrics!r}: expected HOST:PORT, e.g. 127.0.0.1:9732")
@@ -81,6 +81,9 @@ def register(app: typer.Typer) -> None:
         except (TimeoutError, OSError, ValueError) as exc:
             err(f"netlimit status: the daemon on {socket_path} did not answer properly: {exc or 'timed out'}")
             raise typer.Exit(EXIT_FAILED) from None
+        if payload is None and os.geteuid() != 0:
+            err(f"netlimit status: no daemon answers on {socket_path}, and reading the kernel needs root: run as root")
+            raise typer.Exit(EXIT_USAGE)
         if payload is None:
             if as_json:
                 out: dict[str, Any] = {"daemon": None}
@@ -95,7 +98,7 @@ def register(app: typer.Typer) -> None:
                 rows = KernelOps(netns).counters()
             except Exception as exc:
                 err(f"cannot read the kernel: {exc}")
-                raise typer.Exit(2) from None
+                raise typer.Exit(EXIT_FAILED) from None
             _print_counters(rows)
             return
         if as_json:

@@ -256,11 +256,11 @@ def register(app: typer.Typer) -> None:  # one function per command below
             f"found in the kernel, in {t.get('total', 0):.2f} s ({layer} {t.get('filter', 0):.2f} s, "
             f"tc {t.get('tc', 0):.2f} s)"
         )
-        if confirm is not None and not _confirmed(confirm):
+        if confirm is not None and (why := _not_confirmed(confirm)) is not None:
             from .reconcile import restore
 
             restore(res.before, netns)
-            base.err(f"not confirmed within {confirm:g} s: the previous rules were restored")
+            base.err(f"{why}: the previous rules were restored")
             raise typer.Exit(base.EXIT_FAILED)
 
     @app.command("list")
@@ -452,20 +452,28 @@ def describe_flush(res, netns: str | None) -> str:
     return f"flushed{where}: {what or 'no packet-filter objects'}, {n_tc} tc objects; none remain"
 
 
-def _confirmed(seconds: float) -> bool:
-    """True if the operator pressed Enter within `seconds` (EOF / no terminal: False)."""
+def _not_confirmed(seconds: float) -> str | None:
+    """None if the operator pressed Enter (or typed y) within `seconds`, else why not:
+    no terminal to confirm on (stdin closed, at its end, or not a terminal and silent),
+    the time ran out, or another answer."""
     import select
     import sys
 
+    tty = sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty()
+    no_tty = "no terminal to confirm on (stdin is not a terminal)"
     typer.echo(f"keep these rules? press Enter within {seconds:g} s, or they are rolled back ...", err=True)
     try:
         ready, _, _ = select.select([sys.stdin], [], [], seconds)
-    except (OSError, ValueError):
-        return False
+    except (OSError, ValueError, TypeError):
+        return no_tty
     if not ready:
-        return False
+        return f"not confirmed within {seconds:g} s" if tty else no_tty
     line = sys.stdin.readline()
-    return line != "" and line.strip().lower() in ("", "y", "yes")
+    if line == "":
+        return no_tty if not tty else "stdin closed (Ctrl-D) before the rules were confirmed"
+    if line.strip().lower() in ("", "y", "yes"):
+        return None
+    return f"answered {line.strip()[:20]!r}, not Enter or y"
 
 
 def _human(n: int) -> str:

@@ -35,6 +35,7 @@ from .objects import (
     CHAIN_MAX,
     CHAIN_PREFIX,
     COMMENT_BANS,
+    COMMENT_DENY,
     COMMENT_EXEMPT,
     COMMENT_JUMP,
     IFB_PREFIX,
@@ -308,6 +309,26 @@ def _escalate_chain_rules(rule: NetworkRule, family: int) -> list[IptRule]:
     ]
 
 
+def _deny_rules(config: Config, family: int, chain: str) -> list[IptRule]:
+    """After exempt, before the bans: drop the file's static `deny:` list, one rule per
+    prefix (overlaps merged)."""
+    from .compile_nft import deny_nets
+
+    return [
+        IptRule(
+            family=family,
+            table=TABLE,
+            chain=chain,
+            rule="",
+            comment=COMMENT_DENY,
+            src=str(net),
+            target="DROP",
+            note="deny: always dropped",
+        )
+        for net in deny_nets(config, family)
+    ]
+
+
 def _ban_rules(config: Config, family: int, chain: str) -> list[IptRule]:
     """After exempt, before every limit: drop the sources of the ban list and of the
     rules' own escalation."""
@@ -370,8 +391,8 @@ def compile_network(config: Config) -> tuple[list[IptChain], list[IptRule]]:
             if r.escalate is not None:
                 ch = IptChain(family, TABLE, escalate_chain_name(r.name), r.name)
                 log_rules.append((ch, _escalate_chain_rules(r, family)))
-        if config.bans_on and not per_chain:
-            per_chain[CHAIN_INPUT] = []  # bans alone: dropped on input
+        if (config.bans_on or config.deny) and not per_chain:
+            per_chain[CHAIN_INPUT] = []  # bans or deny alone: dropped on input
         for chain in (CHAIN_INPUT, CHAIN_FORWARD):
             if chain not in per_chain:
                 continue
@@ -389,6 +410,7 @@ def compile_network(config: Config) -> tuple[list[IptChain], list[IptRule]]:
                         note="exempt: never limited",
                     )
                 )
+            rules.extend(_deny_rules(config, family, chain))
             rules.extend(_ban_rules(config, family, chain))
             rules.extend(per_chain[chain])
         for ch, body in log_rules:

@@ -53,9 +53,11 @@ from .network_common import (
 )
 from .objects import (
     COMMENT_BANS,
+    COMMENT_DENY,
     COMMENT_EXEMPT,
     NFT_BAN_SETS,
     NFT_CHAINS,
+    NFT_DENY_SETS,
     NFT_ESCALATE_PREFIX,
     NFT_KERNEL_BAN_PREFIX,
     NFT_OVER_CHAIN_PREFIX,
@@ -289,6 +291,12 @@ def _escalation(out: _Rules, rule: NetworkRule, family: int, max_bans: int) -> N
     return bans
 
 
+def deny_nets(config: Config, family: int) -> list:
+    """The `deny:` entries of one family, overlaps merged (an interval set refuses them)."""
+    nets: list = [n for n in config.deny if n.version == family]
+    return list(ipaddress.collapse_addresses(nets))
+
+
 def compile_nft(config: Config) -> NftTable:
     """The table for `config`'s exempt list and network rules (empty: no chains).
 
@@ -315,8 +323,8 @@ def compile_nft(config: Config) -> NftTable:
                         bans = _escalation(out, r, family, config.max_bans)
                         kernel_bans.append((family, _masked(family, "saddr", r.escalate.prefix(family)), bans))
                 out.rule(over_chain(r.name), 0, r.name, _verdict(r, escalating=False), [], describe_network(r))
-    if config.bans_on and not jumps["input"] and not jumps["forward"]:
-        bases = [NftChain("input", NFT_CHAINS["input"])]  # bans alone: dropped on input
+    if (config.bans_on or config.deny) and not jumps["input"] and not jumps["forward"]:
+        bases = [NftChain("input", NFT_CHAINS["input"])]  # bans or deny alone: dropped on input
     else:
         bases = [NftChain(c, NFT_CHAINS[c]) for c in ("input", "forward") if jumps[c]]
     if not bases:
@@ -329,6 +337,15 @@ def compile_nft(config: Config) -> NftTable:
             for c in bases:
                 body = f"meta nfproto {NFPROTO[family]} {ADDR[family]} saddr @{s.name} counter return"
                 head.rule(c.name, family, "", body, [s], "exempt: never limited")
+    for family in (4, 6):  # the static deny list: after exempt (validate refuses overlaps), before bans
+        nets = tuple(str(n) for n in deny_nets(config, family))
+        if nets:
+            s = head.set(
+                NFT_DENY_SETS[family], f"type {ADDR_TYPE[family]}; flags interval;", "", "", nets, COMMENT_DENY
+            )
+            for c in bases:
+                body = f"meta nfproto {NFPROTO[family]} {ADDR[family]} saddr @{s.name} counter drop"
+                head.rule(c.name, family, "", body, [s], "deny: always dropped", owner=COMMENT_DENY)
     if config.bans_on:  # after exempt (never banned), before every limit
         for family in (4, 6):
             s = head.set(

@@ -24,6 +24,7 @@ COMMENT_SEP = " | "  # "netlimit:<rule> | <the rule's comment: text>" (+ " #<tag
 COMMENT_JUMP = "netlimit: jump"  # the jumps from built-in chains (a space: no rule name can collide)
 COMMENT_EXEMPT = "netlimit: exempt"
 COMMENT_BANS = "netlimit: bans"  # the rules that drop banned sources (README: Escalation and bans)
+COMMENT_DENY = "netlimit: deny"  # the rules that drop the file's static `deny:` list
 CHAIN_MAX = 28  # XT_EXTENSION_MAXNAMELEN - 1
 LOG_PREFIX_MAX = 29
 
@@ -160,6 +161,7 @@ NFT_TAG_LEN = 12  # hex digits of the fingerprint in every comment
 # elements (prefix + timeout) the daemon writes; a rule's own bans (escalate on a network
 # rule) go to a dynamic set per rule and family that the packet path fills itself.
 NFT_BAN_SETS = {4: "bans4", 6: "bans6"}
+NFT_DENY_SETS = {4: "deny4", 6: "deny6"}  # the file's `deny:` list (interval sets, no timeout)
 NFT_KERNEL_BAN_PREFIX = "kban"  # kban4-<rule>: sources a network rule's escalation banned
 NFT_ESCALATE_PREFIX = "esc"  # esc4-<rule>: over-limit packets per source, counted for escalation
 NFT_OVER_CHAIN_PREFIX = "over-"  # over-<rule>: what an escalating rule does with a packet over its limit

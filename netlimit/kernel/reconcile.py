@@ -309,7 +309,17 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> FlushResul
 
     forget_names(netns)
     listing.forget(netns)
+    prune_state()
     return res
+
+
+def prune_state() -> None:
+    """Drop what /run/netlimit remembers about namespaces that no longer exist (tc rule
+    names, nftables records): `ip netns del` leaves them behind, a flush clears them."""
+    from .backends.nftables import prune_records
+
+    _prune_names()
+    prune_records()
 
 
 # --- list -----------------------------------------------------------------------

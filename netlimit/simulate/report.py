@@ -229,6 +229,27 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+#: ConciseDateFormatter's tick formats (years .. seconds): seconds carry their minute,
+#: "22:13:19.5" rather than a bare "19.5" or "00.5"
+DATE_FORMATS = ["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S.%f"]
+
+
+def _date_axis(axis: Any) -> None:
+    """Date ticks a person reads at a glance (the day and time of the offset beside)."""
+    import matplotlib.dates as mdates
+
+    axis.set_major_formatter(mdates.ConciseDateFormatter(axis.get_major_locator(), formats=DATE_FORMATS))
+
+
+def _log_axis(axis: Any) -> None:
+    """Plain numbers on a log axis (1, 10, 100, 1,000): the default labels are mathtext
+    (`$\\mathdefault{10^{0}}$`), which text.parse_math = False would print raw."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def _dates(tl: Timeline) -> list[float]:
     """The buckets' middles as matplotlib date numbers (days since the epoch, UTC)."""
     return [(tl.start + (i + 0.5) * tl.width) / 86400.0 for i in range(len(tl.admitted))]
@@ -265,6 +286,7 @@ def figure_cdf(r: RuleResult) -> Any:
     ax.step(xs, ys, where="post", color="#1f77b4", label=f"{total:,} clients")
     ax.set_xscale("log")
     ax.set_yscale("logit")
+    _log_axis(ax.xaxis)
     if not r.unlimited:
         lim = r.requests_per_unit
         ax.axvline(max(lim, 0.8), color="#d62728", linestyle="--", label=f"limit {lim}/{_per(r)}")
@@ -295,7 +317,6 @@ def figure_cdf(r: RuleResult) -> Any:
 
 def figure_timeline(r: RuleResult) -> Any:
     """Admitted and denied requests over time."""
-    import matplotlib.dates as mdates
 
     plt = _pyplot()
 
@@ -307,7 +328,7 @@ def figure_timeline(r: RuleResult) -> Any:
     ax.xaxis_date(dt.UTC)
     ax.set_ylabel(f"requests per {_width_label(tl.width)}")
     ax.set_title(f"{shown(r.name, 60)}: admitted and denied over time (UTC)")
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(ax.xaxis.get_major_locator()))
+    _date_axis(ax.xaxis)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left")
     fig.tight_layout()
@@ -316,7 +337,6 @@ def figure_timeline(r: RuleResult) -> Any:
 
 def figure_offenders(r: RuleResult) -> Any | None:
     """The most denied clients' requests over time, one row each."""
-    import matplotlib.dates as mdates
 
     plt = _pyplot()
 
@@ -339,7 +359,7 @@ def figure_offenders(r: RuleResult) -> Any | None:
         )
         ax.grid(True, alpha=0.3)
     last = axes[-1, 0]
-    last.xaxis.set_major_formatter(mdates.ConciseDateFormatter(last.xaxis.get_major_locator()))
+    _date_axis(last.xaxis)
     fig.suptitle(
         f"{shown(r.name, 60)}: top offenders (green admitted, red denied; from their first busy session)", fontsize=10
     )

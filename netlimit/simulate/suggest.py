@@ -39,6 +39,11 @@ from .results import RuleResult, SimResult
 
 #: above this limit the sliding log is not proposed (memory per key grows with the limit)
 LOG_MAX_LIMIT = 1000
+#: a client whose peak is above both this many times the median client's peak and Tukey's
+#: far-out fence (Q3 + 3 IQR) is an outlier: set aside when the percentile is taken
+OUTLIER_FACTOR = 10
+#: ... as long as the outliers are at most this share of the clients (more is a second population)
+MAX_OUTLIER_SHARE = 0.05
 #: the order ties are broken in
 PREFERENCE = ("token_bucket", "sliding_window_counter", "sliding_window_log", "fixed_window")
 
@@ -81,29 +86,94 @@ def parse_target(deny_clients: str | None, headroom: str | None, over: str | Non
     return t
 
 
-def limit_for(r: RuleResult, target: Target) -> int | None:
-    """The proposed requests per unit for one rule, from its clients' peaks (None: no traffic)."""
+def _pct(counts: list[tuple[int, int]], p: float) -> int:
+    """The p-th percentile of the peaks in ``counts`` ((peak, clients), ascending; nearest rank)."""
+    n = sum(c for _, c in counts)
+    rank = max(1, math.ceil(p / 100.0 * n - 1e-9))
+    seen = 0
+    for v, c in counts:
+        seen += c
+        if seen >= rank:
+            return v
+    return counts[-1][0] if counts else 0
+
+
+def split_outliers(counts: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(the clients the percentile is taken over, the outliers set aside): clients whose peak
+    is above OUTLIER_FACTOR x the median client's peak and above Q3 + 3 IQR, as long as they
+    are at most MAX_OUTLIER_SHARE of the clients (a credential stuffer among a few dozen
+    clients would otherwise *be* the p99)."""
+    n = sum(c for _, c in counts)
+    if n < 2:
+        return counts, []
+    q1, med, q3 = _pct(counts, 25), _pct(counts, 50), _pct(counts, 75)
+    fence = max(q3 + 3 * (q3 - q1), OUTLIER_FACTOR * med)
+    out = [(v, c) for v, c in counts if v > fence]
+    if not out or sum(c for _, c in out) > MAX_OUTLIER_SHARE * n:
+        return counts, []
+    return [(v, c) for v, c in counts if v <= fence], out
+
+
+def _who(r: RuleResult, peak: int) -> str:
+    """The client with this peak, when the replay's top list knows it."""
+    for c in r.top:
+        if c.peak == peak:
+            return f"{shown(c.key)}, "
+    return ""
+
+
+def limit_and_warnings(r: RuleResult, target: Target) -> tuple[int | None, list[str]]:
+    """The proposed requests per unit for one rule from its clients' peaks (None: no traffic),
+    and what the operator must know about the figure: outliers set aside, or a figure that
+    one client decides."""
     counts = r.peak_counts
     n = sum(c for _, c in counts)
     if not n:
-        return None
+        return None, []
+    warnings: list[str] = []
     if target.deny_clients is not None:
         allowed = math.floor(target.deny_clients / 100.0 * n + 1e-9)
+        value = counts[-1][0]
         above = n
         for v, c in counts:
             above -= c
             if above <= allowed:
-                return max(1, v)
-        return max(1, counts[-1][0])
-    rank = max(1, math.ceil(target.percentile / 100.0 * n - 1e-9))
-    seen = 0
-    value = counts[-1][0]
-    for v, c in counts:
-        seen += c
-        if seen >= rank:
-            value = v
-            break
-    return max(1, math.ceil(target.headroom * value - 1e-9))
+                value = v
+                break
+        holders = dict(counts).get(value, 0)
+        if holders == 1 and n > 1 and value == counts[-1][0]:
+            warnings.append(
+                f"the limit is one client's peak ({_who(r, value)}{value}/{r.unit}, the busiest of {n:,}): at most "
+                f"{target.deny_clients:g}% of {n:,} clients lets none be denied, so the busiest -- maybe the "
+                "attacker -- sets it; --headroom (the default) sets outliers aside"
+            )
+        return max(1, value), warnings
+    kept, outliers = split_outliers(counts)
+    value = _pct(kept, target.percentile)
+    if outliers:
+        k = sum(c for _, c in outliers)
+        peaks = ", ".join(
+            f"{_who(r, v)}{v}/{r.unit}" if c == 1 else f"{v}/{r.unit} ({c} clients)" for v, c in reversed(outliers)
+        )
+        warnings.append(
+            f"set aside {k} outlier client{'s' if k != 1 else ''} of {n:,} (peak {peaks}; over "
+            f"{OUTLIER_FACTOR}x the median client's {_pct(counts, 50)}/{r.unit}): p{target.percentile:g} of every "
+            f"client would have been {_pct(counts, target.percentile)}/{r.unit}; the limit comes from the other "
+            f"{n - k:,}"
+        )
+    m = sum(c for _, c in kept)
+    holders = sum(c for v, c in kept if v >= value)
+    if holders == 1 and m > 1:
+        warnings.append(
+            f"p{target.percentile:g} of {m:,} clients is the peak of one client ({_who(r, value)}{value}/{r.unit}): "
+            "that one client decides the limit; a longer log or a lower --over (e.g. p90) gives a broader figure"
+        )
+    return max(1, math.ceil(target.headroom * value - 1e-9)), warnings
+
+
+def limit_for(r: RuleResult, target: Target) -> int | None:
+    """The proposed requests per unit for one rule, from its clients' peaks (None: no traffic)."""
+    return limit_and_warnings(r, target)[0]
 
 
 def choose_algorithm(r: RuleResult, limit: int) -> str:
@@ -149,6 +219,7 @@ class Proposal:
     burst: int | None = None
     basis: str = ""
     figures: RuleResult | None = None  # the second replay's (at the proposed limit)
+    warnings: list[str] = field(default_factory=list)  # outliers set aside, one client deciding
 
 
 @dataclass
@@ -201,30 +272,23 @@ def candidate(loaded: Loaded, first: SimResult, target: Target) -> tuple[Loaded,
     for r in first.rules:
         if r.unlimited:
             continue
-        n = limit_for(r, target)
-        p = Proposal(r.path, r.name, r.unit, n)
+        n, warnings = limit_and_warnings(r, target)
+        p = Proposal(r.path, r.name, r.unit, n, warnings=warnings)
         if n is not None:
             if target.deny_clients is not None:
                 p.basis = f"at most {target.deny_clients:g}% of {r.clients:,} clients above {n}/{r.unit}"
             else:
-                pv = _percentile(r, target.percentile)
-                p.basis = f"{target.headroom:g} x p{target.percentile:g} peak ({pv}/{r.unit}) of {r.clients:,} clients"
+                kept, outliers = split_outliers(r.peak_counts)
+                pv = _pct(kept, target.percentile)
+                of = f"{r.clients:,} clients" + (
+                    f", {sum(c for _, c in outliers)} outliers set aside" if outliers else ""
+                )
+                p.basis = f"{target.headroom:g} x p{target.percentile:g} peak ({pv}/{r.unit}) of {of}"
             limits[r.path] = (n, "token_bucket", n)
         proposals.append(p)
     data = with_limits(loaded, limits)
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
     return load_string(text, loaded.path), proposals
-
-
-def _percentile(r: RuleResult, p: float) -> int:
-    n = sum(c for _, c in r.peak_counts)
-    rank = max(1, math.ceil(p / 100.0 * n - 1e-9))
-    seen = 0
-    for v, c in r.peak_counts:
-        seen += c
-        if seen >= rank:
-            return v
-    return r.peak_counts[-1][0] if r.peak_counts else 0
 
 
 def finish(loaded: Loaded, proposals: list[Proposal], second: SimResult) -> str:
@@ -239,8 +303,49 @@ def finish(loaded: Loaded, proposals: list[Proposal], second: SimResult) -> str:
         p.burst = p.limit if REGISTRY[p.algorithm].bucket else None
         p.figures = r
         limits[p.path] = (p.limit, p.algorithm, p.burst)
-    data = with_limits(loaded, limits)
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
+    return rewrite(loaded, limits)
+
+
+def rewrite(loaded: Loaded, limits: dict[str, tuple[int, str, int | None]]) -> str:
+    """The file's own text with the limits written in (ruamel.yaml round trip): its
+    comments, key order, flow mappings and quoting stay as the operator wrote them."""
+    import io
+
+    from ruamel.yaml import YAML
+    from ruamel.yaml.util import load_yaml_guess_indent
+
+    _, seq, offset = load_yaml_guess_indent(loaded.text)  # a sequence's items: their indent, the dash's
+    keyed = [len(ln) - len(ln.lstrip(" ")) for ln in loaded.text.splitlines() if re.match(r"^ +[^ #-]", ln)]
+    rt = YAML(typ="rt")
+    rt.preserve_quotes = True
+    rt.width = 120
+    rt.indent(mapping=min(keyed, default=2), sequence=seq or 2, offset=offset or 0)
+    data = rt.load(loaded.text)
+    nodes = _descriptor_nodes(loaded.config.http, data)
+    for path, (n, alg, burst) in limits.items():
+        node: Any = nodes[path]  # a ruamel CommentedMap: insert() keeps the key order
+        rl = node.get("rate_limit")
+        if isinstance(rl, dict):
+            rl["requests_per_unit"] = n
+        keys = list(node)
+        after = keys.index("rate_limit") + 1 if "rate_limit" in keys else len(keys)
+        if "algorithm" in node:
+            node["algorithm"] = alg
+        else:
+            node.insert(after, "algorithm", alg)
+        if REGISTRY[alg].bucket and burst is not None:
+            if "burst" in node:
+                node["burst"] = burst
+            else:
+                node.insert(list(node).index("algorithm") + 1, "burst", burst)
+        else:
+            node.pop("burst", None)
+        if alg != "leaky_bucket":
+            node.pop("delay", None)
+    buf = io.StringIO()
+    rt.dump(data, buf)
+    text = buf.getvalue()
+    return text if text.endswith("\n") else text + "\n"
 
 
 def header(source: str, logs: list[str], target: Target, proposals: list[Proposal], first: SimResult) -> str:
@@ -254,13 +359,15 @@ def header(source: str, logs: list[str], target: Target, proposals: list[Proposa
             lines.append(f"# {p.name}: no request of the log matched it; left as it was")
         else:
             lines.append(f"# {p.name}: {p.limit} per {p.unit} ({p.basis}), {p.algorithm}")
+        lines.extend(f"#   warning: {w}" for w in p.warnings)
     return "\n".join(lines) + "\n"
 
 
 def what_it_denies(proposals: list[Proposal]) -> list[str]:
     """The stderr lines: per rule, what the proposal would have denied on the same log."""
-    out = []
+    out: list[str] = []
     for p in proposals:
+        out.extend(f"warning: {p.name}: {w}" for w in p.warnings)
         r = p.figures
         if p.limit is None or r is None:
             continue

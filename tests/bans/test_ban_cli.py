@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -59,11 +60,11 @@ def test_add_list_del_flush(config):
     assert [b["net"] for b in doc["bans"]] == ["2001:db8::/64", "203.0.113.0/24"]
     assert 3590 < doc["bans"][1]["left"] <= 3600 and doc["bans"][1]["origin"] == "manual"
     assert doc["bans"][1]["by"].endswith("(cli)") and doc["bans"][1]["reason"] == "credential stuffing"
-    r = run("del", "203.0.113.0/24", "--config", config)
+    r = run("del", "203.0.113.0/24", "--yes", "--config", config)
     assert r.returncode == 0 and r.stdout.strip() == "lifted the ban of 203.0.113.0/24"
-    r = run("del", "203.0.113.0/24", "--config", config)
+    r = run("del", "203.0.113.0/24", "--yes", "--config", config)
     assert r.returncode == 1 and "is not banned" in r.stderr
-    r = run("flush", "--config", config)
+    r = run("flush", "-y", "--config", config)
     assert r.returncode == 0 and r.stdout.strip() == "lifted 1 bans"
     assert run("list", "--config", config).stdout.startswith("no bans")
 
@@ -102,3 +103,40 @@ def test_a_file_without_bans_or_a_store_that_is_down(tmp_path):
     bad.write_text("version: 1\nbans: {store: nope}\n")
     r = run("list", "--config", str(bad))
     assert r.returncode == 1 and f"{bad}:2:" in r.stderr
+
+
+def on_tty(args: list[str], answer: str) -> subprocess.CompletedProcess:
+    """`netlimit ban ARGS` on a pseudo-terminal (script(1)), `answer` typed at its prompt."""
+    cmd = " ".join(shlex.quote(a) for a in [EXE, "ban", *args])
+    return subprocess.run(
+        ["script", "-qec", cmd, "/dev/null"], input=answer, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_del_and_flush_ask_on_a_terminal_and_want_yes_elsewhere(config):
+    for net in ("203.0.113.0/24", "198.51.100.7"):
+        assert run("add", net, "--ttl", "1h", "--config", config).returncode == 0
+
+    def listed() -> list[str]:
+        return [b["net"] for b in json.loads(run("list", "--json", "--config", config).stdout)["bans"]]
+
+    # no terminal, no --yes: refused as a usage error, nothing lifted
+    for args in (["flush"], ["del", "198.51.100.7"]):
+        r = run(*args, "--config", config)
+        assert r.returncode == 64, r.stderr
+        assert "lifts bans on every host: no terminal to confirm on, pass --yes" in r.stderr
+    assert sorted(listed()) == ["198.51.100.7/32", "203.0.113.0/24"]
+    # a terminal: the question, then what was typed decides
+    r = on_tty(["flush", "--config", config], "n\n")
+    assert r.returncode == 1, r.stdout
+    assert "lift 2 bans on every host (redis://" in r.stdout and "not confirmed; nothing was changed" in r.stdout
+    assert len(listed()) == 2
+    r = on_tty(["del", "198.51.100.7", "--config", config], "y\n")
+    assert r.returncode == 0 and "lift the ban of 198.51.100.7/32 on every host" in r.stdout, r.stdout
+    assert "lifted the ban of 198.51.100.7/32" in r.stdout
+    assert listed() == ["203.0.113.0/24"]
+    r = on_tty(["flush", "--config", config], "\n")  # Enter: the default is no
+    assert r.returncode == 1 and listed() == ["203.0.113.0/24"]
+    r = on_tty(["flush", "--config", config], "yes\n")
+    assert r.returncode == 0 and "lifted 1 bans" in r.stdout, r.stdout
+    assert listed() == []

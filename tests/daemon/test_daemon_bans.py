@@ -132,7 +132,7 @@ def test_a_ban_reaches_every_hosts_kernel_and_a_restart_loads_the_same_set(hosts
     want = {N("192.0.2.0/24"), N("198.51.100.0/24"), N("2001:db8:7::/64")}
     for ns in hosts:
         wait_for(lambda ns=ns: set(kernel(ns)) == want, 10, f"the bans in {ns}")
-    ban(a.config, "del", "198.51.100.0/24")  # the inner /32 shows
+    ban(a.config, "del", "198.51.100.0/24", "--yes")  # the inner /32 shows
     want = {N("192.0.2.0/24"), N("198.51.100.7/32"), N("2001:db8:7::/64")}
     for ns in hosts:
         wait_for(lambda ns=ns: set(kernel(ns)) == want, 10, f"the lifted ban in {ns}")

@@ -409,7 +409,8 @@ def test_cli_apply_confirm_rolls_back_without_confirmation(topo, tmp_path, any_b
         text=True,
         timeout=60,
     )
-    assert p.returncode == 2 and "restored" in p.stderr
+    assert p.returncode == 2, p.stderr
+    assert "no terminal to confirm on (stdin is not a terminal): the previous rules were restored" in p.stderr
     assert _owned_summary(topo.state()) == before
     ok = subprocess.run(
         NETLIMIT + ["apply", str(f), "--netns", topo.srv, "--confirm", "5"],
@@ -419,4 +420,35 @@ def test_cli_apply_confirm_rolls_back_without_confirmation(topo, tmp_path, any_b
         timeout=60,
     )
     assert ok.returncode == 0, ok.stderr
+    assert not topo.apply(full(topo, rate="70/second", bw="20mbit")).changed
+
+
+def test_cli_apply_confirm_on_a_terminal(topo, tmp_path):
+    """On a pseudo-terminal (script(1)): silence rolls back "not confirmed within 1 s";
+    Enter keeps the rules."""
+    import shlex
+
+    topo.apply(full(topo))
+    before = _owned_summary(topo.state())
+    f = tmp_path / "new.yaml"
+    f.write_text(full(topo, rate="70/second", bw="20mbit"))
+    cmd = " ".join(shlex.quote(a) for a in [*NETLIMIT, "apply", str(f), "--netns", topo.srv, "--confirm", "1"])
+    keep_r, keep_w = os.pipe()  # script's stdin stays open, nothing typed, until the command ends
+    try:
+        silent = subprocess.Popen(["script", "-qec", cmd, "/dev/null"], stdin=keep_r, stdout=subprocess.PIPE, text=True)
+        try:
+            out, _ = silent.communicate(timeout=120)
+        finally:
+            if silent.poll() is None:
+                silent.kill()
+                silent.wait(10)
+    finally:
+        os.close(keep_r)
+        os.close(keep_w)
+    assert silent.returncode == 2, out
+    assert "not confirmed within 1 s: the previous rules were restored" in out
+    assert _owned_summary(topo.state()) == before
+    cmd5 = cmd.replace("--confirm 1", "--confirm 30")
+    ok = subprocess.run(["script", "-qec", cmd5, "/dev/null"], input="\n", capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout
     assert not topo.apply(full(topo, rate="70/second", bw="20mbit")).changed

@@ -106,6 +106,9 @@ async def _check(report: Path, embedded: list[tuple[str, str]]) -> None:
                 assert why is None, f"{alt}: the screenshot looks blank: {why}"
                 diff = ImageStat.Stat(ImageChops.difference(shot.convert("RGB"), original.convert("RGB"))).mean
                 assert max(diff) < 8, f"{alt}: the rendered plot differs from the embedded one (mean diff {diff})"
+            # the page's own words: no raw mathtext anywhere (the plots' words: test_report_labels.py)
+            text = await page.evaluate("document.body.innerText")
+            assert text and "mathdefault" not in text and "$" not in text, text[:500]
             assert page.problems() == []
             urls = page.requested()
             assert urls and all(u.startswith(("file:", "data:")) for u in urls), urls

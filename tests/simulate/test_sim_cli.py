@@ -249,7 +249,9 @@ def test_suggest_from_stdin_and_bad_targets(tmp_path):
     assert p.returncode == 0, p.stderr_text
     _validate(tmp_path, p.stdout_text)
     (d,) = yaml.safe_load(p.stdout_text)["http"]["descriptors"]
-    assert d["rate_limit"] == {"unit": "minute", "requests_per_unit": 4500}  # 1.5 x 3000 per minute
+    # 1.5 x 6 per minute: p99.9 of every client would be the abusers' 3000 per minute; they are set aside
+    assert d["rate_limit"] == {"unit": "minute", "requests_per_unit": 9}
+    assert "set aside 3 outlier clients of 1,003 (peak 3000/minute (3 clients)" in p.stderr_text
     for args in (["--deny-clients", "150%"], ["--headroom", "0.5x"], ["--over", "p0"], ["--unit", "fortnight"]):
         p = run("suggest", "--log", "-", *args, stdin=data)
         assert p.returncode == 64, (args, p.stderr_text)

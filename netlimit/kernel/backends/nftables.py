@@ -53,9 +53,11 @@ from ..gcpause import no_gc
 from ..netns import writer_lock_fds
 from ..objects import (
     COMMENT_BANS,
+    COMMENT_DENY,
     COMMENT_EXEMPT,
     COMMENT_PREFIX,
     NFT_BAN_SETS,
+    NFT_DENY_SETS,
     NFT_FAMILY,
     NFT_RULE_CHAIN_PREFIX,
     NFT_TABLE,
@@ -167,6 +169,14 @@ def keep_previous(path: str) -> str:
 def forget_record() -> None:
     try:
         os.unlink(_record_path())
+    except OSError:
+        pass
+
+
+def prune_records() -> None:
+    """Drop the records of namespaces that no longer exist (a flush calls it)."""
+    try:
+        _prune_records()
     except OSError:
         pass
 
@@ -495,9 +505,15 @@ class NftablesBackend:
                     first_set[r.handle] = dyn[0]
         wanted = sorted(set(first_set.values()))
         intervals = [n for n in wanted if n in NFT_BAN_SETS.values()]
-        sizes = nfnetlink.set_sizes(NFT_TABLE, [n for n in wanted if n not in intervals], NFT_FAMILY) if wanted else {}
+        denied = [n for n in wanted if n in NFT_DENY_SETS.values()]  # static: counted always
+        sizes = (
+            nfnetlink.set_sizes(NFT_TABLE, [n for n in wanted if n not in intervals + denied], NFT_FAMILY)
+            if wanted
+            else {}
+        )
         if self.count_bans:
             sizes.update(ban_set_sizes(intervals))
+        sizes.update(ban_set_sizes(denied))
         rows: list[dict[str, Any]] = []
         for chain, rules in t.rules.items():
             base = chain in t.chains and t.chains[chain].hook is not None
@@ -505,7 +521,7 @@ class NftablesBackend:
                 if (
                     base
                     and r.comment.startswith(COMMENT_PREFIX)
-                    and not r.comment.startswith((COMMENT_EXEMPT, COMMENT_BANS))
+                    and not r.comment.startswith((COMMENT_EXEMPT, COMMENT_BANS, COMMENT_DENY))
                 ):
                     continue  # a jump to a rule's chain: its rules have the counters
                 row: dict[str, Any] = {
