@@ -238,7 +238,6 @@ def validate(
                     typer.echo(str(p))
             continue
         from .config.validate import secret_warnings
-
         from .kernel.cli import lockout_warnings
 
         warnings = loaded.warnings + _backend_warnings(loaded, backend) + secret_warnings(loaded)
