@@ -74,8 +74,9 @@ class MemoryStore:
             raise ValueError("max_key_length must be >= 1")
         self._young: dict[str, dict[str, Any]] = {}
         self._old: dict[str, dict[str, Any]] = {}
-        #: per limit namespace: insertions into its young generation since it was made
-        self._n_young: dict[str, int] = {}
+        #: per limit namespace: [insertions into its young generation since it was made,
+        #: the young generation's size] (one list: one dict look-up per insertion)
+        self._n_young: dict[str, list[int]] = {}
         #: the young generation's size of a limit without a budget of its own (0: a
         #: budget of 1, no old generation kept)
         self._young_cap = 0 if max_keys == 1 else max_keys // 2
@@ -113,6 +114,8 @@ class MemoryStore:
             for ns in [ns for ns in gen if ns not in caps and not ns.startswith("~")]:
                 del gen[ns]
                 self._n_young.pop(ns, None)
+        for ns, g in self._n_young.items():
+            g[1] = caps.get(ns, self._young_cap)
 
     def budget(self, ns: str) -> int:
         """The most states a limit namespace keeps."""
@@ -232,16 +235,17 @@ class MemoryStore:
         limit's young table, or None if it has none yet).  Only this limit's own
         states can be evicted to make room."""
         ns = limit._ns
-        cap = self._caps.get(ns, self._young_cap)
-        n = self._n_young.get(ns, 0)
-        if n >= cap:
-            self._rotate(ns, cap > 0)
+        g = self._n_young.get(ns)
+        if g is None:
+            g = self._n_young[ns] = [0, self._caps.get(ns, self._young_cap)]
+        if g[0] >= g[1]:
+            self._rotate(ns, g[1] > 0)
             table = None
-            n = 0
+            g[0] = 0
         if table is None:
             table = self._young.setdefault(ns, {})
         table[key] = state
-        self._n_young[ns] = n + 1
+        g[0] += 1
 
     def peek_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> Decision:
         """The decision ``hit_sync`` would return, without changing anything."""
@@ -281,8 +285,9 @@ class MemoryStore:
                 for k in idle:
                     del table[k]
                 dropped += len(idle)
-                if gen is self._young and ns in self._n_young:
-                    self._n_young[ns] -= len(idle)
+                g = self._n_young.get(ns) if gen is self._young else None
+                if g is not None:
+                    g[0] -= len(idle)
         return dropped
 
     def _rotate(self, ns: str, keep_old: bool) -> None:
@@ -301,4 +306,3 @@ class MemoryStore:
             self.evicted[ns] = self.evicted.get(ns, 0) + dropped
             if self.on_evict is not None:
                 self.on_evict(ns, dropped)
-        self._n_young[ns] = 0
