@@ -898,7 +898,7 @@ class HttpConnection(asyncio.Protocol):
             batch = None
         if batch is None:
             try:
-                loop = self._loop()
+                loop = self.loop or self._loop()
             except RuntimeError:  # driven by hand without a loop (tests): at once
                 t.write(out)
                 if close:

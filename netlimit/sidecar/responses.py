@@ -126,5 +126,5 @@ def ok_decision(limit: int, remaining: int, reset: float, policy: str, sf_name: 
         remaining,
         t,
         b"" if keep and not http10 else _connection(keep, http10),
-        http_date(),
+        _date if int(_time()) == _date_at else http_date(),  # http_date's check, without its call
     )

@@ -41,7 +41,7 @@ def test_grpc_on_0_0_0_0_answers_on_ipv4_only(tmp_path, port):
         argv = [*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "127.0.0.1:0"]
         sc = LogProc(ns.argv(*argv, "--grpc", f"0.0.0.0:{port}"))
         try:
-            p = int(sc.wait_line(r"gRPC listening on 0\.0\.0\.0:(\d+)", timeout=30).group(1))
+            p = int(sc.wait_line(r"gRPC listening on 0\.0\.0\.0:(\d+)", timeout=60).group(1))
             assert port in (0, p)
             sc.wait_line(rf"the gRPC door listens on 0\.0\.0\.0:{p}, which is not a loopback address")
             got = ns.connect(("127.0.0.1", p), ("::1", p))
@@ -59,7 +59,7 @@ def test_grpc_on_loopback_is_not_warned_about(tmp_path):
         argv = [*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "127.0.0.1:0", "--grpc", "127.0.0.1:0"]
         sc = LogProc(ns.argv(*argv))
         try:
-            sc.wait_line(r"gRPC listening on 127\.0\.0\.1:\d+", timeout=30)
+            sc.wait_line(r"gRPC listening on 127\.0\.0\.1:\d+", timeout=60)
         finally:
             sc.stop()
         assert "not a loopback address" not in sc.log()

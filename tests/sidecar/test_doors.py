@@ -319,7 +319,9 @@ def test_decision_and_admin_listeners_beyond_loopback_are_warned_about(tmp_path)
         argv = [*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "0.0.0.0:0", "--admin-listen", "[::]:0"]
         sc = LogProc(ns.argv(*argv))
         try:
-            m = sc.wait_line(r"the decision listener listens on 0\.0\.0\.0:(\d+), which is not a loopback address")
+            m = sc.wait_line(
+                r"the decision listener listens on 0\.0\.0\.0:(\d+), which is not a loopback address", timeout=60
+            )
             assert "there is no authentication (see --admin-token-file)" in m.string
             sc.wait_line(r"the admin listener listens on \[::\]:\d+, which is not a loopback address")
             port = int(m.group(1))
@@ -334,7 +336,7 @@ def test_decision_and_admin_listeners_beyond_loopback_are_warned_about(tmp_path)
         argv = [*netlimit_cmd(), "sidecar", "--config", str(cfg), "--listen", "0.0.0.0:0"]
         sc = LogProc(ns.argv(*argv, "--upstream", "http://127.0.0.1:9", "--admin-listen", "127.0.0.1:0"))
         try:
-            sc.wait_line(r"admin listener on http://127\.0\.0\.1:\d+")
+            sc.wait_line(r"admin listener on http://127\.0\.0\.1:\d+", timeout=60)
         finally:
             sc.stop()
         assert "not a loopback address" not in sc.log()
