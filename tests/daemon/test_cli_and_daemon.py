@@ -101,6 +101,8 @@ def test_someone_elses_flush_ruleset_is_repaired_within_a_second(daemon_factory,
     st = d.status()
     assert st["nft_repairs"] == 1 and st["drift_repairs"] == 1, st
     assert any("table" in line or "chain" in line for line in st["last_drift"]), st["last_drift"]
+    human = subprocess.run([EXE, "status", "--socket", d.sock], capture_output=True, text=True, timeout=60).stdout
+    assert "1 of them at once, on nftables notifications" in human, human
     print(f"nft flush ruleset -> repaired in {took * 1000:.0f} ms")
     assert took < 1.0, f"repaired after {took:.2f} s"
 
