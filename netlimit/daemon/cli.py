@@ -124,6 +124,8 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"    {line}")
         typer.echo(f"  reloads:     {s['reloads_ok']} ok, {s['reloads_rejected']} rejected")
         typer.echo(f"  drift:       {s['drift_repairs']} repairs (resync every {s['resync_interval']:g} s)")
+        if s.get("nft_repairs"):
+            typer.echo(f"               {s['nft_repairs']} of them at once, on nftables notifications")
         b = s.get("bans")
         if b:
             state = "connected" if b.get("connected") else f"UNREACHABLE ({b.get('last_error') or '?'})"

@@ -42,6 +42,11 @@ log = logging.getLogger("netlimit.daemon")
 #: how long one waits for the main loop
 MAX_CONTROLS = 4
 CONTROL_TIMEOUT = 60.0
+#: this many repairs on nftables notifications within NFT_STREAK_S seconds: the
+#: notifications rest for NFT_QUIET_S (the periodic resync goes on)
+NFT_STREAK = 5
+NFT_STREAK_S = 10.0
+NFT_QUIET_S = 60.0
 
 #: A file beside the status socket that makes the next stop keep the rules, once,
 #: whatever on_stop says. A package upgrade writes it before it restarts netlimitd
@@ -87,6 +92,8 @@ class Daemon:
         self._nft_watch: Any = None  # nft_watch.NftWatch while running
         self._nft_changed: str | None = None  # why the watch woke us (None: nothing new)
         self._nft_next = 0.0  # no nft-triggered check before (monotonic): at most 4 a second
+        self._nft_streak: list[float] = []  # times of the recent nft-triggered repairs
+        self._nft_quiet_until = 0.0  # notifications ignored until then (repairs that do not stick)
 
     # signals only record what happened and wake the loop
     def _on_signal(self, signum, _frame) -> None:
@@ -321,11 +328,26 @@ class Daemon:
         self._nft_next = time.monotonic() + 0.25
         if self.status.stood_down or self.loaded is None:
             return
+        now = time.monotonic()
+        if now < self._nft_quiet_until:
+            return  # repairs that do not stick: the periodic resync goes on
         repairs = self.status.drift_repairs
         self.resync_once()
         if self.status.drift_repairs > repairs:
             self.status.nft_repairs += 1
             log.warning(f"{why}: repaired at once")
+            # a repair that comes undone at once, again and again (another tool fighting
+            # over the table, a kernel that reads back differently) must not loop 4 times
+            # a second: after NFT_STREAK repairs within NFT_STREAK_S, notifications rest
+            self._nft_streak = [t for t in self._nft_streak if now - t < NFT_STREAK_S] + [now]
+            if len(self._nft_streak) >= NFT_STREAK:
+                self._nft_quiet_until = now + NFT_QUIET_S
+                self._nft_streak = []
+                log.warning(
+                    f"{NFT_STREAK} repairs within {NFT_STREAK_S:g} s: something keeps changing table inet "
+                    f"netlimit; notifications ignored for {NFT_QUIET_S:g} s (the resync every {self.resync:g} s "
+                    "goes on)"
+                )
 
     def reload(self, why: str) -> None:
         from ..config.validate import ConfigError, load_file
