@@ -37,6 +37,13 @@ class _Group(typer.core.TyperGroup):
         super().__init__(*args, **kwargs)
         _metavars(self)
 
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for p in params:  # typer adds --install-completion / --show-completion after __init__
+            if p.metavar is None and getattr(p, "is_flag", False):
+                p.metavar = ""
+        return params
+
     def make_context(self, info_name, args, parent=None, **extra):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
@@ -99,7 +106,7 @@ app = typer.Typer(
     name="netlimit",
     help="Rate limits at L3/L4 (nftables, or legacy iptables; tc) and L7 (HTTP sidecar) from one YAML file.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # netlimit --install-completion / --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

@@ -17,6 +17,7 @@ APT_PACKAGES=(
   goaccess                           # the log analyser the simulate benchmark is measured beside
   systemd systemd-container debootstrap util-linux   # units tested under a real systemd (nspawn)
   python3-venv                       # the package's virtual environment
+  groff-base                         # the generated man pages are linted with groff (tests/test_manpages_completion.py)
   # three real VMs (tests/vagrant, vagrant/run.sh): Vagrant with libvirt, QEMU
   # (software emulation where KVM is unusable), libvirt's own dnsmasq for DHCP
   vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
