@@ -19,11 +19,6 @@ import typer.core
 from . import __version__
 from .errors import ConfigError, NetlimitError
 
-# Exit codes shared by every command (0: done).
-EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
-EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
-EXIT_USAGE = 64  # wrong flags / not root / missing tool (EX_USAGE of sysexits.h)
-
 # click's UsageError (typer vendors click in recent versions): BadParameter's base.
 _UsageError = importlib.import_module(typer.BadParameter.__module__).UsageError
 
@@ -110,6 +105,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+# Exit codes shared by every command (0: done).
+EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
+EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
+EXIT_USAGE = 64  # wrong flags / not root / missing tool
 
 
 def err(message: str) -> None:
@@ -218,18 +218,12 @@ def schema(
     indent: int = typer.Option(2, help="JSON indentation."),
 ) -> None:
     """Print the JSON Schema of the config file (for editor completion)."""
-    typer.echo(schema_text(indent), nl=False)
-
-
-def schema_text(indent: int = 2) -> str:
-    """The JSON Schema of the file, as `netlimit schema` prints it (and install-service
-    writes beside the config for the `# yaml-language-server: $schema=` line)."""
     from .config.model import Config
 
     s = Config.model_json_schema(mode="validation")
     s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     s["$id"] = "https://netlimit.invalid/schema/v1.json"
-    return json.dumps(s, indent=indent, sort_keys=False) + "\n"
+    typer.echo(json.dumps(s, indent=indent, sort_keys=False))
 
 
 # Layers register their commands here (each import is cheap: heavy modules
