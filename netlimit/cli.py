@@ -19,11 +19,6 @@ import typer.core
 from . import __version__
 from .errors import ConfigError, NetlimitError
 
-# Exit codes shared by every command (0: done).
-EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
-EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
-EXIT_USAGE = 64  # wrong flags / not root / missing tool (EX_USAGE of sysexits.h)
-
 # click's UsageError (typer vendors click in recent versions): BadParameter's base.
 _UsageError = importlib.import_module(typer.BadParameter.__module__).UsageError
 
@@ -36,6 +31,13 @@ class _Group(typer.core.TyperGroup):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         _metavars(self)
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for p in params:  # typer adds --install-completion / --show-completion after __init__
+            if p.metavar is None and getattr(p, "is_flag", False):
+                p.metavar = ""
+        return params
 
     def make_context(self, info_name, args, parent=None, **extra):
         try:
@@ -99,10 +101,15 @@ app = typer.Typer(
     name="netlimit",
     help="Rate limits at L3/L4 (nftables, or legacy iptables; tc) and L7 (HTTP sidecar) from one YAML file.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # netlimit --install-completion / --show-completion (bash, zsh, fish)
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+# Exit codes shared by every command (0: done).
+EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
+EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
+EXIT_USAGE = 64  # wrong flags / not root / missing tool
 
 
 #: what err() printed (bounded), for the JSON error object of a failed `--json` command
@@ -281,18 +288,12 @@ def schema(
     indent: int = typer.Option(2, help="JSON indentation."),
 ) -> None:
     """Print the JSON Schema of the config file (for editor completion)."""
-    typer.echo(schema_text(indent), nl=False)
-
-
-def schema_text(indent: int = 2) -> str:
-    """The JSON Schema of the file, as `netlimit schema` prints it (and install-service
-    writes beside the config for the `# yaml-language-server: $schema=` line)."""
     from .config.model import Config
 
     s = Config.model_json_schema(mode="validation")
     s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     s["$id"] = "https://netlimit.invalid/schema/v1.json"
-    return json.dumps(s, indent=indent, sort_keys=False) + "\n"
+    typer.echo(json.dumps(s, indent=indent, sort_keys=False))
 
 
 # Layers register their commands here (each import is cheap: heavy modules

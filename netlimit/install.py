@@ -67,7 +67,7 @@ def install(root: Path = Path("/"), enable: bool = False, reload: bool = True, e
         shutil.copyfile(rules_dir / "starter.yaml", conf)
         conf.chmod(0o644)  # the sidecar runs as a dynamic user and must read it
         echo(f"installed {conf} (starter: shadow-mode SSH rule; edit it, then reload)")
-    from .cli import schema_text
+    from .config.schema import schema_text
 
     schema = etc / "netlimit.schema.json"  # for the file's `# yaml-language-server: $schema=` line
     schema.write_text(schema_text())

@@ -187,3 +187,58 @@ def test_bad_repeat_is_refused_with_its_place(repeat, message):
     with pytest.raises(ConfigError) as e:
         load_string(text, "f.yaml")
     assert any(message in str(p) and str(p).startswith("f.yaml:8:") for p in e.value.problems), e.value.problems
+
+
+def test_the_cli_socket_carries_repeat_to_netlimitds_memory_list(tmp_path):
+    """A sidecar's escalation on `store: memory` reaches netlimitd over its socket: the
+    request carries repeat, and netlimitd's list escalates (a real unix socket, the
+    daemon's own request handler; the kernel is not involved)."""
+    import json
+    import socket
+    import threading
+
+    from netlimit.bans.socket_client import SocketBanList
+    from netlimit.daemon.bans import BanFollower
+
+    loaded = load_string("version: 1\nbans: {store: memory}\n", "<t>")
+    follower = BanFollower(loaded.config, None, lambda: None)
+    clock = Clock()
+    follower.memory = MemoryBanList(100, clock=clock)
+    path = str(tmp_path / "d.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(8)
+    srv.settimeout(30)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                while not buf.endswith(b"\n"):
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+                conn.sendall(json.dumps(follower.request(json.loads(buf))).encode() + b"\n")
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        client = SocketBanList(path)
+        lefts = []
+        for _ in range(3):
+            r = client.add(NET, 600, extend=True, repeat=REPEAT, origin="http")
+            lefts.append(round(r.left))
+            clock.t += r.left + 1
+        assert lefts == [600, 1200, 2400]
+        bad = follower.request({"ban": "add", "net": str(NET), "ttl": 60, "repeat": [0.5, 10]})
+        assert not bad["ok"] and "repeat" in bad["error"]
+    finally:
+        stop.set()
+        srv.close()
+        t.join(10)

@@ -33,7 +33,7 @@ def test_example_loads_into_canonical_types():
     assert c.http.descriptors[1].descriptors[0].algorithm == "sliding_window_log"
     assert c.on_stop == "flush"
     assert len(loaded.sha256) == 64
-    assert loaded.position("network", 1, "limit") == (17, 12)
+    assert loaded.position("network", 1, "limit") == (18, 12)  # line 7: the yaml-language-server $schema line
 
 
 def test_every_layer_is_optional():

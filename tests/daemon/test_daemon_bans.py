@@ -213,7 +213,7 @@ def test_a_hosts_own_list_behind_its_socket(hosts, daemons, tmp_path):
     d.start()
     out = ban(d.config, "list").stdout
     assert "198.51.100.0/24" in out and "kept in the kernel" in out
-    ban(d.config, "flush")
+    ban(d.config, "flush", "--yes")
     wait_for(lambda: not kernel(hosts[0]), 10, "the flush in the kernel")
 
 
