@@ -2,7 +2,7 @@
 # Build every release artifact of netlimit from a clean checkout of HEAD into dist/:
 #   netlimit-VERSION-py3-none-any.whl, netlimit-VERSION.tar.gz   (python3 -m build)
 #   netlimit_VERSION_amd64.deb                                   (scripts/build-deb.sh: debhelper + dh-virtualenv)
-#   netlimit-sidecar-VERSION.oci.tar                             (scripts/build-image.sh: debootstrap + buildah)
+#   netlimit-sidecar-VERSION.image.tar                           (scripts/build-image.sh: debootstrap + buildah)
 #   SHA256SUMS                                                   (sha256sum of all the above)
 # Uncommitted changes are not in the release: it builds what `git clone` of HEAD gives.
 #

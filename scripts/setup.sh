@@ -19,7 +19,7 @@ APT_PACKAGES=(
   python3-venv                       # the package's virtual environment
   # the release (scripts/release.sh, scripts/release-test.sh): sdist/wheel, the .deb with
   # its lint, pipx for the install check, the OCI image of the sidecar
-  python3-build debhelper dh-virtualenv lintian pipx buildah podman uidmap
+  python3-build debhelper dh-virtualenv lintian pipx buildah podman runc uidmap
   groff-base                         # the generated man pages are linted with groff (tests/test_manpages_completion.py)
   # three real VMs (tests/vagrant, vagrant/run.sh): Vagrant with libvirt, QEMU
   # (software emulation where KVM is unusable), libvirt's own dnsmasq for DHCP
