@@ -325,8 +325,15 @@ class ActionPlan:
             if "*" in value:
                 return value.lower() if self._lower else value
             return self.path_of(value)
-        if key == "remote_address" and "*" not in value and parse_ip(value) is not None:
-            return self.client_key(value)
+        if key == "remote_address" and "*" not in value:
+            if "/" in value:  # a network, as the keys write one (2001:db8:0:1::/64)
+                try:
+                    net = ipaddress.ip_network(value.strip(), strict=False)
+                except ValueError:
+                    return value
+                return str(net) if net.prefixlen < net.max_prefixlen else self.client_key(str(net.network_address))
+            if parse_ip(value) is not None:
+                return self.client_key(value)
         return value
 
     def descriptors(
