@@ -57,6 +57,10 @@ def normalize_path(path: str) -> str:
     return res
 
 
+#: a segment's matrix parameters: from ';' to the end of the segment
+_PARAMS = re.compile(r";[^/]*")
+
+
 def path_of_uri(uri: str, *, lower: bool = False, slash: bool = False, params: bool = False) -> str:
     """The normalized, decoded path of a request-target (``$request_uri``): the
     query and a ``#fragment`` cut off (as nginx does), percent-decoded, dot
@@ -76,7 +80,7 @@ def path_of_uri(uri: str, *, lower: bool = False, slash: bool = False, params: b
     if "%" in uri:
         uri = unquote(uri, errors="replace")
     if params and ";" in uri:
-        uri = "/".join([seg.partition(";")[0] for seg in uri.split("/")])
+        uri = _PARAMS.sub("", uri)
     p = normalize_path(uri)
     if lower:
         p = p.lower()
@@ -321,8 +325,15 @@ class ActionPlan:
             if "*" in value:
                 return value.lower() if self._lower else value
             return self.path_of(value)
-        if key == "remote_address" and "*" not in value and parse_ip(value) is not None:
-            return self.client_key(value)
+        if key == "remote_address" and "*" not in value:
+            if "/" in value:  # a network, as the keys write one (2001:db8:0:1::/64)
+                try:
+                    net = ipaddress.ip_network(value.strip(), strict=False)
+                except ValueError:
+                    return value
+                return str(net) if net.prefixlen < net.max_prefixlen else self.client_key(str(net.network_address))
+            if parse_ip(value) is not None:
+                return self.client_key(value)
         return value
 
     def descriptors(

@@ -268,6 +268,8 @@ def test_rule_values_are_written_as_requests_are():
     assert plan.rule_value("path", "/Admin*") == "/admin*"
     assert plan.rule_value("remote_address", "2001:db8::1") == "2001:db8::/64"
     assert plan.rule_value("remote_address", "198.51.100.7") == "198.51.100.7"
+    assert plan.rule_value("remote_address", "2001:DB8:0:1::5/64") == "2001:db8:0:1::/64"
+    assert plan.rule_value("remote_address", "198.51.100.7/32") == "198.51.100.7"
     assert plan.rule_value("header:X-Api-Key", "Key") == "Key"
     exact = ActionPlan([["path"]], path_match=("sensitive", "keep", "keep"))
     assert exact.rule_value("path", "/Login/") == "/Login/"
