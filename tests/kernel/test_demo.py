@@ -137,9 +137,15 @@ def test_demo_interrupted_tears_down(phase, sig):
         p.send_signal(sig)
         out, _ = p.communicate(timeout=60)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        if p.poll() is None:  # the test failed before the demo ended: let it clean up, then make sure
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            for ns in _demo_namespaces(p.pid):
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     assert p.returncode == 128 + sig, out
     assert f"interrupted ({signal.Signals(sig).name})" in out
     assert "all within tolerance" not in out
