@@ -245,10 +245,10 @@ def validate(
                     typer.echo(str(p))
             continue
         from .config.validate import secret_warnings
-        from .kernel.cli import lockout_warnings
+        from .kernel.lockout import lockout_hits, problems, ssh_targets
 
         warnings = loaded.warnings + _backend_warnings(loaded, backend) + secret_warnings(loaded)
-        lockout = lockout_warnings(loaded, None)
+        lockout = problems(loaded, lockout_hits(loaded.config, ssh_targets(None, None)))
         c = loaded.config
         entry: dict = {
             "file": str(path),

@@ -146,6 +146,7 @@ SHARED = (
     "netlimit.sdnotify",
     "netlimit.extras",
     "netlimit.buildinfo",
+    "netlimit.statusclient",
 )
 MAY_IMPORT = {
     "netlimit.config": set(),

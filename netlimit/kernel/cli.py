@@ -342,7 +342,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
 
 
 def _socket_option():
-    from ..daemon.status import DEFAULT_SOCKET
+    from ..statusclient import DEFAULT_SOCKET
 
     return typer.Option(
         DEFAULT_SOCKET, "--socket", help="A running netlimitd's status socket: apply and flush work through it."
@@ -351,7 +351,7 @@ def _socket_option():
 
 def _daemon_for(netns: str | None, socket_path: str) -> dict | None:
     """The status of a netlimitd that keeps this namespace (None: none runs for it)."""
-    from ..daemon.status import find_daemon
+    from ..statusclient import find_daemon
 
     st = find_daemon(socket_path)
     if st is None or st.get("netns") != netns:
@@ -363,7 +363,7 @@ def _daemon_apply(file: Path, netns: str | None, socket_path: str) -> bool:
     """With a netlimitd keeping this namespace: its own file is reloaded through it
     (True: done, its result printed); another file is refused (exit 1), since the
     daemon would put its own file back at its next resync. False: no daemon."""
-    from ..daemon.status import control
+    from ..statusclient import control
 
     st = _daemon_for(netns, socket_path)
     if st is None:
@@ -390,7 +390,7 @@ def _daemon_apply(file: Path, netns: str | None, socket_path: str) -> bool:
 
 def _daemon_flush(netns: str | None, socket_path: str, quiet: bool) -> bool:
     """With a netlimitd keeping this namespace: ask it to stand down (True: done)."""
-    from ..daemon.status import control
+    from ..statusclient import control
 
     st = _daemon_for(netns, socket_path)
     if st is None:

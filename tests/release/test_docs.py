@@ -19,9 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *DOCS]
-# Pages other branches of the 0.2.0 release add (issue 32 links them from README and
-# docs/README.md). Only their absence is tolerated; once present they are checked as any page.
-PENDING = {"docs/security.md", "docs/operations.md", "docs/reliability.md"}
+# Pages README and docs/README.md must link (they are checked as any page).
+LINKED = {"docs/security.md", "docs/operations.md", "docs/reliability.md"}
 SETUP_COMMANDS = [
     "bash scripts/setup.sh && .venv/bin/netlimit demo",
     "bash scripts/setup.sh && .venv/bin/python -m pytest",
@@ -87,7 +86,7 @@ def test_the_table_of_contents_lists_every_page():
     linked = set(re.findall(r"\]\(([\w.-]+\.md)\)", toc))
     missing = [p.name for p in DOCS if p.name != "README.md" and p.name not in linked]
     assert not missing, f"docs/README.md does not list {missing}"
-    assert {Path(p).name for p in PENDING} <= linked
+    assert {Path(p).name for p in LINKED} <= linked
 
 
 def test_every_relative_link_and_anchor_resolves():
@@ -101,8 +100,7 @@ def test_every_relative_link_and_anchor_resolves():
                 dest = (page.parent / path).resolve() if path else page
                 rel = _rel(dest) if dest.is_relative_to(ROOT) else str(dest)
                 if not dest.exists():
-                    if rel not in PENDING:
-                        bad.append(f"{_rel(page)}: {target}: no such file")
+                    bad.append(f"{_rel(page)}: {target}: no such file")
                     continue
                 if anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                     bad.append(f"{_rel(page)}: {target}: no heading #{anchor} in {rel}")
