@@ -98,6 +98,10 @@ def summarize(config: Config) -> tuple[dict[str, Any], ...]:
         out.append(
             {"rule": "(exempt)", "kind": "network", "match": "from " + _nets(config.exempt), "limit": "never limited"}
         )
+    if config.deny:  # matched right after exempt, before the bans and every limit
+        out.append(
+            {"rule": "(deny)", "kind": "network", "match": "from " + _nets(config.deny), "limit": "always dropped"}
+        )
     if config.bans_on:
         out.append({"rule": "(bans)", "kind": "network", "match": "the ban list's prefixes", "limit": "dropped"})
     for r in config.network:

@@ -52,17 +52,25 @@ def test_denied_sources_are_dropped_before_any_rule(topo, every_backend, tmp_pat
     assert sum(int(r.get("table_entries") or 0) for r in rule_rows) == 1, rule_rows
     send(topo, topo.cli6, topo.srv6, n=7, port=6000)
     assert denied(topo, every_backend) == 27
-    # `list` names the deny list, with its entries (nftables: one set per family)
+    # `list` names the deny list on one line: what it matches, and the 27 packets it dropped
     out = subprocess.run([*NETLIMIT, "list", "--netns", topo.srv], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     deny_lines = [line for line in out.stdout.splitlines() if line.startswith("(deny)")]
+    assert len(deny_lines) == 1 and "always dropped" in deny_lines[0] and "from " in deny_lines[0], out.stdout
+    packets, drops = deny_lines[0].split()[-3:-1]
+    assert (packets, drops) == ("27", "27"), out.stdout
+    # --verbose keeps the kernel objects: the sets (nftables) or one rule per prefix
+    # (203.0.113.7 lies inside 203.0.113.0/24: merged)
+    out = subprocess.run(
+        [*NETLIMIT, "list", "--verbose", "--netns", topo.srv], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    raw = [line for line in out.stdout.splitlines() if line.startswith("(deny)")]
     if every_backend == "nftables":
-        assert len(deny_lines) == 2 and any("[set deny4: 2 entries]" in line for line in deny_lines), out.stdout
-    else:  # one rule per prefix (203.0.113.7 lies inside 203.0.113.0/24: merged)
-        assert len(deny_lines) == 3, out.stdout
-        assert any(f"{topo.cli4}" in line for line in deny_lines) and any(
-            "203.0.113.0/24" in line for line in deny_lines
-        )
+        assert any("[set deny4: 2 entries]" in line for line in raw), out.stdout
+    else:
+        assert len(raw) == 3, out.stdout
+        assert any(f"{topo.cli4}" in line for line in raw) and any("203.0.113.0/24" in line for line in raw)
     # the same file again: nothing to do; a deny entry removed: it passes again
     assert not topo.apply(text).changed
     topo.apply(text.replace(f'"{topo.cli4}", ', ""))
