@@ -53,7 +53,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from netlimit.bans.redis_store import ADD_LUA, RedisBanList, keys  # noqa: E402 - after the sys.path entry
+from netlimit.bans.redis_store import ADD_LUA, RedisBanList, history_keys, keys  # noqa: E402 - after the sys.path entry
 from netlimit.demo import check_status  # noqa: E402
 from netlimit.kernel.backends import nfelements  # noqa: E402
 from netlimit.kernel.banset import ban_sets  # noqa: E402
@@ -470,9 +470,13 @@ def load(f: Fleet, n: int) -> dict:
         pipe = lst.r.pipeline(transaction=False)
         script = lst.r.register_script(ADD_LUA)
         z, d, c, ch = keys("netlimit")
+        r, rt = history_keys("netlimit")
         details = '{"rule":"","reason":"load drill"}'
         for i, net in enumerate(bans):
-            script(keys=[z, d, c], args=[str(net), 3_600_000, details, f.max_entries, "0", ch], client=pipe)
+            # the add script's keys and arguments as RedisBanList.add passes them (no escalate.repeat)
+            script(
+                keys=[z, d, c, r, rt], args=[str(net), 3_600_000, details, f.max_entries, "0", ch, "", 0], client=pipe
+            )
             if i % 5000 == 4999:
                 pipe.execute()
         pipe.execute()
