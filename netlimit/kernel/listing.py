@@ -25,6 +25,7 @@ from typing import Any
 
 from ..config.model import BandwidthRule, Config, NetworkRule
 from ..config.units import format_bandwidth, format_size
+from .netns import prune_state_files
 from .objects import Desired
 
 WIDTH = 120
@@ -139,7 +140,7 @@ def save(netns: str | None, desired: Desired) -> None:
     """Remember the rules as written and the plan's tc spelling (only for `list`)."""
     doc = {"rules": list(desired.summary), "tc": tc_spelling(desired)}
     try:
-        _prune()
+        prune_state_files(NAMES_DIR, "rules-")
         os.makedirs(NAMES_DIR, exist_ok=True)
         tmp = _path(netns) + ".tmp"
         with open(tmp, "w") as fh:
@@ -163,24 +164,6 @@ def forget(netns: str | None) -> None:
         os.unlink(_path(netns))
     except OSError:
         pass
-
-
-def _prune() -> None:
-    """Drop the files of namespaces that no longer exist."""
-    from .netns import NETNS_DIR
-
-    try:
-        entries = os.listdir(NAMES_DIR)
-    except OSError:
-        return
-    for e in entries:
-        if e.startswith("rules-") and e.endswith(".json"):
-            ns = e[len("rules-") : -len(".json")]
-            if ns != "_root" and not os.path.exists(os.path.join(NETNS_DIR, ns)):
-                try:
-                    os.unlink(os.path.join(NAMES_DIR, e))
-                except OSError:
-                    pass
 
 
 # --- the lines -------------------------------------------------------------------------

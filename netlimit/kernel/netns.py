@@ -37,6 +37,24 @@ class NetnsError(Exception):
     pass
 
 
+def prune_state_files(directory: str, prefix: str, suffix: str = ".json") -> None:
+    """Remove ``directory/<prefix><ns><suffix>`` of every named namespace that no longer
+    exists (`ip netns del` leaves netlimit's notes about it behind); ``_root`` stays."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for e in entries:
+        if not (e.startswith(prefix) and e.endswith(suffix)):
+            continue
+        ns = e[len(prefix) : -len(suffix)]
+        if ns != "_root" and not os.path.exists(os.path.join(NETNS_DIR, ns)):
+            try:
+                os.unlink(os.path.join(directory, e))
+            except OSError:
+                pass
+
+
 def netns_path(name: str) -> str:
     if not _NAME_RE.match(name) or name in (".", ".."):
         raise NetnsError(f"invalid network namespace name {name!r}")

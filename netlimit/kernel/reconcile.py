@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ApplyError
 from .backends import BACKEND_ENV, BACKENDS, FilterBackend, FilterPlan, FilterState, backend_name, get_backend, others
-from .netns import LockTimeout, kernel_lock, run_in_netns, writer_lock
+from .netns import LockTimeout, kernel_lock, prune_state_files, run_in_netns, writer_lock
 from .objects import Desired
 
 if TYPE_CHECKING:
@@ -318,7 +318,8 @@ def prune_state() -> None:
     names, nftables records): `ip netns del` leaves them behind, a flush clears them."""
     from .backends.nftables import prune_records
 
-    _prune_names()
+    prune_state_files(NAMES_DIR, "tc-names-")
+    prune_state_files(NAMES_DIR, "rules-")  # what `list` keeps of the last apply (listing.py)
     prune_records()
 
 
@@ -358,7 +359,7 @@ def save_names(netns: str | None, desired: Desired) -> None:
 
     names = tc_names(desired)
     try:
-        _prune_names()
+        prune_state_files(NAMES_DIR, "tc-names-")
         if not names:
             forget_names(netns)
             return
@@ -369,27 +370,6 @@ def save_names(netns: str | None, desired: Desired) -> None:
         os.replace(tmp, _names_path(netns))
     except OSError:
         pass
-
-
-def _prune_names() -> None:
-    """Drop the name files of namespaces that no longer exist."""
-    import os
-
-    from .netns import NETNS_DIR
-
-    try:
-        entries = os.listdir(NAMES_DIR)
-    except OSError:
-        return
-    for e in entries:
-        if not (e.startswith("tc-names-") and e.endswith(".json")):
-            continue
-        ns = e[len("tc-names-") : -len(".json")]
-        if ns != "_root" and not os.path.exists(os.path.join(NETNS_DIR, ns)):
-            try:
-                os.unlink(os.path.join(NAMES_DIR, e))
-            except OSError:
-                pass
 
 
 def forget_names(netns: str | None) -> None:

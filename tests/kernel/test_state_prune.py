@@ -1,5 +1,5 @@
 """/run/netlimit keeps small notes per namespace (the nftables record of what was
-written, tc rule names for `list`); `ip netns del` leaves them behind and the next
+written, tc rule names and the applied rules for `list`); `ip netns del` leaves them behind and the next
 `netlimit flush` (of any namespace) removes them, keeping those of live namespaces."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ bandwidth:
 
 
 def notes(ns: str, inode: int) -> set[str]:
-    want = {f"tc-names-{ns}.json", f"nft-{inode}.json", f"nft-{inode}.json.prev"}
+    want = {f"tc-names-{ns}.json", f"rules-{ns}.json", f"nft-{inode}.json", f"nft-{inode}.json.prev"}
     return want & set(os.listdir(STATE))
 
 
@@ -57,9 +57,9 @@ def test_flush_removes_the_notes_of_deleted_namespaces(topo, tmp_path):
         alive = apply(topo, other, "d0", tmp_path)
         gone = apply(topo, topo.srv, topo.srv_if, tmp_path)
         apply(topo, topo.cli, topo.cli_if, tmp_path)
-        assert {f"tc-names-{topo.srv}.json", f"nft-{gone}.json"} <= notes(topo.srv, gone)
+        assert {f"tc-names-{topo.srv}.json", f"rules-{topo.srv}.json", f"nft-{gone}.json"} <= notes(topo.srv, gone)
         before_alive = notes(other, alive)
-        assert {f"tc-names-{other}.json", f"nft-{alive}.json"} <= before_alive
+        assert {f"tc-names-{other}.json", f"rules-{other}.json", f"nft-{alive}.json"} <= before_alive
         _sh("ip", "netns", "del", topo.srv)
         assert notes(topo.srv, gone)  # left behind by `ip netns del`
         p = subprocess.run(
