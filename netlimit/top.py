@@ -24,7 +24,7 @@ from typing import Any
 
 import typer
 
-from .daemon.status import DEFAULT_SOCKET, query_status
+from .statusclient import DEFAULT_SOCKET, query_status
 
 MAX_ROWS = 15  # rows per table: the busiest
 

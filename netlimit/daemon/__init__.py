@@ -8,7 +8,7 @@
 * cli.py         `netlimit daemon` / netlimitd, `status`, `install-service`
 """
 
+from ..statusclient import DEFAULT_SOCKET, query_status
 from .cli import register
-from .status import DEFAULT_SOCKET, query_status
 
 __all__ = ["DEFAULT_SOCKET", "query_status", "register"]

@@ -11,9 +11,9 @@ from typing import Any
 
 import typer
 
+from ..statusclient import DEFAULT_SOCKET, query_status
 from .kernel_ops import KernelOps
 from .service import run_daemon
-from .status import DEFAULT_SOCKET, query_status
 
 
 def _fmt_time(t: float) -> str:
@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
         Exit 0 when the rules are back, 1 when no daemon answers or its file is invalid,
         2 when the kernel refused them.
         """
-        from .status import control, find_daemon
+        from ..statusclient import control, find_daemon
 
         st = find_daemon(socket_path)
         if st is None:

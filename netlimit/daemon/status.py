@@ -16,10 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..statusclient import DEFAULT_SOCKET, control, find_daemon, query_status
-
-__all__ = ["DEFAULT_SOCKET", "control", "find_daemon", "query_status"]
-
 #: the longest request line a client may send (a ban request, JSON from
 #: netlimit.bans.socket_client, is the longest), the most time it may take, and
 #: how many clients are served at once (more are closed at once)
