@@ -1,9 +1,12 @@
-"""The `netlimit` command line (typer).
+"""The `netlimit` command line (typer): the command registry.
 
 This module holds the frame and the config commands (validate, schema).
 Each layer adds its own commands through a `register(app)` function in its
-package (netlimit.kernel.cli, netlimit.sidecar.cli, netlimit.daemon), so heavy
-imports (python-iptables, pyroute2, httptools, grpc) happen only when a command runs.
+package (netlimit.kernel.cli, netlimit.sidecar.cli, netlimit.daemon, ... in
+_LAYERS below), so heavy imports (python-iptables, pyroute2, httptools, grpc)
+happen only when a command runs.  What those command modules share (exit codes,
+err(), load_or_exit, the --json error object) lives in netlimit/cliutil.py:
+this registry imports the layers, a layer never imports this registry.
 """
 
 from __future__ import annotations
@@ -17,9 +20,33 @@ import typer
 import typer.core
 
 from . import __version__
+from .cliutil import (  # the shared helpers; also importable from here, as before
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_USAGE,
+    answered_in_json,
+    err,
+    json_errors,
+    load_checked,
+    load_or_exit,
+    problem_json,
+)
 from .errors import ConfigError, NetlimitError
 
 # click's UsageError (typer vendors click in recent versions): BadParameter's base.
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INVALID",
+    "EXIT_USAGE",
+    "app",
+    "daemon_main",
+    "err",
+    "load_checked",
+    "load_or_exit",
+    "main",
+    "problem_json",
+]
+
 _UsageError = importlib.import_module(typer.BadParameter.__module__).UsageError
 
 
@@ -106,69 +133,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-# Exit codes shared by every command (0: done).
-EXIT_INVALID = 1  # the file (or input) is invalid; nothing was changed
-EXIT_FAILED = 2  # the operation failed (kernel refused, ...); previous state restored
-EXIT_USAGE = 64  # wrong flags / not root / missing tool
-
-
-#: what err() printed (bounded), for the JSON error object of a failed `--json` command
-_said: list[str] = []
-#: the config problems load_or_exit reported, as JSON (same purpose)
-_problems: list[dict] = []
-_SAID_MAX = 1000
-#: set by a command that printed its own JSON answer to a failure (validate --json)
-_json_answered: list[bool] = []
-
-
-def err(message: str) -> None:
-    """Print an error line to stderr (no colour, journal-friendly)."""
-    if len(_said) < _SAID_MAX:
-        _said.append(message)
-    typer.echo(message, err=True)
-
-
-def problem_json(p) -> dict:
-    """A config problem as JSON: file, line, col, rule, message."""
-    return {"file": p.file, "line": p.line, "col": p.col, "rule": p.rule, "message": p.message}
-
-
-def _json_errors(run) -> None:
-    """Run the command; when it was given --json and fails, print one JSON object on
-    stdout: {"error": the last message, "messages": [...], "problems": [...], "exit_code": N}
-    (the text stays on stderr for people)."""
-    if "--json" not in sys.argv[1:]:
-        run()
-        return
-    try:
-        run()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if code and not _json_answered:
-            doc = {
-                "error": _said[-1] if _said else f"failed with exit code {code} (see stderr)",
-                "messages": list(_said),
-                "problems": list(_problems),
-                "exit_code": code,
-            }
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-            sys.stdout.flush()
-        raise
-
-
-def load_checked(path: Path):
-    """Load a config file and check every section the way the component that
-    runs it will (the ``http:`` rule tree as the sidecar builds it), so that
-    ``validate`` and the sidecar never disagree.  Raises ConfigError."""
-    from .config.validate import load_file
-
-    loaded = load_file(path)
-    if loaded.config.http is not None:
-        from .limit.rules import from_loaded
-
-        from_loaded(loaded)
-    return loaded
-
 
 def _backend_warnings(loaded, backend: str | None) -> list:
     """Warnings about the file under the backend `apply` would use (none if none is usable)."""
@@ -183,20 +147,6 @@ def _backend_warnings(loaded, backend: str | None) -> list:
         err(f"warning: {exc}")
         return []
     return backend_warnings(loaded, key)
-
-
-def load_or_exit(path: Path):
-    """Load + validate a config file, or print every problem and exit 1."""
-    from .config.validate import ConfigError, load_file
-
-    try:
-        return load_file(path)
-    except ConfigError as exc:
-        for p in exc.problems:
-            _problems.append(problem_json(p))
-            err(str(p))
-        err(f"{path}: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}; nothing was changed")
-        raise typer.Exit(EXIT_INVALID) from None
 
 
 def _version(value: bool) -> None:
@@ -278,7 +228,7 @@ def validate(
             typer.echo(str(w))
     if as_json:
         typer.echo(json.dumps({"valid": not bad, "files": report}, indent=2))
-        _json_answered.append(True)
+        answered_in_json()
     if bad:
         raise typer.Exit(EXIT_INVALID)
 
@@ -319,7 +269,7 @@ for _mod in _LAYERS:
 
 
 def main() -> None:
-    _json_errors(lambda: app(prog_name="netlimit"))
+    json_errors(lambda: app(prog_name="netlimit"))
 
 
 def daemon_main() -> None:
@@ -329,5 +279,4 @@ def daemon_main() -> None:
 
 
 if __name__ == "__main__":
-    # `python -m netlimit.cli`: run the imported module's main, whose err() the layers call
-    importlib.import_module("netlimit.cli").main()
+    main()

@@ -517,7 +517,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show netlimit working: two throw-away namespaces, rules/demo.yaml, real traffic,
         configured vs measured. Never touches this host's own namespace."""
-        from . import cli as base
+        from . import cliutil as base
         from .kernel.cli import _need_root
 
         _need_root("demo")

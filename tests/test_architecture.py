@@ -3,7 +3,9 @@
 The engine (netlimit.limit) never imports a door (netlimit.sidecar, netlimit.rls,
 netlimit.daemon) nor a door's libraries (aiohttp, grpc, httptools, uvloop), and no
 two modules of netlimit import each other, directly or through others.  Imports
-inside functions count too: a lazy import is still an arrow.
+inside functions count too: a lazy import is still an arrow; so does a module
+named by a string to ``importlib.import_module`` (or ``__import__``), directly or
+through a loop over a tuple of names (the CLI registry's ``_LAYERS``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "netlimit"
 ENGINE = "netlimit.limit"
-DOORS = ("netlimit.sidecar", "netlimit.rls", "netlimit.daemon", "netlimit.cli")
+DOORS = ("netlimit.sidecar", "netlimit.rls", "netlimit.daemon", "netlimit.cli", "netlimit.cliutil")
 DOOR_LIBRARIES = ("aiohttp", "grpc", "grpc_health", "httptools", "uvloop", "typer")
 
 
@@ -26,11 +28,59 @@ def _modules() -> dict[str, Path]:
     return mods
 
 
+def _string_tuples(tree: ast.Module) -> dict[str, list[str]]:
+    """Module-level ``NAME = ("a", "b", ...)`` (tuple or list of strings only)."""
+    found: dict[str, list[str]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.Tuple, ast.List)):
+            elts = node.value.elts
+            if elts and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in elts):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        found[t.id] = [e.value for e in elts]  # type: ignore[attr-defined]
+    return found
+
+
+def _dynamic_imports(tree: ast.Module) -> list[str]:
+    """Modules named to ``importlib.import_module(...)`` / ``import_module(...)`` /
+    ``__import__(...)``: a string literal, or a loop variable over a literal tuple of
+    strings or over a module-level one (``for m in _LAYERS: import_module(m)``)."""
+    tuples = _string_tuples(tree)
+    loops: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+            it = node.iter
+            if isinstance(it, ast.Name) and it.id in tuples:
+                loops.setdefault(node.target.id, []).extend(tuples[it.id])
+            elif isinstance(it, (ast.Tuple, ast.List)):
+                names = [e.value for e in it.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                loops.setdefault(node.target.id, []).extend(names)
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and node.args):
+            continue
+        f = node.func
+        fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if fname not in ("import_module", "__import__"):
+            continue
+        arg = node.args[0]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            found.append(arg.value)
+        elif isinstance(arg, ast.Name):
+            found += loops.get(arg.id, []) + tuples.get(arg.id, [])
+    return found
+
+
 def _imports(name: str, path: Path, mods: dict[str, Path]) -> tuple[set[str], set[str]]:
     """(netlimit modules, other top-level packages) that ``name`` imports."""
-    is_pkg = path.name == "__init__.py"
+    return _imports_of(name, path.name == "__init__.py", path.read_text(), mods)
+
+
+def _imports_of(name: str, is_pkg: bool, source: str, mods) -> tuple[set[str], set[str]]:
     inside, outside = set(), set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -48,6 +98,14 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> tuple[set[str], se
                     inside.add(t)
             elif not t.startswith("netlimit"):
                 outside.add(t.split(".")[0])
+    for t in _dynamic_imports(tree):
+        if t in mods:
+            if t != name:
+                inside.add(t)
+        elif t.startswith("netlimit"):
+            raise AssertionError(f"{name} imports {t!r} by name, which is no module of netlimit")
+        else:
+            outside.add(t.split(".")[0])
     return inside, outside
 
 
@@ -82,14 +140,8 @@ def test_the_doors_do_not_import_each_other():
     assert not bad, "\n".join(bad)
 
 
-def test_no_import_cycles():
-    edges, _ = _graph()
-    # Through package __init__ modules too (``from . import x`` is an arrow to the package):
-    # a component is a cycle when two modules that are not a package's __init__ are in it
-    # (an __init__ that imports its children, which import it back, is only re-exporting).
-    mods = _modules()
-    leaf = {m for m in edges if mods[m].name != "__init__.py"}
-    g = edges
+def _cycles(g: dict[str, set[str]], leaf: set[str]) -> list[list[str]]:
+    """The strongly connected components of ``g`` (Tarjan) holding two modules of ``leaf``."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -97,12 +149,12 @@ def test_no_import_cycles():
     cycles: list[list[str]] = []
     counter = [0]
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
+    def visit(v: str) -> None:
         index[v] = low[v] = counter[0]
         counter[0] += 1
         stack.append(v)
         on.add(v)
-        for w in g[v]:
+        for w in g.get(v, ()):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -122,7 +174,64 @@ def test_no_import_cycles():
     for v in g:
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_no_import_cycles():
+    edges, _ = _graph()
+    # Through package __init__ modules too (``from . import x`` is an arrow to the package):
+    # a component is a cycle when two modules that are not a package's __init__ are in it
+    # (an __init__ that imports its children, which import it back, is only re-exporting).
+    mods = _modules()
+    leaf = {m for m in edges if mods[m].name != "__init__.py"}
+    cycles = _cycles(edges, leaf)
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+# The CLI before the shared helpers moved out of the registry: the registry loads its
+# layers by name, each layer's command takes err() from the registry inside a function.
+_OLD_REGISTRY = """
+import importlib
+_LAYERS = ("netlimit.kernel.cli", "netlimit.simulate.cli")
+for _mod in _LAYERS:
+    importlib.import_module(_mod).register(None)
+"""
+_OLD_LAYER = """
+def register(app):
+    def plan():
+        from .. import cli as base
+        base.err("x")
+    def replay():
+        from ..cli import err
+"""
+
+
+def test_string_and_lazy_imports_are_arrows():
+    """The loop the old CLI had (registry -> layer by importlib, layer -> registry in a
+    function body) is a cycle to the walk; an import_module literal is an arrow too."""
+    mods = dict.fromkeys(("netlimit", "netlimit.cli", "netlimit.kernel.cli", "netlimit.simulate.cli"))
+    edges = {
+        "netlimit.cli": _imports_of("netlimit.cli", False, _OLD_REGISTRY, mods)[0],
+        "netlimit.kernel.cli": _imports_of("netlimit.kernel.cli", False, _OLD_LAYER, mods)[0],
+        "netlimit.simulate.cli": _imports_of("netlimit.simulate.cli", False, _OLD_LAYER, mods)[0],
+    }
+    assert edges["netlimit.cli"] == {"netlimit.kernel.cli", "netlimit.simulate.cli"}
+    assert "netlimit.cli" in edges["netlimit.kernel.cli"]
+    assert _cycles(edges, set(edges)) == [["netlimit.cli", "netlimit.kernel.cli", "netlimit.simulate.cli"]]
+    direct = _imports_of("netlimit.x", False, 'import importlib\nimportlib.import_module("netlimit.cli")\n', mods)
+    assert direct[0] == {"netlimit.cli"}
+
+
+def test_the_registry_imports_the_layers_and_no_layer_imports_it():
+    """netlimit/cli.py registers every layer's commands; the layers take what they
+    share from netlimit/cliutil.py, never from the registry."""
+    edges, _ = _graph()
+    layers = {m for m in edges["netlimit.cli"] if m.endswith(".cli") or m == "netlimit.demo"}
+    assert {"netlimit.kernel.cli", "netlimit.sidecar.cli", "netlimit.simulate.cli", "netlimit.demo"} <= layers
+    back = sorted(m for m in edges if "netlimit.cli" in edges[m] and m != "netlimit.manpages")
+    assert not back, "import the command registry (take the helpers from netlimit.cliutil): " + ", ".join(back)
+    assert "netlimit.cliutil" in edges["netlimit.kernel.cli"]
+    assert not {t for t in edges["netlimit.cliutil"] if t.endswith(".cli") or t == "netlimit.demo"}
 
 
 def test_the_check_is_not_vacuous():
@@ -135,7 +244,7 @@ def test_the_check_is_not_vacuous():
 
 # What each part of netlimit may import of netlimit's own (docs/architecture.md says the
 # same in prose), besides the shared top-level helpers; a layer's CLI module (and the
-# demo, which registers its command) may import the CLI frame.
+# demo, which registers its command) may import the commands' shared helpers (cliutil).
 SHARED = (
     "netlimit.errors",
     "netlimit.listen",
@@ -178,7 +287,7 @@ def test_each_part_imports_only_what_the_architecture_allows():
         for t in targets:
             if _part(t) == part or t in SHARED or _part(t) in MAY_IMPORT[part]:
                 continue
-            if t in ("netlimit", "netlimit.cli") and (m.endswith(".cli") or m == "netlimit.demo"):
-                continue  # a layer's commands use the frame's exit codes and error printing
+            if t in ("netlimit", "netlimit.cliutil") and (m.endswith(".cli") or m == "netlimit.demo"):
+                continue  # a layer's commands use the shared exit codes and error printing
             bad.append(f"{m} -> {t}")
     assert not bad, "imports docs/architecture.md does not allow:\n" + "\n".join(sorted(bad))

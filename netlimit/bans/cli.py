@@ -25,7 +25,7 @@ _CONFIG = typer.Option(DEFAULT_CONFIG, "--config", "-c", help="The file whose `b
 
 def _open(config: Path) -> tuple[Any, Any]:
     """(the loaded file, its ban list) or exit with why."""
-    from ..cli import EXIT_FAILED, EXIT_INVALID, err, load_or_exit
+    from ..cliutil import EXIT_FAILED, EXIT_INVALID, err, load_or_exit
 
     loaded = load_or_exit(config)
     c = loaded.config
@@ -49,7 +49,7 @@ def _open(config: Path) -> tuple[Any, Any]:
 
 
 def _failed(exc: Exception, store: str) -> None:
-    from ..cli import EXIT_FAILED, EXIT_INVALID, EXIT_USAGE, err
+    from ..cliutil import EXIT_FAILED, EXIT_INVALID, EXIT_USAGE, err
     from .socket_client import BanRefused
 
     if isinstance(exc, PermissionError):  # netlimitd's socket is root-only (0600)
@@ -63,7 +63,7 @@ def _failed(exc: Exception, store: str) -> None:
 
 
 def _target(text: str):
-    from ..cli import EXIT_INVALID, err
+    from ..cliutil import EXIT_INVALID, err
     from .model import parse_target
 
     try:
@@ -78,7 +78,7 @@ _YES = typer.Option(False, "--yes", "-y", help="Do it without asking (needed whe
 
 def _confirm(question: str, yes: bool, flag_hint: str) -> None:
     """Lifting bans acts on every host: ask on a terminal, insist on --yes elsewhere."""
-    from ..cli import EXIT_INVALID, EXIT_USAGE, err
+    from ..cliutil import EXIT_INVALID, EXIT_USAGE, err
 
     if yes:
         return
@@ -98,7 +98,7 @@ def add(
     config: Path = _CONFIG,
 ) -> None:
     """Ban an address or prefix on every host for --ttl (exempt addresses and trusted proxies are refused)."""
-    from ..cli import EXIT_INVALID, err
+    from ..cliutil import EXIT_INVALID, err
     from ..config.model import BAN_MAX_SECONDS
     from ..config.units import format_duration, parse_duration
     from .model import MAX_REASON, skip_reason
@@ -140,7 +140,7 @@ def delete(
     yes: bool = _YES,
 ) -> None:
     """Lift a ban now, on every host (asks first; --yes when not on a terminal)."""
-    from ..cli import EXIT_INVALID, err
+    from ..cliutil import EXIT_INVALID, err
 
     net = _target(target)
     loaded, bans = _open(config)

@@ -21,7 +21,7 @@ def _fmt_time(t: float) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from ..cli import EXIT_FAILED, EXIT_USAGE, err
+    from ..cliutil import EXIT_FAILED, EXIT_USAGE, err
 
     @app.command()
     def daemon(

@@ -47,7 +47,7 @@ def _backend_warnings(loaded, key: str) -> None:
 
 
 def _cli():
-    from .. import cli as base  # the frame: load_or_exit, err, exit codes
+    from .. import cliutil as base  # the shared helpers: load_or_exit, err, exit codes
 
     return base
 

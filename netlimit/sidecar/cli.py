@@ -116,7 +116,7 @@ def register(app: typer.Typer) -> None:
         Reloads the rules on SIGHUP and when the file changes; a bad file keeps
         the running rules. Exit 1 when the file is invalid at start.
         """
-        from ..cli import EXIT_INVALID, EXIT_USAGE, err
+        from ..cliutil import EXIT_INVALID, EXIT_USAGE, err
         from ..logs import check, problem_fields, setup
 
         if problem := check(log_level, log_format):

@@ -28,7 +28,7 @@ TZ_HELP = "The zone of times written without one (UTC, local, +02:00, Europe/Par
 
 
 def _fail(code: int, lines: list[str]) -> typer.Exit:
-    from ..cli import err
+    from ..cliutil import err
 
     for line in lines:
         err(line)
@@ -36,7 +36,7 @@ def _fail(code: int, lines: list[str]) -> typer.Exit:
 
 
 def _load(config: Path) -> Any:
-    from ..cli import EXIT_INVALID, load_checked
+    from ..cliutil import EXIT_INVALID, load_checked
     from ..errors import ConfigError
 
     try:
@@ -49,7 +49,7 @@ def _load(config: Path) -> Any:
 
 
 def _tz(name: str) -> Any:
-    from ..cli import EXIT_USAGE
+    from ..cliutil import EXIT_USAGE
     from .logs import LogError, timezone
 
     try:
@@ -59,7 +59,7 @@ def _tz(name: str) -> Any:
 
 
 def _replay(loaded: Any, logs: list[str], fmt: str, field: list[str], tz: Any, **kw: Any) -> Any:
-    from ..cli import EXIT_INVALID, EXIT_USAGE
+    from ..cliutil import EXIT_INVALID, EXIT_USAGE
     from .logs import FORMATS, LogError, parse_fields
     from .run import replay
 
@@ -129,7 +129,7 @@ def register(app: typer.Typer) -> None:
         Exit 0 after a replay, 1 when the file or the logs cannot be used.
         """
         if report is not None:
-            from ..cli import EXIT_USAGE
+            from ..cliutil import EXIT_USAGE
             from ..extras import missing
 
             if why := missing("report"):
@@ -142,7 +142,7 @@ def register(app: typer.Typer) -> None:
         for line in unreadable_lines(res) + [f"warning: {w}" for w in res.warnings]:
             typer.echo(line, err=True)
         if report is not None:
-            from ..cli import EXIT_FAILED
+            from ..cliutil import EXIT_FAILED
             from .report import write_html
 
             try:
@@ -206,7 +206,7 @@ def register(app: typer.Typer) -> None:
         print the whole rules file (YAML) on stdout and, on stderr, what it would have
         denied on the same log. Default target: 2x the peak of p99 of the clients.
         """
-        from ..cli import EXIT_USAGE
+        from ..cliutil import EXIT_USAGE
         from .logs import LogError
         from .suggest import candidate, default_config, finish, header, parse_target, what_it_denies
 
