@@ -8,7 +8,7 @@ and of its value, 1-based, so that every error can name FILE:LINE:COL.
 Plain scalars that YAML 1.1 reads as something other than text (``1.10``,
 ``0755``, ``1:30``, ``NO``, dates) also keep the text as written
 (``Document.text``): envoyproxy/ratelimit (go-yaml) reads descriptor keys and
-values as written, so validate.py gives those fields the text back.
+values as written, so lyft.py gives those fields the text back.
 """
 
 from __future__ import annotations

@@ -379,7 +379,7 @@ def _lyft_rate_limit_schema(schema: dict[str, Any]) -> None:
 class LyftText(BaseModel):
     """The Lyft parts keep text exactly as written (go-yaml does not strip a
     quoted value's spaces); the loader has already turned plain scalars such as
-    ``1.10`` or ``NO`` back into their text (validate.py ``_lyft_text``)."""
+    ``1.10`` or ``NO`` back into their text (config/lyft.py ``lyft_text``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
@@ -492,7 +492,7 @@ class Descriptor(LyftText):
     @classmethod
     def _value_text(cls, v: object) -> object:
         # a number written in code (tests, the schema's examples) is text to Lyft;
-        # YAML's plain scalars already arrive as the text written (validate.py)
+        # YAML's plain scalars already arrive as the text written (config/lyft.py)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             return str(v)
         return v
