@@ -231,6 +231,10 @@ def test_the_registry_imports_the_layers_and_no_layer_imports_it():
     back = sorted(m for m in edges if "netlimit.cli" in edges[m] and m != "netlimit.manpages")
     assert not back, "import the command registry (take the helpers from netlimit.cliutil): " + ", ".join(back)
     assert "netlimit.cliutil" in edges["netlimit.kernel.cli"]
+    users = {m for m in edges if "netlimit.cliutil" in edges[m]}
+    assert {"netlimit.kernel.cli", "netlimit.demo"} <= users
+    strays = sorted(m for m in users if not (m.endswith(".cli") or m == "netlimit.demo"))
+    assert not strays, "netlimit.cliutil is for command modules (typer, exit codes): " + ", ".join(strays)
     assert not {t for t in edges["netlimit.cliutil"] if t.endswith(".cli") or t == "netlimit.demo"}
 
 
@@ -244,7 +248,7 @@ def test_the_check_is_not_vacuous():
 
 # What each part of netlimit may import of netlimit's own (docs/architecture.md says the
 # same in prose), besides the shared top-level helpers; a layer's CLI module (and the
-# demo, which registers its command) may import the commands' shared helpers (cliutil).
+# demo, which registers its command) may import the CLI frame.
 SHARED = (
     "netlimit.errors",
     "netlimit.listen",
@@ -256,6 +260,7 @@ SHARED = (
     "netlimit.extras",
     "netlimit.buildinfo",
     "netlimit.statusclient",
+    "netlimit.cliutil",  # the commands' helpers: only command modules import it (test_the_registry_...)
 )
 MAY_IMPORT = {
     "netlimit.config": set(),
@@ -287,7 +292,7 @@ def test_each_part_imports_only_what_the_architecture_allows():
         for t in targets:
             if _part(t) == part or t in SHARED or _part(t) in MAY_IMPORT[part]:
                 continue
-            if t in ("netlimit", "netlimit.cliutil") and (m.endswith(".cli") or m == "netlimit.demo"):
-                continue  # a layer's commands use the shared exit codes and error printing
+            if t in ("netlimit", "netlimit.cli") and (m.endswith(".cli") or m == "netlimit.demo"):
+                continue  # a layer's commands use the frame's exit codes and error printing
             bad.append(f"{m} -> {t}")
     assert not bad, "imports docs/architecture.md does not allow:\n" + "\n".join(sorted(bad))

@@ -44,6 +44,7 @@ from .model import Config
 from .pydantic_errors import map_errors
 from .semantic import hashlimit_name, semantic
 
+#: what the rest of netlimit imports from here (the warnings below besides)
 __all__ = [
     "LYFT",
     "MAX_FILE_BYTES",
@@ -51,14 +52,12 @@ __all__ = [
     "ConfigError",
     "Loaded",
     "LyftLoaded",
-    "backend_warnings",
     "hashlimit_name",
     "load_file",
     "load_lyft_dir",
     "load_lyft_string",
     "load_string",
     "lyft_dir_path",
-    "secret_warnings",
 ]
 
 
