@@ -232,48 +232,7 @@ def _with_secrets(url: str, secrets: bool) -> RedisURL:
     return replace(u, password=password, options=options)
 
 
-@dataclass
-class _Parts:
-    """A storage URL cut into its pieces, before the checks of its kind."""
-
-    scheme: str
-    kind: str
-    tls: bool
-    netloc: str
-    path: str
-    username: str | None
-    password: str | None
-    options: dict[str, str]  # the options netlimit knows
-    other: list[str]  # the names of the others
-
-
 def _parse(url: str) -> RedisURL:
-    u = _split(url)
-    if u.kind == "unix":
-        return _unix(u)
-    hosts = _hosts(u)
-    if u.kind == "single":
-        return _single(u, hosts)
-    if u.other:
-        raise ValueError(
-            f"unknown option{'s' if len(u.other) > 1 else ''} {', '.join(map(repr, sorted(u.other)))} "
-            f"(known: {', '.join(TLS_OPTIONS + (SENTINEL_OPTIONS if u.kind == 'sentinel' else ()))})"
-        )
-    if "db" in u.options:
-        raise ValueError(
-            "a Redis Cluster has only database 0: remove ?db="
-            if u.kind == "cluster"
-            else "the database of a sentinel URL goes in its path: .../<service>/<db>"
-        )
-    if u.kind == "cluster":
-        if u.path.strip("/"):
-            raise ValueError(f"a Redis Cluster has only database 0: remove {u.path!r} ({u.scheme}://{u.netloc}/)")
-        return RedisURL("cluster", u.tls, hosts, username=u.username, password=u.password, options=u.options)
-    return _sentinel(u, hosts)
-
-
-def _split(url: str) -> _Parts:
-    """Scheme, user and password, host part, path and query options."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in SCHEMES:
         raise ValueError(EXAMPLE)
@@ -302,72 +261,78 @@ def _split(url: str) -> _Parts:
             options[name] = values[0]
         else:
             other.append(name)
-    return _Parts(scheme, kind, tls, netloc, path, username, password, options, other)
 
+    if kind == "unix":
+        if netloc:
+            raise ValueError(f"a unix:// URL has no host ({netloc!r}): unix:///run/redis/redis.sock")
+        if not path or path == "/":
+            raise ValueError("a unix:// URL needs the socket's path, e.g. unix:///run/redis/redis.sock")
+        db = _db(options.pop("db", "0"), "?db=")
+        _no_options(options, TLS_OPTIONS + SENTINEL_OPTIONS + ("sentinel_password_file",), "a unix:// URL")
+        return RedisURL(
+            "unix",
+            False,
+            path=unquote(path),
+            username=username,
+            password=password,
+            db=db,
+            options=options,
+            other=tuple(other),
+        )
 
-def _unix(u: _Parts) -> RedisURL:
-    if u.netloc:
-        raise ValueError(f"a unix:// URL has no host ({u.netloc!r}): unix:///run/redis/redis.sock")
-    if not u.path or u.path == "/":
-        raise ValueError("a unix:// URL needs the socket's path, e.g. unix:///run/redis/redis.sock")
-    db = _db(u.options.pop("db", "0"), "?db=")
-    _no_options(u.options, TLS_OPTIONS + SENTINEL_OPTIONS + ("sentinel_password_file",), "a unix:// URL")
-    return RedisURL(
-        "unix",
-        False,
-        path=unquote(u.path),
-        username=u.username,
-        password=u.password,
-        db=db,
-        options=u.options,
-        other=tuple(u.other),
-    )
-
-
-def _hosts(u: _Parts) -> tuple[tuple[str, int], ...]:
-    """The hosts of a network URL (at most MAX_HOSTS); its TLS and sentinel options fit its scheme."""
-    if not u.netloc:
+    if not netloc:
         raise ValueError(f"no host; {EXAMPLE}")
-    items = u.netloc.split(",")
+    items = netloc.split(",")
     if len(items) > MAX_HOSTS:
         raise ValueError(f"{len(items)} hosts; at most {MAX_HOSTS}")
-    default = 26379 if u.kind == "sentinel" else 6379
+    default = 26379 if kind == "sentinel" else 6379
     hosts = tuple(_host_port(item, default) for item in items)
-    if u.tls:
-        _check_tls(u.options)
+    if tls:
+        _check_tls(options)
     else:
-        _no_options(u.options, TLS_OPTIONS, f"a {u.scheme}:// URL (TLS options need rediss{u.scheme[5:]}://)")
-    if u.kind != "sentinel":
-        _no_options(u.options, SENTINEL_OPTIONS + ("sentinel_password_file",), f"a {u.scheme}:// URL")
-    return hosts
+        _no_options(options, TLS_OPTIONS, f"a {scheme}:// URL (TLS options need rediss{scheme[5:]}://)")
+    if kind != "sentinel":
+        _no_options(options, SENTINEL_OPTIONS + ("sentinel_password_file",), f"a {scheme}:// URL")
 
-
-def _single(u: _Parts, hosts: tuple[tuple[str, int], ...]) -> RedisURL:
-    if len(hosts) > 1:
-        raise ValueError(
-            f"{len(hosts)} hosts in a {u.scheme}:// URL: for a Redis Cluster use "
-            f"{u.scheme}+cluster://{u.netloc}/, for Sentinel {u.scheme}+sentinel://{u.netloc}/<service>"
+    if kind == "single":
+        if len(hosts) > 1:
+            raise ValueError(
+                f"{len(hosts)} hosts in a {scheme}:// URL: for a Redis Cluster use "
+                f"{scheme}+cluster://{netloc}/, for Sentinel {scheme}+sentinel://{netloc}/<service>"
+            )
+        db = _db(path.strip("/") or options.get("db", "0"), f"{scheme}://host:6379/")
+        options.pop("db", None)
+        return RedisURL(
+            "single",
+            tls,
+            hosts,
+            username=username,
+            password=password,
+            db=db,
+            options=options,
+            other=tuple(other),
         )
-    db = _db(u.path.strip("/") or u.options.get("db", "0"), f"{u.scheme}://host:6379/")
-    u.options.pop("db", None)
-    return RedisURL(
-        "single",
-        u.tls,
-        hosts,
-        username=u.username,
-        password=u.password,
-        db=db,
-        options=u.options,
-        other=tuple(u.other),
-    )
 
+    if other:
+        raise ValueError(
+            f"unknown option{'s' if len(other) > 1 else ''} {', '.join(map(repr, sorted(other)))} "
+            f"(known: {', '.join(TLS_OPTIONS + (SENTINEL_OPTIONS if kind == 'sentinel' else ()))})"
+        )
+    if "db" in options:
+        raise ValueError(
+            "a Redis Cluster has only database 0: remove ?db="
+            if kind == "cluster"
+            else "the database of a sentinel URL goes in its path: .../<service>/<db>"
+        )
+    if kind == "cluster":
+        if path.strip("/"):
+            raise ValueError(f"a Redis Cluster has only database 0: remove {path!r} ({scheme}://{netloc}/)")
+        return RedisURL("cluster", tls, hosts, username=username, password=password, options=options)
 
-def _sentinel(u: _Parts, hosts: tuple[tuple[str, int], ...]) -> RedisURL:
-    path, scheme = u.path, u.scheme
     parts = [unquote(p) for p in path.strip("/").split("/")] if path.strip("/") else []
     if not parts:
         raise ValueError(
-            f"no service name: {scheme}://{u.netloc}/<service>[/db], the name the sentinels monitor "
+            f"no service name: {scheme}://{netloc}/<service>[/db], the name the sentinels monitor "
             "(sentinel monitor <service> ...)"
         )
     if len(parts) > 2:
@@ -377,7 +342,7 @@ def _sentinel(u: _Parts, hosts: tuple[tuple[str, int], ...]) -> RedisURL:
         raise ValueError(f"service name {service!r} must be non-empty and without spaces")
     db = _db(parts[1], f"{scheme}://host:26379/{service}/") if len(parts) == 2 else 0
     return RedisURL(
-        "sentinel", u.tls, hosts, username=u.username, password=u.password, db=db, service=service, options=u.options
+        "sentinel", tls, hosts, username=username, password=password, db=db, service=service, options=options
     )
 
 
