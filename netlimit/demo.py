@@ -361,90 +361,14 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str |
 
             # 1. packet flood: limited source and exempt source at once
             intr.check()
-            rate, burst, pps = 100, 10, 2000
-            _counters(srv, [CLI4, CLI4_EXEMPT], nft)
-            prog.run(f"udp flood {pps} pkt/s from 2 sources", duration)
-            p1 = traffic.udp_flood_start(cli, CLI4, SRV4, 5000, pps, duration)
-            p2 = traffic.udp_flood_start(cli, CLI4_EXEMPT, SRV4, 5000, pps, duration)
-            r1, r2 = traffic.flood_result(p1), traffic.flood_result(p2)
-            prog.stop()
-            time.sleep(0.2)
-            got, got_ex = _count(srv, CLI4, nft), _count(srv, CLI4_EXEMPT, nft)
-            exp = rate * r1.duration + burst
-            rows.append(
-                Row(
-                    "udp-flood",
-                    "udp/5000, per source",
-                    f"{rate}/s + burst {burst} = {exp:.0f} in {r1.duration:.1f} s",
-                    f"{got} of {r1.sent} delivered",
-                    abs(got - exp) <= 0.01 * exp,
-                )
-            )
-            rows.append(
-                Row(
-                    "(exempt)",
-                    f"same flood from {CLI4_EXEMPT}",
-                    "never limited",
-                    f"{got_ex} of {r2.sent} delivered",
-                    got_ex == r2.sent,
-                )
-            )
+            rows += _flood_rows(srv, cli, nft, duration, prog)
 
             # 2. new connections (recent) and concurrent connections (connlimit)
             intr.check()
-            prog.run("tcp connection attempts", 7)
-            l1 = traffic.tcp_listener(srv, SRV4, 2222, seconds=20)
-            l2 = traffic.tcp_listener(srv, SRV4, 8081, seconds=20)
-            try:
-                nc = traffic.tcp_connects(cli, CLI4, SRV4, 2222, 5, timeout=1.0)
-                mc = traffic.tcp_connects(cli, CLI4, SRV4, 8081, 3, timeout=1.0)
-            finally:
-                for lp in (l1, l2):
-                    lp.kill()
-                    lp.wait()
-            prog.stop()
-
-            def mark(lst: list[bool]) -> str:
-                return " ".join("ok" if x else "x" for x in lst)
-
-            rows.append(
-                Row(
-                    "new-conns",
-                    "tcp/2222 new connections",
-                    "3 per minute per source",
-                    f"{sum(nc)} of 5 accepted ({mark(nc)})",
-                    nc == [True, True, True, False, False],
-                )
-            )
-            rows.append(
-                Row(
-                    "max-conns",
-                    "tcp/8081 concurrent",
-                    "2 per source",
-                    f"{sum(mc)} of 3 open ({mark(mc)})",
-                    mc == [True, True, False],
-                )
-            )
+            rows += _connection_rows(srv, cli, prog)
 
             # 3. bulk transfers: egress by port, ingress through the IFB device
-            for name, port, reverse, bits, what in (
-                ("bulk-out", 5201, True, 10e6, "server -> client, sport 5201"),
-                ("uploads-in", 5202, False, 20e6, "client -> server, dport 5202 (IFB)"),
-            ):
-                intr.check()
-                prog.run(f"iperf3 {what}", duration + 1)
-                r = traffic.iperf3(srv, cli, SRV4, port=port, seconds=int(duration), reverse=reverse)
-                prog.stop()
-                conf = bits * PAYLOAD
-                rows.append(
-                    Row(
-                        name,
-                        what,
-                        f"{bits / 1e6:g}mbit -> {conf / 1e6:.2f} goodput",
-                        f"{r.bits_per_second / 1e6:.2f} mbit/s ({100 * (r.bits_per_second / conf - 1):+.1f} %)",
-                        abs(r.bits_per_second - conf) <= 0.03 * conf,
-                    )
-                )
+            rows += _bandwidth_rows(srv, cli, duration, prog, intr)
 
             # 4. escalation: HTTP denials -> a ban in the kernel (netlimitd + a sidecar)
             intr.check()
@@ -466,11 +390,105 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str |
         raise DemoInterrupted(intr.signum)
     if failure is not None:
         raise DemoError(str(failure)) from None
+    return _verdict(rows, time.monotonic() - t_start, keep, out)
+
+
+def _flood_rows(srv: str, cli: str, nft: bool, duration: float, prog: Progress) -> list[Row]:
+    """A UDP flood from a limited source and from an exempt one at once."""
+    rate, burst, pps = 100, 10, 2000
+    _counters(srv, [CLI4, CLI4_EXEMPT], nft)
+    prog.run(f"udp flood {pps} pkt/s from 2 sources", duration)
+    p1 = traffic.udp_flood_start(cli, CLI4, SRV4, 5000, pps, duration)
+    p2 = traffic.udp_flood_start(cli, CLI4_EXEMPT, SRV4, 5000, pps, duration)
+    r1, r2 = traffic.flood_result(p1), traffic.flood_result(p2)
+    prog.stop()
+    time.sleep(0.2)
+    got, got_ex = _count(srv, CLI4, nft), _count(srv, CLI4_EXEMPT, nft)
+    exp = rate * r1.duration + burst
+    return [
+        Row(
+            "udp-flood",
+            "udp/5000, per source",
+            f"{rate}/s + burst {burst} = {exp:.0f} in {r1.duration:.1f} s",
+            f"{got} of {r1.sent} delivered",
+            abs(got - exp) <= 0.01 * exp,
+        ),
+        Row(
+            "(exempt)",
+            f"same flood from {CLI4_EXEMPT}",
+            "never limited",
+            f"{got_ex} of {r2.sent} delivered",
+            got_ex == r2.sent,
+        ),
+    ]
+
+
+def _connection_rows(srv: str, cli: str, prog: Progress) -> list[Row]:
+    """New connections (recent) and concurrent connections (connlimit)."""
+    prog.run("tcp connection attempts", 7)
+    l1 = traffic.tcp_listener(srv, SRV4, 2222, seconds=20)
+    l2 = traffic.tcp_listener(srv, SRV4, 8081, seconds=20)
+    try:
+        nc = traffic.tcp_connects(cli, CLI4, SRV4, 2222, 5, timeout=1.0)
+        mc = traffic.tcp_connects(cli, CLI4, SRV4, 8081, 3, timeout=1.0)
+    finally:
+        for lp in (l1, l2):
+            lp.kill()
+            lp.wait()
+    prog.stop()
+
+    def mark(lst: list[bool]) -> str:
+        return " ".join("ok" if x else "x" for x in lst)
+
+    return [
+        Row(
+            "new-conns",
+            "tcp/2222 new connections",
+            "3 per minute per source",
+            f"{sum(nc)} of 5 accepted ({mark(nc)})",
+            nc == [True, True, True, False, False],
+        ),
+        Row(
+            "max-conns",
+            "tcp/8081 concurrent",
+            "2 per source",
+            f"{sum(mc)} of 3 open ({mark(mc)})",
+            mc == [True, True, False],
+        ),
+    ]
+
+
+def _bandwidth_rows(srv: str, cli: str, duration: float, prog: Progress, intr: _Interrupts) -> list[Row]:
+    """Bulk transfers: egress by port, ingress through the IFB device."""
+    rows = []
+    for name, port, reverse, bits, what in (
+        ("bulk-out", 5201, True, 10e6, "server -> client, sport 5201"),
+        ("uploads-in", 5202, False, 20e6, "client -> server, dport 5202 (IFB)"),
+    ):
+        intr.check()
+        prog.run(f"iperf3 {what}", duration + 1)
+        r = traffic.iperf3(srv, cli, SRV4, port=port, seconds=int(duration), reverse=reverse)
+        prog.stop()
+        conf = bits * PAYLOAD
+        rows.append(
+            Row(
+                name,
+                what,
+                f"{bits / 1e6:g}mbit -> {conf / 1e6:.2f} goodput",
+                f"{r.bits_per_second / 1e6:.2f} mbit/s ({100 * (r.bits_per_second / conf - 1):+.1f} %)",
+                abs(r.bits_per_second - conf) <= 0.03 * conf,
+            )
+        )
+    return rows
+
+
+def _verdict(rows: list[Row], seconds: float, keep: bool, out) -> bool:
+    """The table, and whether every measurement is within its tolerance."""
     print(format_rows(rows), file=out)
     ok = all(r.ok for r in rows)
     print(
         f"\n{'all within tolerance' if ok else 'SOME MEASUREMENTS MISSED'} "
-        f"(packets ±1 %, bandwidth ±3 % of rate x 1448/1514); {time.monotonic() - t_start:.0f} s, "
+        f"(packets ±1 %, bandwidth ±3 % of rate x 1448/1514); {seconds:.0f} s, "
         f"namespaces {'kept' if keep else 'removed'}",
         file=out,
     )
