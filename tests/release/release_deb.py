@@ -63,6 +63,20 @@ def wait_for(pred, timeout: float, what: str, step: float = 0.2):
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
+MAN_PAGES = (
+    "usr/share/man/man1/netlimit.1.gz",
+    "usr/share/man/man1/netlimit-apply.1.gz",
+    "usr/share/man/man1/netlimit-ban-add.1.gz",
+    "usr/share/man/man1/netlimit-daemon.1.gz",
+    "usr/share/man/man1/netlimitd.1.gz",
+)
+COMPLETIONS = (
+    "usr/share/bash-completion/completions/netlimit",
+    "usr/share/zsh/vendor-completions/_netlimit",
+    "usr/share/fish/vendor_completions.d/netlimit.fish",
+)
+
+
 @pytest.fixture
 def deb() -> Path:
     path = os.environ.get("NETLIMIT_DEB")
@@ -145,6 +159,28 @@ def nft_table(ns: str) -> str:
     return sh("ip", "netns", "exec", ns, "nft", "-a", "list", "table", "inet", "netlimit", check=False).stdout
 
 
+def test_the_package_carries_man_pages_and_completions(deb):
+    """`dpkg-deb -c`: a man page per command (gzipped, netlimitd(1) a link to
+    netlimit-daemon(1)) and the bash, zsh and fish completions where those shells look."""
+    listing = sh("dpkg-deb", "-c", str(deb)).stdout
+    entries = {line.split()[5].removeprefix("./"): line for line in listing.splitlines() if len(line.split()) >= 6}
+    for path in (*MAN_PAGES, *COMPLETIONS):
+        assert path in entries, f"{path} not in {deb.name}"
+    assert entries["usr/share/man/man1/netlimitd.1.gz"].startswith("l"), "netlimitd.1.gz is a link"
+    assert "-> netlimit-daemon.1.gz" in entries["usr/share/man/man1/netlimitd.1.gz"]
+    pages = [p for p in entries if p.startswith("usr/share/man/man1/netlimit")]
+    assert len(pages) >= 20, pages  # one per command and sub-command
+    with_bytecode = [p for p in entries if p.endswith(".pyc")]
+    assert not with_bytecode, with_bytecode[:5]
+    zsh = subprocess.run(
+        ["sh", "-c", f"dpkg-deb --fsys-tarfile {deb} | tar -xOf - ./usr/share/zsh/vendor-completions/_netlimit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert zsh.startswith("#compdef netlimit") and "_NETLIMIT_COMPLETE=complete_zsh" in zsh, zsh[:200]
+
+
 def test_install_enforce_reload_upgrade_remove_purge(deb, net, tmp_path):
     ns, cl = net
     t0 = time.monotonic()
@@ -173,6 +209,17 @@ def test_install_enforce_reload_upgrade_remove_purge(deb, net, tmp_path):
         assert c.run(["readlink", "-f", "/usr/bin/netlimitd"]).stdout.strip() == "/usr/lib/netlimit/bin/netlimitd"
         conffiles = c.run(["cat", "/var/lib/dpkg/info/netlimit.conffiles"]).stdout.split()
         assert "/etc/netlimit/netlimit.yaml" in conffiles
+        # the units' LoadCredential= directory, root-only (made by postinst)
+        assert c.run(["stat", "-c", "%a %U", "/etc/netlimit/credentials"]).stdout.split() == ["700", "root"]
+        # man pages and completions: bash completes from the installed script
+        for path in (*MAN_PAGES, *COMPLETIONS):
+            assert c.run(["test", "-s", "/" + path], check=False).returncode == 0, f"/{path} not installed"
+        script = (
+            "source /usr/share/bash-completion/completions/netlimit\n"
+            "COMP_WORDS=(netlimit va); COMP_CWORD=1; _netlimit_completion netlimit\n"
+            'printf "%s\\n" "${COMPREPLY[@]}"\n'
+        )
+        assert c.run(["bash", "-c", script]).stdout.split() == ["validate"]
 
         # --- edit the file: the daemon reloads it (inotify), the kernel follows
         c.write("/etc/netlimit/netlimit.yaml", CONF.format(port=PORT, rate=100))
