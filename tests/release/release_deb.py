@@ -6,7 +6,9 @@ apt install ./netlimit_VERSION_amd64.deb -> netlimitd enabled and running -> an 
 /etc/netlimit/netlimit.yaml is picked up -> a UDP flood from a second namespace is cut to
 the configured rate -> upgrade to a later build: the operator's file kept, the daemon
 restarted, the rules never gone (sampled all along) -> apt remove: no unit running, no
-kernel object -> apt purge: no configuration left.
+kernel object -> apt purge: no configuration left. Also: man pages and completions
+installed, and netlimitd reaching a password-protected Redis through the packaged
+unit's LoadCredential= (the password never in its environment or journal).
 
     NETLIMIT_DEB=dist/netlimit_0.2.0_amd64.deb .venv/bin/python -m pytest -s tests/release/release_deb.py
 """
@@ -27,6 +29,8 @@ from debroot import DebContainer, bump_version
 pytestmark = [pytest.mark.systemd, pytest.mark.netns]
 
 PORT = 5000
+REDIS_PORT = 6393
+SECRET = "s3cr3t-Cred:ential/#1"
 CONF = """\
 version: 1
 on_stop: flush
@@ -286,6 +290,40 @@ def test_install_enforce_reload_upgrade_remove_purge(deb, net, tmp_path):
         assert version.endswith("+upgrade1"), version
         delivered, took = flood(ns, cl, packets=2000, secs=2.0)
         assert delivered <= 1.2 * (200 * took + 10) + 10, "limits still enforced after the upgrade"
+
+        # --- a Redis password as a systemd credential (docs/operations.md, Secrets): the
+        # packaged unit hands /etc/netlimit/credentials/redis to netlimitd for bans.store
+        t = time.monotonic()
+        redis = subprocess.Popen(
+            ["ip", "netns", "exec", ns, "redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1"]
+            + ["--save", "", "--appendonly", "no", "--dir", str(tmp_path), "--requirepass", SECRET],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            cred = c.merged / "etc/netlimit/credentials/redis"
+            cred.write_text(SECRET + "\n")
+            cred.chmod(0o600)
+            bans = f"bans:\n  store: redis://127.0.0.1:{REDIS_PORT}/0\n"
+            bans += "  password_file: ${CREDENTIALS_DIRECTORY}/netlimit_redis\n"
+            c.write("/etc/netlimit/netlimit.yaml", CONF.format(port=PORT, rate=200) + bans)
+            c.run(["systemctl", "restart", "netlimitd"], timeout=120)
+
+            def store() -> dict:
+                res = c.run(["netlimit", "status", "--json"], check=False)
+                return (json.loads(res.stdout).get("bans") or {}) if res.returncode == 0 else {}
+
+            wait_for(lambda: store().get("connected") is True, 60, "netlimitd connected with the credential")
+            # the Redis follower (connected only after AUTH, SUBSCRIBE and a snapshot), not a memory list
+            assert store()["store"].startswith(f"redis://127.0.0.1:{REDIS_PORT}/0"), store()
+            pid = c.run(["systemctl", "show", "-p", "MainPID", "--value", "netlimitd"]).stdout.strip()
+            seen = c.run(["cat", f"/proc/{pid}/environ", f"/proc/{pid}/cmdline"]).stdout
+            seen += c.run(["systemctl", "show", "netlimitd"]).stdout + c.journal("netlimitd", 500)
+            assert SECRET not in seen, "the password leaked into the environment, command line, show or journal"
+        finally:
+            redis.kill()
+            redis.wait(timeout=10)
+        timings["credential"] = time.monotonic() - t
 
         # --- apt remove: no unit running, no kernel object left
         c.run(["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "remove", "-y", "netlimit"], timeout=300)
