@@ -60,6 +60,11 @@ def install(root: Path = Path("/"), enable: bool = False, reload: bool = True, e
     etc = root / "etc/netlimit"
     etc.mkdir(parents=True, exist_ok=True)
     etc.chmod(0o755)
+    # the units' LoadCredential=netlimit:/etc/netlimit/credentials: each file a secret
+    # (a Redis password) only root and the service can read; the unit fails without it
+    creds = etc / "credentials"
+    creds.mkdir(mode=0o700, exist_ok=True)
+    creds.chmod(0o700)
     conf = etc / "netlimit.yaml"
     if conf.exists():
         echo(f"kept {conf} (an existing config is never replaced)")

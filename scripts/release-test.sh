@@ -25,6 +25,8 @@ VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' netlimit/__init__.py)
 (cd dist && sha256sum -c --quiet SHA256SUMS)
 
 pipx_check() {
+  # only the wheel: a PYTHONPATH inherited from a checkout would run its netlimit instead
+  unset PYTHONPATH
   local home; home=$(mktemp -d /tmp/netlimit-pipx.XXXXXX)
   PIPX_HOME=$home PIPX_BIN_DIR=$home/bin pipx install --python /usr/bin/python3 "dist/netlimit-$VERSION-py3-none-any.whl" >/dev/null
   "$home/bin/netlimit" --version

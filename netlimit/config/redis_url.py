@@ -64,6 +64,15 @@ MAX_HOSTS = 64
 SECRET_FILES = {"password_file": "password", "sentinel_password_file": "sentinel_password"}
 #: a password file is read up to this many bytes
 MAX_SECRET_BYTES = 4096
+#: the units' LoadCredential=netlimit:CREDENTIALS_SOURCE hands every file of that
+#: directory to the service as $CREDENTIALS_DIRECTORY/netlimit_FILE
+CREDENTIALS_SOURCE = "/etc/netlimit/credentials"
+CREDENTIAL_PREFIX = "netlimit_"
+NO_CREDENTIALS = (
+    "${CREDENTIALS_DIRECTORY} is not set: this process has no systemd credentials "
+    f"(they exist only in a service started by its unit, whose LoadCredential=netlimit:{CREDENTIALS_SOURCE} "
+    "hands them over; docs/operations.md, Secrets)"
+)
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _PLACEHOLDER = "netlimit-unset"
 
@@ -97,6 +106,8 @@ def _expand(text: str, secrets: bool, safe: str | None = None) -> str:
         value = os.environ.get(m.group(1))
         if value is None:
             if secrets:
+                if m.group(1) == "CREDENTIALS_DIRECTORY":
+                    raise ValueError(NO_CREDENTIALS)
                 raise ValueError(f"${{{m.group(1)}}} is not set in the environment")
             return _PLACEHOLDER
         return value if safe is None else quote(value, safe=safe)
@@ -121,13 +132,32 @@ def _expand_url(url: str, secrets: bool) -> str:
     )
 
 
+def _missing_credential(path: str, strerror: str) -> str | None:
+    """What to do about a password file under ``$CREDENTIALS_DIRECTORY`` that is not
+    there: the units load every file of CREDENTIALS_SOURCE as credential netlimit_FILE."""
+    creds = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not creds or os.path.dirname(os.path.normpath(path)) != os.path.normpath(creds):
+        return None
+    name = os.path.basename(path)
+    if not name.startswith(CREDENTIAL_PREFIX):
+        return (
+            f"password file {path!r}: cannot read it: {strerror} (the units load each file of "
+            f"{CREDENTIALS_SOURCE} as $CREDENTIALS_DIRECTORY/{CREDENTIAL_PREFIX}FILE)"
+        )
+    return (
+        f"systemd credential {name!r} is missing (not in $CREDENTIALS_DIRECTORY {creds}): put the password in "
+        f"{CREDENTIALS_SOURCE}/{name[len(CREDENTIAL_PREFIX) :]} (mode 0600, root), then restart the unit"
+    )
+
+
 def read_secret(path: str) -> str:
     """The first line of a password file; ValueError saying why it cannot be read."""
     try:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_SECRET_BYTES + 1)
     except OSError as exc:
-        raise ValueError(f"password file {path!r}: cannot read it: {exc.strerror}") from None
+        missing = _missing_credential(path, exc.strerror or str(exc)) if isinstance(exc, FileNotFoundError) else None
+        raise ValueError(missing or f"password file {path!r}: cannot read it: {exc.strerror}") from None
     if len(raw) > MAX_SECRET_BYTES:
         raise ValueError(f"password file {path!r}: longer than {MAX_SECRET_BYTES} bytes")
     try:

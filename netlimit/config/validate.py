@@ -205,8 +205,8 @@ def secret_warnings(loaded: Loaded) -> list[Problem]:
                     col,
                     rule,
                     f"warning: a Redis password in a file every user can read (mode {mode & 0o777:04o}): take it from "
-                    "the environment (${REDIS_PASSWORD}) or a file (?password_file=${CREDENTIALS_DIRECTORY}/redis, "
-                    "systemd LoadCredential=); docs/operations.md, Secrets",
+                    "the environment (${REDIS_PASSWORD}) or a systemd credential (/etc/netlimit/credentials/redis, "
+                    "0600, and password_file: ${CREDENTIALS_DIRECTORY}/netlimit_redis); docs/operations.md, Secrets",
                 )
             )
     return out

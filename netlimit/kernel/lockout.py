@@ -286,4 +286,5 @@ def problems(loaded: Any, hits: list[Hit]) -> list[Any]:
     for h in hits:
         line, col = where.get(h.rule, (1, 1))
         out.append(Problem(loaded.path, line, col, h.rule, f"warning: {h.what}: could lock out {h.target.describe()}"))
-    return out
+    # a rule of an `include:`d file: its own file and line, not the merged document's encoding
+    return loaded.decode(out)

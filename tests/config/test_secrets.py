@@ -1,6 +1,6 @@
 """Secrets out of the world-readable file (issue 31 item 8): ``${VAR}`` in storage
 URLs, ``password_file`` (a URL option or a section key, e.g. under systemd's
-LoadCredential= ``${CREDENTIALS_DIRECTORY}/redis``), and `validate` warning about
+LoadCredential= ``${CREDENTIALS_DIRECTORY}/netlimit_redis``), and `validate` warning about
 a password written in a file every user can read. The end-to-end test runs a real
 sidecar against a real password-protected redis-server."""
 
@@ -184,3 +184,24 @@ def test_sidecar_takes_its_redis_password_from_env_and_from_a_credential(tmp_pat
         p.stderr
     )
     assert PW not in p.stderr and sys.executable
+
+
+def test_a_missing_systemd_credential_says_where_it_comes_from(tmp_path, monkeypatch):
+    """The units load /etc/netlimit/credentials/NAME as $CREDENTIALS_DIRECTORY/netlimit_NAME:
+    a missing one names the file to create; outside a unit there are no credentials."""
+    url = "redis://127.0.0.1:6379/0?password_file=${CREDENTIALS_DIRECTORY}/netlimit_redis"
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    with pytest.raises(ValueError, match=r"\$\{CREDENTIALS_DIRECTORY\} is not set: this process has no systemd cred"):
+        parse_redis_url(url)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    with pytest.raises(ValueError) as err:
+        parse_redis_url(url)
+    assert str(err.value) == (
+        f"systemd credential 'netlimit_redis' is missing (not in $CREDENTIALS_DIRECTORY {tmp_path}): "
+        "put the password in /etc/netlimit/credentials/redis (mode 0600, root), then restart the unit"
+    )
+    (tmp_path / "netlimit_redis").write_text(PW + "\n")
+    assert parse_redis_url(url).password == PW
+    # a file elsewhere keeps the plain message
+    with pytest.raises(ValueError, match=r"password file '/nonexistent/pw': cannot read it"):
+        parse_redis_url("redis://127.0.0.1:6379/0?password_file=/nonexistent/pw")

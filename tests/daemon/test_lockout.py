@@ -311,3 +311,35 @@ def logged_lockout(netns: str, config: Path) -> tuple[str, str]:
         lg.removeHandler(h)
     assert len(got) == 1, [r.getMessage() for r in got]
     return got[0].levelname, got[0].getMessage()
+
+
+def test_a_rule_from_an_included_file_is_warned_at_its_own_file_and_line(tmp_path: Path):
+    """`include:` carries an included file's positions encoded (line + k * LINE_BASE)
+    through the checks: the lock-out warning and apply's refusal name the included
+    file and its real line, as every other problem does."""
+    main = tmp_path / "netlimit.yaml"
+    main.write_text("version: 1\ninclude: [conf.d/*.yaml]\nnetwork:\n  - name: web\n    protocol: tcp\n")
+    main.write_text(main.read_text() + "    ports: [80]\n    limit: 10/second\n")
+    (tmp_path / "conf.d").mkdir()
+    ssh = tmp_path / "conf.d" / "10-ssh.yaml"
+    ssh.write_text("# ssh\nnetwork:\n  - name: ssh-slow\n    protocol: tcp\n    ports: [22]\n    limit: 1/minute\n")
+    session = "could lock out your SSH session from 203.0.113.7 to port 22 (SSH_CONNECTION)"
+    res = runner.invoke(app, ["validate", str(main)], env={"SSH_CONNECTION": SESSION})
+    assert res.exit_code == 0, res.output
+    warned = [line for line in res.output.splitlines() if "(SSH_CONNECTION)" in line]
+    assert warned == [f"{ssh}:3:11: ssh-slow: warning: drops packets above 1/minute per source: {session}"]
+    plan = runner.invoke(app, ["plan", str(main), "--backend", "nftables"], env={"SSH_CONNECTION": SESSION})
+    assert f"{ssh}:3:11: ssh-slow: warning: drops packets" in plan.output, plan.output
+    assert str(10_000_000) not in res.output + plan.output  # no encoded line anywhere
+
+
+def test_apply_refuses_naming_the_included_file(tmp_path: Path, netns: str):
+    main = tmp_path / "netlimit.yaml"
+    main.write_text("version: 1\ninclude: [conf.d/*.yaml]\n")
+    (tmp_path / "conf.d").mkdir()
+    ssh = tmp_path / "conf.d" / "10-ssh.yaml"
+    ssh.write_text("network:\n  - name: ssh-slow\n    protocol: tcp\n    ports: [22]\n    limit: 1/minute\n")
+    res = in_ns(netns, "apply", str(main), "--backend", "nftables", env={"SSH_CONNECTION": SESSION})
+    assert res.returncode == 1, res.stderr
+    assert f"{ssh}:2:11: ssh-slow: drops packets above 1/minute per source: could lock out" in res.stderr, res.stderr
+    assert table(netns) == ""  # nothing was installed

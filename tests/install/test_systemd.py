@@ -206,3 +206,114 @@ def test_netlimitd_starts_after_the_firewalls_and_does_not_restart_on_an_invalid
     assert {"nftables.service", "firewalld.service"} <= set(after.split())
     assert "Restart=on-failure" in lines and "RestartPreventExitStatus=1" in lines
     assert not any(x.startswith("PartOf=") for x in lines)
+
+
+SECRET = "s3cr3t-Cred:ential/#1"  # URL-special characters: it never goes through a URL
+CRED_CONFIG = """\
+version: 1
+http:
+  domain: api
+  storage: redis://127.0.0.1:{port}/0
+  password_file: ${{CREDENTIALS_DIRECTORY}}/netlimit_redis
+  actions:
+    - [remote_address]
+  descriptors:
+    - key: remote_address
+      rate_limit: {{unit: minute, requests_per_unit: 1}}
+"""
+CHECK = (
+    "import json,sys,urllib.request,urllib.error,time\n"
+    "body=json.dumps({'domain':'api','descriptors':[{'entries':[{'key':'remote_address','value':'10.7.7.7'}]}]})\n"
+    "out=[]\n"
+    "for i in range(100):\n"
+    "    try:\n"
+    "        urllib.request.urlopen('http://127.0.0.1:8081/healthz', timeout=2); break\n"
+    "    except OSError: time.sleep(0.1)\n"
+    "for i in range(2):\n"
+    "    req=urllib.request.Request('http://127.0.0.1:8081/v1/check', data=body.encode(),"
+    " headers={'Content-Type':'application/json'})\n"
+    "    try: out.append(urllib.request.urlopen(req, timeout=5).status)\n"
+    "    except urllib.error.HTTPError as e: out.append(e.code)\n"
+    "print(out)\n"
+)
+
+
+@pytest.mark.netns
+@pytest.mark.systemd
+@pytest.mark.redis
+@pytest.mark.timeout(1500)
+def test_redis_password_reaches_the_sidecar_as_a_systemd_credential(container, tmp_path):
+    """Issue 31 item 8 under a real systemd: the shipped unit's
+    LoadCredential=netlimit:/etc/netlimit/credentials hands the root-only password
+    file to the sidecar's dynamic user; it is never in `systemctl show`, the
+    environment, the command line or the journal; without it the sidecar says which
+    credential is missing and where to put it."""
+    c = container
+    redis = _need("redis-server")
+    port = 6391
+    (tmp_path / "redis").mkdir()
+    srv = subprocess.Popen(
+        ["ip", "netns", "exec", c.netns, redis, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        + ["--appendonly", "no", "--dir", str(tmp_path / "redis"), "--requirepass", SECRET],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def dbsize() -> str:
+        res = subprocess.run(
+            ["ip", "netns", "exec", c.netns, "redis-cli", "-p", str(port), "dbsize"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "REDISCLI_AUTH": SECRET},
+        )
+        return res.stdout.strip()
+
+    try:
+        wait_for(lambda: dbsize() == "0", 20, "redis-server in the container's namespace")
+        creds = c.merged / "etc/netlimit/credentials"
+        assert oct(creds.stat().st_mode & 0o777) == "0o700"  # made by install-service
+        (creds / "redis").write_text(SECRET + "\n")
+        (creds / "redis").chmod(0o600)
+        c.write("/etc/netlimit/netlimit.yaml", CRED_CONFIG.format(port=port))
+        c.run(["systemctl", "start", "netlimit-sidecar"], timeout=60)
+
+        out = c.run(["/opt/netlimit/bin/python", "-c", CHECK], timeout=60).stdout.strip()
+        assert out == "[200, 429]", c.journal("netlimit-sidecar")
+        assert int(dbsize()) >= 1  # the count is in the password-protected Redis
+
+        show = c.run(["systemctl", "show", "netlimit-sidecar"]).stdout
+        # the shipped unit, unedited, is what loads it (systemd 252's `show` does not list LoadCredential=)
+        assert (
+            "\nLoadCredential=netlimit:/etc/netlimit/credentials\n"
+            in c.run(["systemctl", "cat", "netlimit-sidecar"]).stdout
+        )
+        pid = re.search(r"^MainPID=(\d+)$", show, re.M)
+        assert pid and pid.group(1) != "0", show
+        environ = c.run(["cat", f"/proc/{pid.group(1)}/environ"]).stdout.split("\0")
+        cmdline = c.run(["cat", f"/proc/{pid.group(1)}/cmdline"]).stdout
+        assert "CREDENTIALS_DIRECTORY=/run/credentials/netlimit-sidecar.service" in environ
+        journal = c.journal("netlimit-sidecar", 500)
+        for where, text in (("systemctl show", show), ("environ", "\n".join(environ)), ("cmdline", cmdline)):
+            assert SECRET not in text, where
+        assert SECRET not in journal
+        # only the service's own (dynamic) user can read the credential
+        cred = c.run(["stat", "-c", "%a %U", "/run/credentials/netlimit-sidecar.service/netlimit_redis"]).stdout
+        assert cred.split()[0] == "400" and cred.split()[1] != "root", cred
+
+        # the credential taken away: the sidecar does not start, and says what to do
+        (creds / "redis").unlink()
+        c.run(["systemctl", "restart", "netlimit-sidecar"], check=False, timeout=60)
+        hint = "systemd credential 'netlimit_redis' is missing"
+
+        def errors() -> str:
+            cmd = ["journalctl", "-u", "netlimit-sidecar", "-p", "err", "--no-pager", "-o", "cat"]
+            return c.run(cmd, check=False).stdout
+
+        wait_for(lambda: hint in errors(), 30, "the missing credential's error")
+        assert "put the password in /etc/netlimit/credentials/redis (mode 0600, root)" in errors(), errors()
+        assert SECRET not in c.journal("netlimit-sidecar", 500)
+    finally:
+        c.run(["systemctl", "stop", "netlimit-sidecar"], check=False, timeout=60)
+        srv.kill()
+        srv.wait(timeout=10)

@@ -6,7 +6,9 @@ apt install ./netlimit_VERSION_amd64.deb -> netlimitd enabled and running -> an 
 /etc/netlimit/netlimit.yaml is picked up -> a UDP flood from a second namespace is cut to
 the configured rate -> upgrade to a later build: the operator's file kept, the daemon
 restarted, the rules never gone (sampled all along) -> apt remove: no unit running, no
-kernel object -> apt purge: no configuration left.
+kernel object -> apt purge: no configuration left. Also: man pages and completions
+installed, and netlimitd reaching a password-protected Redis through the packaged
+unit's LoadCredential= (the password never in its environment or journal).
 
     NETLIMIT_DEB=dist/netlimit_0.2.0_amd64.deb .venv/bin/python -m pytest -s tests/release/release_deb.py
 """
@@ -27,6 +29,8 @@ from debroot import DebContainer, bump_version
 pytestmark = [pytest.mark.systemd, pytest.mark.netns]
 
 PORT = 5000
+REDIS_PORT = 6393
+SECRET = "s3cr3t-Cred:ential/#1"
 CONF = """\
 version: 1
 on_stop: flush
@@ -61,6 +65,20 @@ def wait_for(pred, timeout: float, what: str, step: float = 0.2):
             return last
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+MAN_PAGES = (
+    "usr/share/man/man1/netlimit.1.gz",
+    "usr/share/man/man1/netlimit-apply.1.gz",
+    "usr/share/man/man1/netlimit-ban-add.1.gz",
+    "usr/share/man/man1/netlimit-daemon.1.gz",
+    "usr/share/man/man1/netlimitd.1.gz",
+)
+COMPLETIONS = (
+    "usr/share/bash-completion/completions/netlimit",
+    "usr/share/zsh/vendor-completions/_netlimit",
+    "usr/share/fish/vendor_completions.d/netlimit.fish",
+)
 
 
 @pytest.fixture
@@ -145,6 +163,28 @@ def nft_table(ns: str) -> str:
     return sh("ip", "netns", "exec", ns, "nft", "-a", "list", "table", "inet", "netlimit", check=False).stdout
 
 
+def test_the_package_carries_man_pages_and_completions(deb):
+    """`dpkg-deb -c`: a man page per command (gzipped, netlimitd(1) a link to
+    netlimit-daemon(1)) and the bash, zsh and fish completions where those shells look."""
+    listing = sh("dpkg-deb", "-c", str(deb)).stdout
+    entries = {line.split()[5].removeprefix("./"): line for line in listing.splitlines() if len(line.split()) >= 6}
+    for path in (*MAN_PAGES, *COMPLETIONS):
+        assert path in entries, f"{path} not in {deb.name}"
+    assert entries["usr/share/man/man1/netlimitd.1.gz"].startswith("l"), "netlimitd.1.gz is a link"
+    assert "-> netlimit-daemon.1.gz" in entries["usr/share/man/man1/netlimitd.1.gz"]
+    pages = [p for p in entries if p.startswith("usr/share/man/man1/netlimit")]
+    assert len(pages) >= 20, pages  # one per command and sub-command
+    with_bytecode = [p for p in entries if p.endswith(".pyc")]
+    assert not with_bytecode, with_bytecode[:5]
+    zsh = subprocess.run(
+        ["sh", "-c", f"dpkg-deb --fsys-tarfile {deb} | tar -xOf - ./usr/share/zsh/vendor-completions/_netlimit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert zsh.startswith("#compdef netlimit") and "_NETLIMIT_COMPLETE=complete_zsh" in zsh, zsh[:200]
+
+
 def test_install_enforce_reload_upgrade_remove_purge(deb, net, tmp_path):
     ns, cl = net
     t0 = time.monotonic()
@@ -173,6 +213,17 @@ def test_install_enforce_reload_upgrade_remove_purge(deb, net, tmp_path):
         assert c.run(["readlink", "-f", "/usr/bin/netlimitd"]).stdout.strip() == "/usr/lib/netlimit/bin/netlimitd"
         conffiles = c.run(["cat", "/var/lib/dpkg/info/netlimit.conffiles"]).stdout.split()
         assert "/etc/netlimit/netlimit.yaml" in conffiles
+        # the units' LoadCredential= directory, root-only (made by postinst)
+        assert c.run(["stat", "-c", "%a %U", "/etc/netlimit/credentials"]).stdout.split() == ["700", "root"]
+        # man pages and completions: bash completes from the installed script
+        for path in (*MAN_PAGES, *COMPLETIONS):
+            assert c.run(["test", "-s", "/" + path], check=False).returncode == 0, f"/{path} not installed"
+        script = (
+            "source /usr/share/bash-completion/completions/netlimit\n"
+            "COMP_WORDS=(netlimit va); COMP_CWORD=1; _netlimit_completion netlimit\n"
+            'printf "%s\\n" "${COMPREPLY[@]}"\n'
+        )
+        assert c.run(["bash", "-c", script]).stdout.split() == ["validate"]
 
         # --- edit the file: the daemon reloads it (inotify), the kernel follows
         c.write("/etc/netlimit/netlimit.yaml", CONF.format(port=PORT, rate=100))
@@ -239,6 +290,40 @@ def test_install_enforce_reload_upgrade_remove_purge(deb, net, tmp_path):
         assert version.endswith("+upgrade1"), version
         delivered, took = flood(ns, cl, packets=2000, secs=2.0)
         assert delivered <= 1.2 * (200 * took + 10) + 10, "limits still enforced after the upgrade"
+
+        # --- a Redis password as a systemd credential (docs/operations.md, Secrets): the
+        # packaged unit hands /etc/netlimit/credentials/redis to netlimitd for bans.store
+        t = time.monotonic()
+        redis = subprocess.Popen(
+            ["ip", "netns", "exec", ns, "redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1"]
+            + ["--save", "", "--appendonly", "no", "--dir", str(tmp_path), "--requirepass", SECRET],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            cred = c.merged / "etc/netlimit/credentials/redis"
+            cred.write_text(SECRET + "\n")
+            cred.chmod(0o600)
+            bans = f"bans:\n  store: redis://127.0.0.1:{REDIS_PORT}/0\n"
+            bans += "  password_file: ${CREDENTIALS_DIRECTORY}/netlimit_redis\n"
+            c.write("/etc/netlimit/netlimit.yaml", CONF.format(port=PORT, rate=200) + bans)
+            c.run(["systemctl", "restart", "netlimitd"], timeout=120)
+
+            def store() -> dict:
+                res = c.run(["netlimit", "status", "--json"], check=False)
+                return (json.loads(res.stdout).get("bans") or {}) if res.returncode == 0 else {}
+
+            wait_for(lambda: store().get("connected") is True, 60, "netlimitd connected with the credential")
+            # the Redis follower (connected only after AUTH, SUBSCRIBE and a snapshot), not a memory list
+            assert store()["store"].startswith(f"redis://127.0.0.1:{REDIS_PORT}/0"), store()
+            pid = c.run(["systemctl", "show", "-p", "MainPID", "--value", "netlimitd"]).stdout.strip()
+            seen = c.run(["cat", f"/proc/{pid}/environ", f"/proc/{pid}/cmdline"]).stdout
+            seen += c.run(["systemctl", "show", "netlimitd"]).stdout + c.journal("netlimitd", 500)
+            assert SECRET not in seen, "the password leaked into the environment, command line, show or journal"
+        finally:
+            redis.kill()
+            redis.wait(timeout=10)
+        timings["credential"] = time.monotonic() - t
 
         # --- apt remove: no unit running, no kernel object left
         c.run(["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "remove", "-y", "netlimit"], timeout=300)

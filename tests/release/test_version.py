@@ -48,3 +48,20 @@ def test_changelog_has_a_section_for_this_version():
     # every version heading has its link reference at the bottom (Keep a Changelog)
     for name in re.findall(r"^## \[([^\]]+)\]", text, re.M):
         assert re.search(rf"^\[{re.escape(name)}\]: \S+", text, re.M), f"no link for [{name}]"
+
+
+def test_project_urls_agree_with_the_debian_package_and_name_files_that_exist():
+    """One home for every place that names it (pyproject, debian/control and
+    debian/copyright), and the Documentation and Changelog links point at files of
+    this tree, so they break in a test, not on PyPI, when a page moves."""
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    home = urls["Homepage"]
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", home), home
+    assert urls["Source"] == home and urls["Issues"] == f"{home}/issues"
+    control = (ROOT / "debian" / "control").read_text()
+    assert f"\nHomepage: {home}\n" in control
+    assert f"\nSource: {home}\n" in (ROOT / "debian" / "copyright").read_text()
+    for key in ("Documentation", "Changelog"):
+        assert urls[key].startswith(f"{home}/blob/main/"), urls[key]
+        path = urls[key].removeprefix(f"{home}/blob/main/")
+        assert (ROOT / path).is_file(), f"{key}: {path} is not in the tree"
