@@ -13,7 +13,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from netlimit.kernel.xdp import libbpf
+import netlimit.kernel.xdp.libbpf as bpf
 from netlimit.kernel.xdp.libbpf import XdpError, check
 
 MAX_RULES = 32  # netlimit_xdp.c MAX_RULES
@@ -149,7 +149,7 @@ class BpfMap:
 
     def __init__(self, name: str, fd: int, key_size: int, value_size: int, percpu: bool = False):
         self.name, self.fd, self.key_size, self.value_size, self.percpu = name, fd, key_size, value_size, percpu
-        self._ncpu = libbpf.num_cpus() if percpu else 1
+        self._ncpu = bpf.num_cpus() if percpu else 1
         self._batch_ok: bool | None = None
 
     def close(self) -> None:
@@ -159,18 +159,18 @@ class BpfMap:
 
     def lookup(self, key: bytes) -> bytes | None:
         vbuf = ctypes.create_string_buffer(self.value_size * self._ncpu)
-        rc = libbpf.lib().bpf_map_lookup_elem(self.fd, key, vbuf)
+        rc = bpf.lib().bpf_map_lookup_elem(self.fd, key, vbuf)
         if rc < 0:
             if -rc == 2 or ctypes.get_errno() == 2:
                 return None
             check(rc, f"lookup in map {self.name}")
         return vbuf.raw
 
-    def update(self, key: bytes, value: bytes, flags: int = libbpf.BPF_ANY) -> None:
-        check(libbpf.lib().bpf_map_update_elem(self.fd, key, value, flags), f"update of map {self.name}")
+    def update(self, key: bytes, value: bytes, flags: int = bpf.BPF_ANY) -> None:
+        check(bpf.lib().bpf_map_update_elem(self.fd, key, value, flags), f"update of map {self.name}")
 
     def delete(self, key: bytes) -> bool:
-        rc = libbpf.lib().bpf_map_delete_elem(self.fd, key)
+        rc = bpf.lib().bpf_map_delete_elem(self.fd, key)
         if rc < 0 and -rc == 2:
             return False
         check(rc, f"delete from map {self.name}")
@@ -181,7 +181,7 @@ class BpfMap:
         cur: bytes | None = None
         nxt = ctypes.create_string_buffer(self.key_size)
         for _ in range(limit):
-            rc = libbpf.lib().bpf_map_get_next_key(self.fd, cur, nxt)
+            rc = bpf.lib().bpf_map_get_next_key(self.fd, cur, nxt)
             if rc < 0:
                 if -rc == 2:
                     return
@@ -201,7 +201,7 @@ class BpfMap:
                     keys = b"".join(k for k, _ in part)
                     vals = b"".join(v for _, v in part)
                     count = ctypes.c_uint32(len(part))
-                    rc = libbpf.lib().bpf_map_update_batch(self.fd, keys, vals, ctypes.byref(count), None)
+                    rc = bpf.lib().bpf_map_update_batch(self.fd, keys, vals, ctypes.byref(count), None)
                     check(rc, f"batch update of map {self.name}")
                 self._batch_ok = True
                 return "batch"
@@ -209,7 +209,7 @@ class BpfMap:
                 if exc.errno not in (22, 95, 524) or self._batch_ok:  # EINVAL/EOPNOTSUPP/ENOTSUPP
                     raise
                 self._batch_ok = False
-        upd = libbpf.lib().bpf_map_update_elem
+        upd = bpf.lib().bpf_map_update_elem
         for k, v in items:
             rc = upd(self.fd, k, v, 0)
             if rc < 0:
@@ -218,7 +218,7 @@ class BpfMap:
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         n = 0
-        dele = libbpf.lib().bpf_map_delete_elem
+        dele = bpf.lib().bpf_map_delete_elem
         for k in keys:
             rc = dele(self.fd, k)
             if rc == 0:

@@ -24,8 +24,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import netlimit.kernel.xdp.build as xdp_build
+import netlimit.kernel.xdp.libbpf as bpf
 from netlimit.kernel.netns import check_netns, run_in_netns
-from netlimit.kernel.xdp import build, libbpf
 from netlimit.kernel.xdp.libbpf import XdpError, check
 from netlimit.kernel.xdp.maps import (
     BUCKET_KEY,
@@ -51,8 +52,8 @@ BPFFS = "/sys/fs/bpf"
 PIN_ROOT = os.path.join(BPFFS, "netlimit")
 PROG_NAME = "netlimit_xdp"  # the C function's name: how an attached program is recognised as ours
 MODES = ("auto", "native", "generic")
-_MODE_FLAG = {"native": libbpf.XDP_FLAGS_DRV_MODE, "generic": libbpf.XDP_FLAGS_SKB_MODE}
-_ATTACHED_MODE = {libbpf.ATTACHED_DRV: "native", libbpf.ATTACHED_SKB: "generic", libbpf.ATTACHED_HW: "offload"}
+_MODE_FLAG = {"native": bpf.XDP_FLAGS_DRV_MODE, "generic": bpf.XDP_FLAGS_SKB_MODE}
+_ATTACHED_MODE = {bpf.ATTACHED_DRV: "native", bpf.ATTACHED_SKB: "generic", bpf.ATTACHED_HW: "offload"}
 
 # name -> (key size, value size, per-CPU)
 MAP_SHAPES: dict[str, tuple[int, int, bool]] = {
@@ -140,8 +141,8 @@ class XdpPath:
         interfaces keep the old program until attach() replaces it."""
         ensure_bpffs()
         os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
-        path = self.obj_path or build.object_path()
-        lib = libbpf.lib()
+        path = self.obj_path or xdp_build.object_path()
+        lib = bpf.lib()
         obj = lib.bpf_object__open_file(path.encode(), None)
         if not obj:
             raise XdpError(f"cannot open BPF object {path}: {os.strerror(ctypes.get_errno() or 22)}")
@@ -163,7 +164,7 @@ class XdpPath:
             fd = lib.bpf_program__fd(prog) if prog else -1
             if fd < 0:
                 raise XdpError(f"{path} has no program {PROG_NAME}")
-            prog_id, _ = libbpf.prog_info(fd)
+            prog_id, _ = bpf.prog_info(fd)
             tmp = os.path.join(self.pin_dir, f"prog_new{os.getpid()}")  # bpffs refuses names with a dot
             check(lib.bpf_obj_pin(fd, tmp.encode()), f"pinning the program at {tmp}")
             os.replace(tmp, os.path.join(self.pin_dir, "prog"))
@@ -175,9 +176,9 @@ class XdpPath:
         path = os.path.join(self.pin_dir, "prog")
         if not os.path.exists(path):
             return None
-        fd = libbpf.obj_get(path)
+        fd = bpf.obj_get(path)
         try:
-            return libbpf.prog_info(fd)[0]
+            return bpf.prog_info(fd)[0]
         finally:
             os.close(fd)
 
@@ -193,9 +194,9 @@ class XdpPath:
             raise XdpError(f"xdp mode {mode!r} is not one of {', '.join(MODES)}")
         if not self.loaded():
             raise XdpError(f"no XDP program loaded for {self.where()} (call load() first)")
-        fd = libbpf.obj_get(os.path.join(self.pin_dir, "prog"))
+        fd = bpf.obj_get(os.path.join(self.pin_dir, "prog"))
         try:
-            new_id = libbpf.prog_info(fd)[0]
+            new_id = bpf.prog_info(fd)[0]
             return self._in_ns(self._attach, ifname, mode, fd, new_id)
         finally:
             os.close(fd)
@@ -208,17 +209,17 @@ class XdpPath:
 
     def _current(self, ifindex: int) -> tuple[int, str, str]:
         """(prog id, mode, name) of what is attached; (0, '', '') when nothing."""
-        q = libbpf.XdpQueryOpts(sz=ctypes.sizeof(libbpf.XdpQueryOpts))
-        check(libbpf.lib().bpf_xdp_query(ifindex, 0, ctypes.byref(q)), "bpf_xdp_query")
-        if q.attach_mode == libbpf.ATTACHED_NONE:
+        q = bpf.XdpQueryOpts(sz=ctypes.sizeof(bpf.XdpQueryOpts))
+        check(bpf.lib().bpf_xdp_query(ifindex, 0, ctypes.byref(q)), "bpf_xdp_query")
+        if q.attach_mode == bpf.ATTACHED_NONE:
             return 0, "", ""
-        if q.attach_mode == libbpf.ATTACHED_MULTI:
+        if q.attach_mode == bpf.ATTACHED_MULTI:
             pid, mode = (q.drv_prog_id, "native") if q.drv_prog_id else (q.skb_prog_id, "generic")
             if q.hw_prog_id or (q.drv_prog_id and q.skb_prog_id):
                 return pid, "multi", "(several XDP programs)"
         else:
             pid, mode = q.prog_id, _ATTACHED_MODE.get(q.attach_mode, "?")
-        return pid, mode, libbpf.prog_info_by_id(pid)[1]
+        return pid, mode, bpf.prog_info_by_id(pid)[1]
 
     def _foreign(self, ifname: str, pid: int, name: str) -> XdpError:
         return XdpError(
@@ -229,7 +230,7 @@ class XdpPath:
         )
 
     def _attach(self, ifname: str, mode: str, fd: int, new_id: int) -> Attachment:
-        lib = libbpf.lib()
+        lib = bpf.lib()
         idx = self._ifindex(ifname)
         cur_id, cur_mode, cur_name = self._current(idx)
         if cur_id and cur_name != PROG_NAME:
@@ -240,8 +241,8 @@ class XdpPath:
             if mode in ("auto", cur_mode):
                 old_fd = check(lib.bpf_prog_get_fd_by_id(cur_id), f"bpf_prog_get_fd_by_id({cur_id})")
                 try:
-                    opts = libbpf.XdpAttachOpts(sz=ctypes.sizeof(libbpf.XdpAttachOpts), old_prog_fd=old_fd)
-                    flags = libbpf.XDP_FLAGS_REPLACE | _MODE_FLAG[cur_mode]
+                    opts = bpf.XdpAttachOpts(sz=ctypes.sizeof(bpf.XdpAttachOpts), old_prog_fd=old_fd)
+                    flags = bpf.XDP_FLAGS_REPLACE | _MODE_FLAG[cur_mode]
                     check(
                         lib.bpf_xdp_attach(idx, fd, flags, ctypes.byref(opts)), f"replacing XDP on {self.where(ifname)}"
                     )
@@ -253,7 +254,7 @@ class XdpPath:
         tries = ["native", "generic"] if mode == "auto" else [mode]
         errors = []
         for m in tries:
-            flags = libbpf.XDP_FLAGS_UPDATE_IF_NOEXIST | _MODE_FLAG[m]
+            flags = bpf.XDP_FLAGS_UPDATE_IF_NOEXIST | _MODE_FLAG[m]
             rc = lib.bpf_xdp_attach(idx, fd, flags, None)
             if rc == 0:
                 return Attachment(self.netns, ifname, idx, new_id, m, replaced=bool(cur_id))
@@ -270,12 +271,12 @@ class XdpPath:
             return False
         if name != PROG_NAME:
             return False
-        lib = libbpf.lib()
+        lib = bpf.lib()
         old_fd = check(lib.bpf_prog_get_fd_by_id(pid), f"bpf_prog_get_fd_by_id({pid})")
         try:
-            opts = libbpf.XdpAttachOpts(sz=ctypes.sizeof(libbpf.XdpAttachOpts), old_prog_fd=old_fd)
+            opts = bpf.XdpAttachOpts(sz=ctypes.sizeof(bpf.XdpAttachOpts), old_prog_fd=old_fd)
             # REPLACE with the expected program: detaches only if it is still ours
-            flags = libbpf.XDP_FLAGS_REPLACE | _MODE_FLAG.get(mode, 0)
+            flags = bpf.XDP_FLAGS_REPLACE | _MODE_FLAG.get(mode, 0)
             check(lib.bpf_xdp_detach(idx, flags, ctypes.byref(opts)), f"detaching XDP from {self.where(ifname)}")
         finally:
             os.close(old_fd)
@@ -351,7 +352,7 @@ class XdpPath:
             if not os.path.exists(path):
                 raise XdpError(f"{path} is not pinned: the XDP path of {self.where()} is not loaded")
             ks, vs, percpu = MAP_SHAPES[name]
-            self._maps[name] = BpfMap(name, libbpf.obj_get(path), ks, vs, percpu)
+            self._maps[name] = BpfMap(name, bpf.obj_get(path), ks, vs, percpu)
         return self._maps[name]
 
     def _kind(self, kind: str) -> tuple[BpfMap, BpfMap]:
@@ -459,19 +460,19 @@ class XdpPath:
     # -- measurement ---------------------------------------------------------------
     def test_run(self, packet: bytes, repeat: int = 100_000) -> tuple[int, float]:
         """BPF_PROG_TEST_RUN of the pinned program on one frame: (XDP action, ns per run)."""
-        fd = libbpf.obj_get(os.path.join(self.pin_dir, "prog"))
+        fd = bpf.obj_get(os.path.join(self.pin_dir, "prog"))
         try:
             buf = ctypes.create_string_buffer(packet, len(packet))
             out = ctypes.create_string_buffer(len(packet) + 256)
-            opts = libbpf.TestRunOpts(
-                sz=ctypes.sizeof(libbpf.TestRunOpts),
+            opts = bpf.TestRunOpts(
+                sz=ctypes.sizeof(bpf.TestRunOpts),
                 data_in=ctypes.cast(buf, ctypes.c_void_p),
                 data_size_in=len(packet),
                 data_out=ctypes.cast(out, ctypes.c_void_p),
                 data_size_out=len(out),
                 repeat=repeat,
             )
-            check(libbpf.lib().bpf_prog_test_run_opts(fd, ctypes.byref(opts)), "BPF_PROG_TEST_RUN")
+            check(bpf.lib().bpf_prog_test_run_opts(fd, ctypes.byref(opts)), "BPF_PROG_TEST_RUN")
             return opts.retval, float(opts.duration)
         finally:
             os.close(fd)
