@@ -43,9 +43,9 @@ from netlimit.kernel.xdp.maps import (
     XdpRule,
     decode_rule,
     encode_rules,
-    lpm_key,
     lpm_key_decode,
-    split_families,
+    prefix_key,
+    split_keys,
 )
 
 BPFFS = "/sys/fs/bpf"
@@ -364,32 +364,29 @@ class XdpPath:
         """Add prefixes to exempt/bans/deny (value: expiry in unix seconds, 0 none; the
         daemon removes expired bans). Batched. Returns how many were written."""
         m4, m6 = self._kind(kind)
-        v4, v6 = split_families(prefixes)
+        k4, k6 = split_keys(prefixes)
         val = VALUE.pack(int(expires))
-        m4.update_many([(lpm_key(n), val) for n in v4])
-        m6.update_many([(lpm_key(n), val) for n in v6])
-        return len(v4) + len(v6)
+        m4.update_many([(k, val) for k in k4])
+        m6.update_many([(k, val) for k in k6])
+        return len(k4) + len(k6)
 
     def add_bans(self, bans: Mapping[str, float] | Iterable[str], expires: float = 0) -> int:
         """Bans: an iterable of prefixes (one expiry for all) or {prefix: expiry}."""
         if isinstance(bans, Mapping):
             m4, m6 = self._kind("bans")
-            items4, items6 = [], []
+            items: dict[int, list[tuple[bytes, bytes]]] = {4: [], 6: []}
             for p, exp in bans.items():
-                (n4, n6) = split_families([p])
-                for n in n4:
-                    items4.append((lpm_key(n), VALUE.pack(int(exp or 0))))
-                for n in n6:
-                    items6.append((lpm_key(n), VALUE.pack(int(exp or 0))))
-            m4.update_many(items4)
-            m6.update_many(items6)
-            return len(items4) + len(items6)
+                fam, key = prefix_key(p)
+                items[fam].append((key, VALUE.pack(int(exp or 0))))
+            m4.update_many(items[4])
+            m6.update_many(items[6])
+            return len(items[4]) + len(items[6])
         return self.add_prefixes("bans", bans, expires)
 
     def remove_prefixes(self, kind: str, prefixes: Iterable[str | Network]) -> int:
         m4, m6 = self._kind(kind)
-        v4, v6 = split_families(prefixes)
-        return m4.delete_many(lpm_key(n) for n in v4) + m6.delete_many(lpm_key(n) for n in v6)
+        k4, k6 = split_keys(prefixes)
+        return m4.delete_many(k4) + m6.delete_many(k6)
 
     def prefixes(self, kind: str) -> dict[Network, int]:
         """{prefix: expiry} of exempt/bans/deny."""
@@ -403,13 +400,16 @@ class XdpPath:
 
     def set_prefixes(self, kind: str, prefixes: Iterable[str | Network], expires: float = 0) -> tuple[int, int]:
         """Make exempt/bans/deny exactly `prefixes`: (added or rewritten, removed)."""
-        v4, v6 = split_families(prefixes)
+        k4, k6 = split_keys(prefixes)
         m4, m6 = self._kind(kind)
         removed = 0
-        for m, want in ((m4, v4), (m6, v6)):
-            keep = {lpm_key(n) for n in want}
+        for m, want in ((m4, k4), (m6, k6)):
+            keep = set(want)
             removed += m.delete_many([k for k in list(m.iter_keys()) if k not in keep])
-        return self.add_prefixes(kind, v4 + v6, expires), removed
+        val = VALUE.pack(int(expires))
+        m4.update_many([(k, val) for k in k4])
+        m6.update_many([(k, val) for k in k6])
+        return len(k4) + len(k6), removed
 
     def set_rules(self, rules: Sequence[XdpRule]) -> None:
         """Write the rule table (all MAX_RULES slots, one batch). A slot whose rule
