@@ -24,7 +24,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import netlimit.kernel.xdp.build as xdp_build
 import netlimit.kernel.xdp.libbpf as bpf
 from netlimit.kernel.netns import check_netns, run_in_netns
 from netlimit.kernel.xdp.libbpf import XdpError, check
@@ -141,7 +140,13 @@ class XdpPath:
         interfaces keep the old program until attach() replaces it."""
         ensure_bpffs()
         os.makedirs(self.pin_dir, mode=0o700, exist_ok=True)
-        path = self.obj_path or xdp_build.object_path()
+        if self.obj_path is None:
+            # imported here: `python -m netlimit.kernel.xdp.build` must not find itself imported
+            from netlimit.kernel.xdp.build import object_path
+
+            path = object_path()
+        else:
+            path = self.obj_path
         lib = bpf.lib()
         obj = lib.bpf_object__open_file(path.encode(), None)
         if not obj:
