@@ -403,6 +403,40 @@ class XdpPath:
                     out[lpm_key_decode(k)] = VALUE.unpack(v)[0]
         return out
 
+    def expire_bans(self, now: float | None = None) -> list[Network]:
+        """Remove bans whose expiry (unix seconds, non-zero) is at or before `now`: the
+        program does not look at expiry, the daemon calls this. Returns what it removed."""
+        now = time.time() if now is None else now
+        gone: list[Network] = []
+        for m in self._kind("bans"):
+            expired = []
+            for k in list(m.iter_keys()):
+                v = m.lookup(k)
+                if v is not None and 0 < VALUE.unpack(v)[0] <= now:
+                    expired.append(k)
+            m.delete_many(expired)
+            gone.extend(lpm_key_decode(k) for k in expired)
+        return gone
+
+    def status(self) -> dict:
+        """What list/status/plan need: loaded program, attachments, map sizes, counters."""
+        if not self.loaded():
+            return {"netns": self.netns, "loaded": False, "attachments": [], "foreign": self.foreign()}
+        return {
+            "netns": self.netns,
+            "loaded": True,
+            "prog_id": self.prog_id(),
+            "pin_dir": self.pin_dir,
+            "attachments": [a.__dict__ for a in self.attachments()],
+            "foreign": self.foreign(),
+            "entries": {
+                n: sum(1 for _ in self.map(n).iter_keys())
+                for n in ("exempt4", "exempt6", "bans4", "bans6", "deny4", "deny6")
+            },
+            "rules": len(self.rules()),
+            "counters": self.counters().__dict__,
+        }
+
     def set_prefixes(self, kind: str, prefixes: Iterable[str | Network], expires: float = 0) -> tuple[int, int]:
         """Make exempt/bans/deny exactly `prefixes`: (added or rewritten, removed)."""
         k4, k6 = split_keys(prefixes)

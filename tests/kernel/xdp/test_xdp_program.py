@@ -94,6 +94,18 @@ def test_changed_rule_slot_forgets_its_buckets(xdp):
 
 
 @pytest.mark.netns
+def test_expired_bans_are_removed_by_expire_bans(xdp):
+    now = time.time()
+    xdp.add_bans({"10.7.0.1/32": now - 1, "10.7.0.2/32": now + 3600, "2001:db8:7::/48": now - 5, "10.7.0.3/32": 0})
+    assert run(xdp, "10.7.0.1") == XDP_DROP, "the program itself does not look at expiry"
+    gone = xdp.expire_bans(now)
+    assert sorted(map(str, gone)) == ["10.7.0.1/32", "2001:db8:7::/48"]
+    assert run(xdp, "10.7.0.1") == XDP_PASS and run(xdp, "10.7.0.2") == XDP_DROP and run(xdp, "10.7.0.3") == XDP_DROP
+    st_ = xdp.status()
+    assert st_["loaded"] and st_["entries"]["bans4"] == 2 and st_["entries"]["bans6"] == 0
+
+
+@pytest.mark.netns
 def test_100k_bans_in_one_batch(xdp):
     bans = [str(ipaddress.IPv4Address(0x0B000000 + i)) + "/32" for i in range(100_000)]
     t0 = time.perf_counter()
