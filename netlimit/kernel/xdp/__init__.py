@@ -13,13 +13,14 @@ Public API (what the kernel registry / daemon wire in):
     XdpRule                   one early rule (limit/period/burst/protocol/ports/source prefix)
     XdpError                  every refusal (foreign program, missing interface, kernel error)
     leftovers()               files still pinned under /sys/fs/bpf/netlimit
+    prune_stale()             unpin the directories of namespaces that no longer exist
     UNSUPPORTED               rule features XDP cannot express, with the reason
 """
 
 from netlimit.kernel.xdp.libbpf import XdpError
 from netlimit.kernel.xdp.maps import MAX_RULES, XdpRule
 from netlimit.kernel.xdp.packets import frame
-from netlimit.kernel.xdp.path import PIN_ROOT, Attachment, Counters, XdpPath, leftovers
+from netlimit.kernel.xdp.path import PIN_ROOT, Attachment, Counters, XdpPath, leftovers, prune_stale
 
 # Rule features an XDP program cannot express: it runs before conntrack, so it has no
 # notion of a connection. validate must refuse these with `early: true`, naming why.
@@ -41,4 +42,5 @@ __all__ = [
     "XdpRule",
     "frame",
     "leftovers",
+    "prune_stale",
 ]

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import netlimit.kernel.xdp.libbpf as bpf
-from netlimit.kernel.netns import check_netns, run_in_netns
+from netlimit.kernel.netns import NetnsError, check_netns, netns_path, run_in_netns
 from netlimit.kernel.xdp.libbpf import XdpError, check
 from netlimit.kernel.xdp.maps import (
     BUCKET_KEY,
@@ -336,17 +336,23 @@ class XdpPath:
     def flush(self) -> list[str]:
         """Detach netlimit's program everywhere in the namespace and unpin everything
         (maps and buckets gone). Returns the interfaces it was detached from."""
-        detached = [a.ifname for a in self.attachments() if self.detach(a.ifname)]
+        gone = self.netns is not None and not os.path.exists(netns_path(self.netns))
+        # a deleted namespace took its interfaces (and their attachments) with it: unpin only
+        detached = [] if gone else [a.ifname for a in self.attachments() if self.detach(a.ifname)]
         self.close()
-        if os.path.isdir(self.pin_dir):
-            for name in os.listdir(self.pin_dir):
-                os.unlink(os.path.join(self.pin_dir, name))
-            os.rmdir(self.pin_dir)
+        self._unpin(self.pin_dir, self.pin_root)
+        return detached
+
+    @staticmethod
+    def _unpin(pin_dir: str, pin_root: str) -> None:
+        if os.path.isdir(pin_dir):
+            for name in os.listdir(pin_dir):
+                os.unlink(os.path.join(pin_dir, name))
+            os.rmdir(pin_dir)
         try:
-            os.rmdir(self.pin_root)  # the last namespace's flush leaves no netlimit directory
+            os.rmdir(pin_root)  # the last namespace's flush leaves no netlimit directory
         except OSError:
             pass
-        return detached
 
     # -- maps ----------------------------------------------------------------------
     def map(self, name: str) -> BpfMap:
@@ -515,6 +521,27 @@ class XdpPath:
             return opts.retval, float(opts.duration)
         finally:
             os.close(fd)
+
+
+def prune_stale(root: str = PIN_ROOT) -> list[str]:
+    """Unpin the directories of namespaces that no longer exist (their interfaces and
+    attachments went with them; the pinned maps would stay forever). Returns the
+    namespaces pruned. The daemon calls this where it prunes its state files."""
+    pruned: list[str] = []
+    if not os.path.isdir(root):
+        return pruned
+    for entry in sorted(os.listdir(root)):
+        if not entry.startswith("ns-"):
+            continue
+        name = entry[3:]
+        try:
+            exists = os.path.exists(netns_path(name))
+        except NetnsError:
+            continue
+        if not exists:
+            XdpPath._unpin(os.path.join(root, entry), root)
+            pruned.append(name)
+    return pruned
 
 
 def leftovers(root: str = PIN_ROOT) -> list[str]:

@@ -4,6 +4,7 @@ it (what XDP let through) and by the program's own per-CPU counters."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
@@ -212,3 +213,26 @@ def test_missing_interface_is_named(topo, xdp):
     with pytest.raises(XdpError, match="mode 'fast'"):
         xdp.attach(topo.srv_if, "fast")
     assert xdp.attachments() == []
+
+
+def test_mode_switch_and_stale_namespace_pins(topo, xdp):
+    """Asking for another mode re-attaches in that mode; pins of a namespace that was
+    deleted are pruned (its attachments went with its interfaces)."""
+    assert xdp.attach(topo.srv_if, "native").mode == "native"
+    att = xdp.attach(topo.srv_if, "generic")
+    assert att.mode == "generic" and "xdpgeneric" in xdp_on(topo)
+    assert [a.mode for a in xdp.attachments()] == ["generic"]
+    from netlimit.kernel.xdp import XdpPath, prune_stale
+
+    gone = f"{topo.cli}-x"
+    sh("ip", "netns", "add", gone)
+    try:
+        other = XdpPath(gone)
+        other.load()
+        other.add_bans(["192.0.2.0/24"])
+        other.close()
+    finally:
+        sh("ip", "netns", "del", gone)
+    assert os.path.isdir(other.pin_dir)
+    assert gone in prune_stale()
+    assert not os.path.exists(other.pin_dir) and os.path.isdir(xdp.pin_dir), "only the stale one is pruned"
