@@ -9,12 +9,15 @@ import subprocess
 import time
 
 import pytest
-from conftest import sh
 
 from netlimit.kernel import traffic
 from netlimit.kernel.xdp import XdpError, XdpRule
 
 pytestmark = pytest.mark.netns
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=check, timeout=30)
 
 
 def count_rule(topo, src: str, port: int) -> str:
