@@ -25,6 +25,10 @@ APT_PACKAGES=(
   # (software emulation where KVM is unusable), libvirt's own dnsmasq for DHCP
   vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
   dnsmasq-base ebtables qemu-system-x86 qemu-utils
+  # the XDP drop path (netlimit/kernel/xdp, issue 34): clang -target bpf builds the object,
+  # libbpf1 (pulled by libbpf-dev) loads it through ctypes; bpftool/xdp-tools to inspect,
+  # netsniff-ng for trafgen (a fast packet generator: no pktgen module on these kernels)
+  clang llvm libbpf-dev bpftool xdp-tools netsniff-ng
 )
 
 if [ "$(id -u)" != 0 ]; then
@@ -69,4 +73,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
+# the XDP object (netlimit/kernel/xdp/netlimit_xdp.o, package data; rebuilt when stale)
+.venv/bin/python -m netlimit.kernel.xdp.build
 echo "setup.sh: ready — $(.venv/bin/netlimit --version)"

@@ -159,6 +159,7 @@ def _root_snapshot() -> str:
         ["nft", "list", "tables"],
         ["tc", "qdisc", "show"],
         ["ip", "-br", "link"],
+        ["ip", "link", "show"],  # an XDP program shows as "prog/xdp … name netlimit_xdp"
     ):
         if shutil.which(cmd[0]):
             parts.append(_sh(*cmd, check=False).stdout)
@@ -174,5 +175,6 @@ def root_namespace_untouched():
     snap = _root_snapshot()
     for marker in ("netlimit", "NETLIMIT", "nlifb-", "4e4c:"):
         assert marker not in snap, f"{marker!r} found in the ROOT namespace:\n{snap}"
+    assert not os.path.exists("/sys/fs/bpf/netlimit/host"), "XDP maps pinned for the ROOT namespace"
     leftovers = [n for n in _sh("ip", "netns", "list").stdout.split() if n.startswith(f"nlt-{os.getpid()}-")]
     assert not leftovers, f"namespaces left behind: {leftovers}"
