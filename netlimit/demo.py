@@ -19,6 +19,7 @@ from pathlib import Path
 
 import typer
 
+from .errors import NetlimitError
 from .kernel import traffic
 
 SRV_IF, CLI_IF = "srv0", "cli0"
@@ -26,11 +27,11 @@ SRV4, CLI4, CLI4_EXEMPT = "198.18.0.1", "198.18.0.2", "198.18.0.3"
 PAYLOAD = 1448 / 1514
 
 
-class DemoError(Exception):
+class DemoError(NetlimitError):
     pass
 
 
-class DemoInterrupted(Exception):
+class DemoInterrupted(NetlimitError):
     """Ctrl-C (SIGINT) or SIGTERM ended the demo; the namespaces are gone.
     `netlimit demo` exits 128 + the signal's number (130 for Ctrl-C, as shells expect)."""
 

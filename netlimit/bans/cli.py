@@ -124,7 +124,7 @@ def add(
     by = f"{getpass.getuser()}@{socket.gethostname()} (cli)"
     try:
         res = bans.add(net, float(seconds), reason=reason, by=by, origin="manual")
-    except Exception as exc:
+    except Exception as exc:  # the list is redis-py or netlimitd's socket: _failed reports any failure as an exit code
         _failed(exc, c.ban_store)
     finally:
         bans.close()
@@ -149,7 +149,7 @@ def delete(
         gone = bans.delete(net)
     except typer.Exit:
         raise
-    except Exception as exc:
+    except Exception as exc:  # the list is redis-py or netlimitd's socket: _failed reports any failure as an exit code
         _failed(exc, loaded.config.ban_store)
     finally:
         bans.close()
@@ -170,7 +170,7 @@ def list_(
     loaded, bans = _open(config)
     try:
         snap = bans.snapshot()
-    except Exception as exc:
+    except Exception as exc:  # the list is redis-py or netlimitd's socket: _failed reports any failure as an exit code
         _failed(exc, loaded.config.ban_store)
     finally:
         bans.close()
@@ -208,7 +208,7 @@ def flush(config: Path = _CONFIG, yes: bool = _YES) -> None:
         n = bans.flush()
     except typer.Exit:
         raise
-    except Exception as exc:
+    except Exception as exc:  # the list is redis-py or netlimitd's socket: _failed reports any failure as an exit code
         _failed(exc, loaded.config.ban_store)
     finally:
         bans.close()

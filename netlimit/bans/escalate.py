@@ -204,7 +204,7 @@ class Escalator:
             res = await self.bans.add(
                 net, float(spec.ban), rule=name, reason=reason, by=self.by, origin="http", extend=True, repeat=repeat
             )
-        except Exception as exc:
+        except Exception as exc:  # a ban list (memory, Redis, netlimitd) that fails must not stop escalation
             self.errors["ban_store"] += 1
             if self._log.due("ban") >= 0:
                 log.warning("escalation: could not ban %s (rule %r): %s", net, name, exc)

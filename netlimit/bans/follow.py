@@ -214,7 +214,7 @@ class RedisFollower:
                     repeat=item.get("repeat"),
                 )
                 self.published += 1
-            except Exception:
+            except Exception:  # whatever failed: the item is kept for the next connection, then re-raised
                 self.publish_failed += 1
                 with self._olock:  # kept for the next connection
                     if len(self._outbox) < MAX_OUTBOX:

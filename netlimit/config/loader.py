@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from ..errors import NetlimitError
+
 Path = tuple[Any, ...]
 
 
@@ -59,7 +61,7 @@ class Document:
             path = path[:-1]
 
 
-class YamlError(Exception):
+class YamlError(NetlimitError):
     def __init__(self, problems: list[Problem]):
         super().__init__("\n".join(map(str, problems)))
         self.problems = problems
@@ -106,7 +108,7 @@ MAX_DEPTH = 64
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _Refused(Exception):
+class _Refused(NetlimitError):
     """The file goes past one of the loader's budgets."""
 
     def __init__(self, mark: Any, message: str):

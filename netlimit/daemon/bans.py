@@ -126,7 +126,7 @@ class BanFollower:
         on_stop: keep) is the list we start from."""
         try:
             held = self.kernel.bans_read() or {}
-        except Exception as exc:
+        except Exception as exc:  # a kernel read (netlink, ipset, libiptc) must never stop the daemon's start
             log.warning("bans: cannot read the kernel's ban sets: %s", exc)
             held = {}
         assert self.memory is not None
@@ -197,7 +197,7 @@ class BanFollower:
         try:
             held = self.kernel.bans_read() if full else None
             count = len(held) if held is not None else (None if full else self.kernel.bans_count())
-        except Exception as exc:
+        except Exception as exc:  # any failure of the read is drift to report, never a crash of the resync
             return [f"bans: cannot read the ban sets: {exc}"]
         if count is None:
             return ["bans: a ban set is missing"]  # the rule-set diff sees it too; its apply reloads
@@ -288,7 +288,7 @@ class BanFollower:
         t0 = time.monotonic()
         try:
             self.kernel.bans_replace(bans)
-        except Exception as exc:
+        except Exception as exc:  # the daemon outlives any refused write: counted, then retried
             self._failed(f"loading {len(bans)} bans ({why})", exc)
             return
         dt = time.monotonic() - t0
@@ -308,7 +308,7 @@ class BanFollower:
         try:
             self.kernel.bans_change(add, list(delta.remove))  # the writer orders them (by integer)
             self.writes += 1
-        except Exception as exc:
+        except Exception as exc:  # the daemon outlives any refused change: counted, then a full reload
             self._failed(f"writing {len(add)} additions and {len(delta.remove)} removals", exc)
             self.reload("after a refused change")
 
@@ -327,7 +327,7 @@ class BanFollower:
         """Hand the bans the packet path added (a network rule's escalate) to the list."""
         try:
             found = self.kernel.kernel_bans(self.escalating)
-        except Exception as exc:
+        except Exception as exc:  # a failed poll is logged and tried again; it must not stop the loop
             if self._log.due("poll") >= 0:
                 log.warning("bans: cannot read the rules' own ban sets: %s", exc)
             return

@@ -89,14 +89,14 @@ def register(app: typer.Typer) -> None:
                 out: dict[str, Any] = {"daemon": None}
                 try:
                     out["counters"] = KernelOps(netns).counters()
-                except Exception as exc:
+                except Exception as exc:  # any failure of the kernel read goes into the JSON answer
                     out["error"] = str(exc)
                 typer.echo(json.dumps(out, indent=2))
                 return
             typer.echo(f"no daemon answers on {socket_path}; reading the kernel instead")
             try:
                 rows = KernelOps(netns).counters()
-            except Exception as exc:
+            except Exception as exc:  # any failure of the kernel read: exit 2 saying why, not a traceback
                 err(f"cannot read the kernel: {exc}")
                 raise typer.Exit(EXIT_FAILED) from None
             _print_counters(rows)

@@ -26,6 +26,8 @@ import struct
 import threading
 from collections.abc import Callable
 
+from ..errors import NetlimitError
+
 log = logging.getLogger("netlimit.daemon")
 
 NETLINK_NETFILTER = 12
@@ -111,7 +113,7 @@ class NftWatch:
 
         try:
             sock = self._open()
-        except Exception as exc:
+        except (OSError, NetlimitError) as exc:  # the socket's OSError, or NetnsError from setns
             self.error = f"cannot listen to nftables notifications: {exc}"
             self._ready.set()
             return

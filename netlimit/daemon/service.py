@@ -212,7 +212,7 @@ class Daemon:
         try:  # the status answers while an apply waits on a lock: counters are then left out
             sizes = self.bans.kernel_sizes() if self.bans is not None else None
             d["counters"] = self.kernel.counters(wait=1.0, ban_sizes=sizes)
-        except Exception as exc:
+        except Exception as exc:  # a status never fails for its counters: any backend's read error is shown
             d["counters"] = []
             d["counters_error"] = str(exc)
         d["bandwidth"] = self.kernel.bandwidth()
@@ -227,7 +227,7 @@ class Daemon:
         t0 = time.monotonic()
         try:
             res = self.kernel.apply(loaded.config)
-        except Exception as exc:
+        except Exception as exc:  # the reconcile loop survives any failed apply: counted, reported, retried
             dt = time.monotonic() - t0
             self.status.applies_failed += 1
             self.status.last_apply_result = f"failed: {exc}"
@@ -412,7 +412,7 @@ class Daemon:
             return
         try:
             drift = self.kernel.drift(self.loaded.config)
-        except Exception as exc:
+        except Exception as exc:  # the resync loop survives any failed read of the kernel
             log.warning(f"resync: cannot read the kernel: {exc}")
             return
         self.status.last_drift_time = time.time()
@@ -524,7 +524,7 @@ class Daemon:
             try:
                 res = self.kernel.flush()
                 log.info(f"{why}: on_stop flush: {res['summary']}")
-            except Exception as exc:
+            except Exception as exc:  # on stop, any failure of the flush is logged and becomes exit code 2
                 log.error(f"{why}: flush failed: {exc}")
                 rc = 2
         else:

@@ -334,7 +334,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
 
         try:
             res = do_flush(netns, backend=choice.key)
-        except Exception as exc:
+        except Exception as exc:  # any backend's failure (netlink, iptables, pyroute2): exit 2 saying why
             base.err(f"error: flush failed: {exc}")
             raise typer.Exit(base.EXIT_FAILED) from None
         if not quiet:

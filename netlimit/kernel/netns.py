@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
+from ..errors import NetlimitError
+
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = "/run/netns"
@@ -33,7 +35,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,255}$")
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class NetnsError(Exception):
+class NetnsError(NetlimitError):
     pass
 
 
@@ -120,7 +122,7 @@ def run(
     return subprocess.run(exec_prefix(netns) + cmd, check=check, timeout=timeout, capture_output=True, text=True, **kw)
 
 
-class LockTimeout(Exception):
+class LockTimeout(NetlimitError):
     pass
 
 

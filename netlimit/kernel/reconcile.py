@@ -195,7 +195,7 @@ def apply(
                     tc_touched = True
                     tc.apply(changes.tc, state.tc)
                 res.timings["tc"] = time.monotonic() - t1
-            except Exception as exc:
+            except Exception as exc:  # any failure mid-write rolls back, then becomes an ApplyError
                 rule = getattr(exc, "rule", None)
                 problems = []
                 for key in reversed(cleaned):
@@ -211,7 +211,7 @@ def apply(
                 if tc_touched:
                     try:
                         tc.restore(state.tc)
-                    except Exception as rexc:  # pragma: no cover
+                    except Exception as rexc:  # pragma: no cover - reported, not hidden
                         problems.append(f"restoring tc failed: {rexc}")
                 msg = str(exc)
                 if rule and f"'{rule}'" not in msg:

@@ -13,12 +13,13 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ..errors import NetlimitError
 from .netns import exec_prefix
 
 PY = sys.executable
 
 
-class ToolMissing(Exception):
+class ToolMissing(NetlimitError):
     pass
 
 

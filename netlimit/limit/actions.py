@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
+from ..errors import NetlimitError
+
 Entry = tuple[str, str]
 
 _REMOTE, _PATH, _METHOD, _HEADER, _GENERIC = range(5)
@@ -173,7 +175,7 @@ def parse_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 _AMBIGUOUS_V4 = re.compile(r"(?:\[)?(?:0x[0-9a-f]+|\d+)(?:\.(?:0x[0-9a-f]+|\d+)){0,3}(?:\]?:\d*)?\Z", re.I)
 
 
-class BadAddress(ValueError):
+class BadAddress(NetlimitError, ValueError):
     """An X-Forwarded-For element in the client's place that could be read as
     several addresses: the request is refused (400), never keyed."""
 

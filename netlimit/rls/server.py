@@ -137,7 +137,7 @@ class GrpcServer:
             return
         try:
             await self.health.enter_graceful_shutdown()
-        except Exception:
+        except Exception:  # a failing health service must not keep the server from stopping
             pass
         await server.stop(grace)
         if self._v6_hold is not None:

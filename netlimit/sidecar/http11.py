@@ -59,6 +59,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from ..errors import NetlimitError
 from ..logevery import LogEvery
 from . import responses
 
@@ -102,7 +103,7 @@ class Limits:
     write_low: int = 64 * 1024
 
 
-class ClientError(Exception):
+class ClientError(NetlimitError):
     """A request answered with a 4xx and the connection closed (status, detail)."""
 
     def __init__(self, status: int, detail: str):

@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from ..errors import NetlimitError
 from ..limit.headers import problem_body, rate_headers
 from ..limit.limiter import OVER_LIMIT, CheckResult
 from ..limit.request import CheckRequest
@@ -85,7 +86,7 @@ _NOT_FORWARDED = HOP_BY_HOP | {"content-length", "expect"}
 _FRAMING = frozenset(("content-length", "transfer-encoding"))
 
 
-class UpstreamError(Exception):
+class UpstreamError(NetlimitError):
     def __init__(self, status: int, detail: str):
         super().__init__(detail)
         self.status = status
@@ -453,7 +454,7 @@ class Proxy:
                             continue
                         raise
                 raise AssertionError("unreachable")
-            except BaseException:
+            except BaseException:  # re-raised: the cleanup runs for every early end, cancellation included
                 # whatever ended the exchange early (the upstream failed, the client went
                 # away or was aborted by a timeout): this upstream connection is not reused
                 if up is not None and not up.in_pool:

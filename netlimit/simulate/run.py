@@ -48,7 +48,7 @@ def open_logs(
             probe = make_parser(f, Needs(peer=False), tz, fields)
             t0 = next((r[0] for r in map(probe, head) if not isinstance(r, str)), float("inf"))
             opened.append((t0, i, log, make_parser(f, needs, tz, fields), f))
-    except BaseException:
+    except BaseException:  # re-raised: the logs opened so far are closed on any failure, Ctrl-C included
         for _, _, log, _, _ in opened:
             log.close()
         raise

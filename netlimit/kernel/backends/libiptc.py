@@ -272,7 +272,7 @@ def _do(t, op: Op) -> None:
 def _commit(t, family: int, what: str, rule: str | None = None) -> None:
     try:
         t.commit()
-    except Exception as exc:
+    except Exception as exc:  # python-iptables raises IPTCError and others: each becomes an IptablesError
         raise IptablesError(f"{TOOL[family]} refused {what}: {exc}", rule) from exc
 
 
@@ -284,7 +284,7 @@ def _run(family: int, ops: list[Op], what: str) -> None:
             _do(t, op)
         except IptablesError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # python-iptables raises ValueError/XTablesError/...: each an IptablesError
             head = f"rule {op.rule!r}: " if op.rule else ""
             raise IptablesError(f"{head}libiptc refused `{op.text()}`: {exc}", op.rule) from exc
     names = [op.rule for op in ops if op.want is not None and op.rule]

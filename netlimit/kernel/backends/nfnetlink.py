@@ -27,6 +27,8 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from ...errors import NetlimitError
+
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_GETTABLE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM = 1, 4, 7, 10, 13
@@ -57,7 +59,7 @@ TIMEOUT_S = 10.0
 READ_BOUND_S = 2.0  # how long read_table / request retry torn reads (a bound in time, not in count)
 
 
-class NetlinkError(OSError):
+class NetlinkError(NetlimitError, OSError):
     pass
 
 
@@ -360,7 +362,7 @@ def _walk(buf: bytes, start: int, end: int):
         i += (ln + 3) & ~3
 
 
-class TornRead(Exception):
+class TornRead(NetlimitError):
     """A read that saw more than one generation (a dump interrupted, or a commit between
     the dumps): it is thrown away and read again."""
 

@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...errors import NetlimitError
 from ..objects import (
     IFB_PREFIX,
     TC_INGRESS_PRIO,
@@ -39,7 +40,7 @@ ETH_P = {"ip": 0x0800, "ipv6": 0x86DD, "all": 0x0003}
 ETH_P_NAME = {v: k for k, v in ETH_P.items()}
 
 
-class TcError(Exception):
+class TcError(NetlimitError):
     def __init__(self, message: str, rule: str | None = None):
         super().__init__(message)
         self.rule = rule
@@ -261,7 +262,7 @@ def _ticks_to_bytes(ticks: int, rate_bytes: int) -> int:
 def _read_filters(ipr, idx: int, dev: str, parent: int, names: dict[int, str]):
     try:
         msgs = ipr.get_filters(index=idx, parent=parent)
-    except Exception:
+    except Exception:  # pyroute2 raises anything for a device gone or a filter it cannot parse
         return
     for f in msgs:
         opts = f.get_attr("TCA_OPTIONS")
@@ -504,7 +505,7 @@ def apply(plan: TcPlan, st: TcState) -> None:
                 cur_obj[0] = f
                 try:
                     _add(ipr, f, ifindex_of)
-                except Exception:
+                except Exception:  # whatever failed: the qdisc just created is taken back, then re-raised
                     if created:  # without our filter the qdisc would look foreign: take it back now
                         _del_ingress_filter(ipr, idx, 0)
                     raise

@@ -115,7 +115,7 @@ class XtablesBackend:
             for _fam, p in sorted(plan.families.items()):
                 if not p.empty:
                     self.write_family(p)
-        except Exception:
+        except Exception:  # whatever failed: the sets written first are undone, then re-raised
             undo_before(plan.ipsets)
             raise
         write_after(plan.ipsets)

@@ -45,6 +45,7 @@ from typing import Any, cast
 import hiredis
 
 from ...config.redis_url import RedisURL, parse_redis_url
+from ...errors import NetlimitError
 
 __all__ = [
     "Address",
@@ -63,7 +64,7 @@ __all__ = [
 ]
 
 
-class RespError(Exception):
+class RespError(NetlimitError):
     """Base of this client's errors."""
 
 
@@ -297,7 +298,7 @@ class _Conn(asyncio.Protocol):
             try:
                 # flush() is scheduled only on a connected _Conn: its transport is set (no check per write)
                 self.transport.write(data)  # type: ignore[union-attr]
-            except Exception as e:
+            except Exception as e:  # a transport (asyncio, uvloop, ssl) may raise anything: the connection is aborted
                 self.abort(RespConnectionError(f"cannot write to redis at {self.client.address}: {e!r}"))
 
     def fail_all(self, err: BaseException) -> None:
@@ -441,6 +442,7 @@ class RespClient:
                 try:
                     # self._conn is set only once connected: its transport exists (no check per command)
                     conn.transport.write(data)  # type: ignore[union-attr]
+                # a transport (asyncio, uvloop, ssl) may raise anything: the connection is aborted
                 except Exception as e:
                     conn.abort(RespConnectionError(f"cannot write to redis at {self.address}: {e!r}"))
                     return fut
@@ -491,7 +493,7 @@ class RespClient:
         if self._conn is not None and self._conn.transport is not None:
             try:
                 self._conn.transport.abort()
-            except Exception:
+            except Exception:  # the old loop's transport may raise anything (its loop closed): it is dropped anyway
                 pass
         self._loop = loop
         self._conn = None
