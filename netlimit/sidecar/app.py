@@ -1,6 +1,6 @@
 """The HTTP sidecar's state: the config, the limiter, reloads, and what a
 decision request becomes (the endpoints themselves are in endpoints.py, the
-reverse proxy in proxy.py, the connections in http11.py, the listeners in
+reverse proxy in proxy.py, the connections in http11/, the listeners in
 server.py).
 
 Listeners::
@@ -56,7 +56,8 @@ from ..logs import problem_fields
 from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
 from . import responses
-from .http11 import ClientError, ServerState
+from .http11.head import ClientError
+from .http11.state import ServerState
 
 log = logging.getLogger("netlimit.sidecar")
 
@@ -463,7 +464,7 @@ class Sidecar:
 
 class _ListenerCollector:
     """/metrics families of the listeners' connections (``listener``: main, the
-    client-facing one; admin): what the bounds of http11.py did."""
+    client-facing one; admin): what the bounds of http11/ did."""
 
     def __init__(self, states: dict[str, ServerState]):
         self.states = states

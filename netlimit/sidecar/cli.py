@@ -136,7 +136,7 @@ def register(app: typer.Typer) -> None:
         from ..listen import parse_listen
         from .app import Sidecar
         from .auth import load_token
-        from .http11 import Limits
+        from .http11.state import Limits
         from .proxy import Origin
         from .server import serve
 

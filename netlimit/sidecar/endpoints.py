@@ -1,4 +1,4 @@
-"""The sidecar's own endpoints, as a handler of http11.HttpConnection: the
+"""The sidecar's own endpoints, as a handler of http11.connection.HttpConnection: the
 decision endpoints (nginx auth_request, Envoy ext_authz, the JSON API) and the
 operator endpoints (/healthz, /metrics, /v1/rules, /v1/top).
 
@@ -23,7 +23,8 @@ from ..logevery import LogEvery
 from . import responses
 from .app import Reply, Sidecar
 from .auth import bearer_ok
-from .http11 import ClientError, HttpConnection, Request
+from .http11.connection import HttpConnection
+from .http11.head import ClientError, Request
 from .json_api import parse_json_request, result_json
 
 log = logging.getLogger("netlimit.sidecar")

@@ -51,7 +51,8 @@ from ..limit.request import CheckRequest
 from ..logevery import LogEvery
 from . import responses
 from .app import MAX_DELAY, Sidecar
-from .http11 import HttpConnection, Request
+from .http11.connection import HttpConnection
+from .http11.head import Request
 
 log = logging.getLogger("netlimit.sidecar")
 _upstream_log = LogEvery(10.0)

@@ -13,7 +13,8 @@ from ..listen import format_hostport
 from .app import Sidecar
 from .auth import warn_exposed
 from .endpoints import Endpoints
-from .http11 import HttpConnection, Limits
+from .http11.connection import HttpConnection
+from .http11.state import Limits
 from .proxy import Origin, Proxy, UpstreamPool
 
 if TYPE_CHECKING:  # grpc is the optional extra netlimit[grpc]: imported only for --grpc
