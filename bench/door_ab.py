@@ -77,7 +77,7 @@ def _door(pkg: str, rules: str, peer: str) -> tuple[Any, _Transport]:
     ep = importlib.import_module(pkg + ".sidecar.endpoints")
     try:  # the server split into sidecar/http11/ (connection, state, ...), or the one module of older trees
         conn_cls = importlib.import_module(pkg + ".sidecar.http11.connection").HttpConnection
-        limits_cls = importlib.import_module(pkg + ".sidecar.http11.state").Limits
+        limits_cls = importlib.import_module(pkg + ".sidecar.http11.limits").Limits
     except ModuleNotFoundError:
         h = importlib.import_module(pkg + ".sidecar.http11")
         conn_cls, limits_cls = h.HttpConnection, h.Limits

@@ -56,7 +56,7 @@ from ..logs import problem_fields
 from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
 from . import responses
-from .http11.head import ClientError
+from .http11.limits import ClientError
 from .http11.state import ServerState
 
 log = logging.getLogger("netlimit.sidecar")

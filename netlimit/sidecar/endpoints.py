@@ -24,7 +24,8 @@ from . import responses
 from .app import Reply, Sidecar
 from .auth import bearer_ok
 from .http11.connection import HttpConnection
-from .http11.head import ClientError, Request
+from .http11.head import Request
+from .http11.limits import ClientError
 from .json_api import parse_json_request, result_json
 
 log = logging.getLogger("netlimit.sidecar")

@@ -41,14 +41,16 @@ endpoints, the proxy, the admin endpoints: see :class:`Handler`), which answers
 at once with bytes, or with a coroutine for what must wait (a Redis store, an
 upstream).  Bad requests are counted and logged at most once per interval,
 
-The package, along its seams:
+The package, along its seams (each imports only those above it):
 
-* :mod:`.head` -- the request head: :class:`~.head.Request`, the field tables and
-  the grammar checks llhttp leaves to us (Host, targets, paths), ``ClientError``;
+* :mod:`.limits` -- what a connection may cost (:class:`~.limits.Limits`) and
+  the refusal of a request (:class:`~.limits.ClientError`);
 * :mod:`.body` -- a request body as it arrives, bounded (:class:`~.body.Body`);
-* :mod:`.state` -- what a listener shares: :class:`~.state.Limits`, the
-  :class:`~.state.Handler` protocol, :class:`~.state.ServerState` (the connection
-  cap, the sweep of timeouts, the batch of answers);
-* :mod:`.connection` -- :class:`~.connection.HttpConnection`, the asyncio protocol:
-  llhttp's callbacks, the pipeline queue, answering in order.
+* :mod:`.head` -- the request head: :class:`~.head.Request`, the field tables and
+  the grammar checks llhttp leaves to us (Host, targets, paths);
+* :mod:`.state` -- a listener's :class:`~.state.ServerState`: its connections
+  (the cap, the sweep of timeouts), the answers batched per loop iteration;
+* :mod:`.connection` -- :class:`~.connection.HttpConnection`, the asyncio
+  protocol (llhttp's callbacks, the pipeline queue, answering in order), and
+  the :class:`~.connection.Handler` it hands each request to.
 """

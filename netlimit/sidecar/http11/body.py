@@ -5,13 +5,38 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .head import ClientError
+from .limits import ClientError, Limits
 
-if TYPE_CHECKING:
-    from .connection import HttpConnection
-    from .head import Request
+
+class _Counts(Protocol):
+    @property
+    def timeouts(self) -> dict[str, int]: ...
+
+
+class Owner(Protocol):
+    """What a body uses of its connection (connection.HttpConnection)."""
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def state(self) -> _Counts: ...
+
+    def pause(self, why: str) -> None: ...
+
+    def resume(self, why: str) -> None: ...
+
+    def write_now(self, out: bytes) -> None: ...
+
+
+class Asked(Protocol):
+    """What a body uses of its request (head.Request): whether the client waits for 100 Continue."""
+
+    expect_continue: bool
+    continued: bool
+
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -21,7 +46,7 @@ class Body:
 
     __slots__ = ("conn", "req", "length", "chunks", "size", "done", "error", "waiter", "received", "discard")
 
-    def __init__(self, conn: HttpConnection, req: Request, length: int | None):
+    def __init__(self, conn: Owner, req: Asked, length: int | None):
         self.conn = conn
         self.req = req
         self.length = length  # Content-Length, or None when chunked
@@ -99,4 +124,3 @@ class Body:
             if n > limit:
                 raise ClientError(413, f"{what} is limited to {limit} bytes")
             parts.append(data)
-

@@ -12,15 +12,16 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, Protocol
 
 import httptools
 
 from ...logevery import LogEvery
 from .. import responses
 from .body import Body
-from .head import NAMES, XFF, ClientError, Request, check_head, edge_tab, field_name
-from .state import Handler, Limits, ServerState
+from .head import NAMES, XFF, Request, check_head, edge_tab, field_name
+from .limits import ClientError, Limits
+from .state import ServerState
 
 log = logging.getLogger("netlimit.sidecar")
 _monotonic = time.monotonic
@@ -32,6 +33,22 @@ _HEAD_END = b"\r\n\r\n"
 _CR_LF = (b"\r", b"\n")
 _bad_log = LogEvery(10.0)
 _METHODS: dict[bytes, str] = {}  # llhttp's method names -> text
+
+
+class Handler(Protocol):
+    @property
+    def wanted(self) -> frozenset[str] | None:
+        """The header names the handler reads (lower case), or None for every field
+        (a proxy forwards them all); the others are not even decoded."""
+        ...
+
+    def handle(self, conn: HttpConnection, req: Request) -> bytes | Awaitable[bytes | None]:
+        """The whole answer now, or a coroutine that writes or returns it."""
+        ...
+
+    def bad_request(self) -> None:
+        """Count a request refused before it reached the handler."""
+        ...
 
 
 class HttpConnection(asyncio.Protocol):
@@ -395,7 +412,7 @@ class HttpConnection(asyncio.Protocol):
         if self.head_bytes > self.limits.max_head:  # a head that arrived whole in one read
             cur.error = ClientError(431, f"the request head is larger than {self.limits.max_head} bytes")
         if cur.error is None:
-            cur.error = check_head(cur, self.limits, version)
+            cur.error = check_head(cur, self.limits.max_headers, version)
         if cur.error is None and "expect" in f:
             if f["expect"].lower() == "100-continue":
                 cur.expect_continue = not cur.http10
@@ -636,4 +653,3 @@ class HttpConnection(asyncio.Protocol):
 def _reason(exc: Exception) -> str:
     text = str(exc) or type(exc).__name__
     return text[:100]
-

@@ -10,9 +10,10 @@ import re
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+from .limits import ClientError
+
 if TYPE_CHECKING:
     from .body import Body
-    from .state import Limits
 
 #: field names as sent -> (lower-case text, what on_header checks: see SPECIAL);
 #: names repeat, so each is decoded and looked up once
@@ -26,16 +27,6 @@ def field_name(raw: bytes) -> tuple[str, tuple[int, bool, int] | None]:
     lname = raw.decode("latin-1").lower()
     info = NAMES[raw] = (lname, SPECIAL.get(lname))
     return info
-
-
-class ClientError(Exception):
-    """A request answered with a 4xx and the connection closed (status, detail)."""
-
-    def __init__(self, status: int, detail: str):
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-
 
 
 class Request:
@@ -88,11 +79,10 @@ class Request:
         self.xff = None
 
 
-
-def check_head(req: Request, limits: Limits, version: str) -> ClientError | None:
+def check_head(req: Request, max_headers: int, version: str) -> ClientError | None:
     """What nginx refuses and llhttp lets through; the target split into path and query."""
-    if req._size > limits.max_headers:
-        return ClientError(431, f"more than {limits.max_headers} header fields")
+    if req._size > max_headers:
+        return ClientError(431, f"more than {max_headers} header fields")
     if version != "1.1" and version != "1.0":  # llhttp also takes 0.9 and 2.0
         if version >= "2":
             return ClientError(505, "HTTP/1.1 and HTTP/1.0 only")

@@ -1,56 +1,19 @@
-"""What a listener shares: the bounds of a connection (:class:`Limits`), the
-handler a connection hands requests to (:class:`Handler`), and the running
-listener's state (:class:`ServerState`: its connections, the sweep of their
-timeouts, the shedding at the cap, the answers batched per loop iteration)."""
+"""A running listener's state (:class:`ServerState`): its connections, the
+sweep of their timeouts, the shedding at the connection cap, the answers
+batched per loop iteration, and the counts /metrics shows.  The connections
+are connection.HttpConnection objects (typed loosely here: that module
+imports this one)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-from .head import ClientError
-
-if TYPE_CHECKING:
-    from .connection import HttpConnection
-    from .head import Request
+from .limits import ClientError
 
 log = logging.getLogger("netlimit.sidecar")
 _monotonic = time.monotonic
-
-
-@dataclass
-class Limits:
-    """What one client connection may cost; the defaults follow nginx's."""
-
-    header_timeout: float = 30.0
-    body_timeout: float = 60.0
-    keepalive_timeout: float = 75.0
-    send_timeout: float = 60.0
-    max_head: int = 64 * 1024
-    max_headers: int = 100
-    max_pipeline: int = 32
-    max_body_buffer: int = 256 * 1024
-    write_high: int = 256 * 1024
-    write_low: int = 64 * 1024
-
-
-class Handler(Protocol):
-    @property
-    def wanted(self) -> frozenset[str] | None:
-        """The header names the handler reads (lower case), or None for every field
-        (a proxy forwards them all); the others are not even decoded."""
-        ...
-
-    def handle(self, conn: HttpConnection, req: Request) -> bytes | Awaitable[bytes | None]:
-        """The whole answer now, or a coroutine that writes or returns it."""
-        ...
-
-    def bad_request(self) -> None:
-        """Count a request refused before it reached the handler."""
-        ...
 
 
 class ServerState:
@@ -64,7 +27,7 @@ class ServerState:
     __slots__ = ("conns", "out_batch", "max_connections", "shed", "refused", "timeouts", "queued_max", "errors")
 
     def __init__(self, max_connections: int = 10_000) -> None:
-        self.conns: dict[HttpConnection, None] = {}  # insertion order: the oldest first
+        self.conns: dict[Any, None] = {}  # insertion order: the oldest first
         self.out_batch: list[tuple[Any, bytes, bool]] | None = None
         self.max_connections = max_connections
         self.shed = 0  # connections closed to make room
@@ -73,7 +36,7 @@ class ServerState:
         self.queued_max = 0  # the most requests one connection had queued at once
         self.errors = 0  # requests answered 500 because the sidecar failed
 
-    def add(self, conn: HttpConnection) -> bool:
+    def add(self, conn: Any) -> bool:
         """Register a new connection; at the cap, shed the one that has been waiting on
         its client the longest -- idle between requests, or in the middle of a
         request head (a slow client: not idle, but given nothing yet) -- and refuse
@@ -149,4 +112,3 @@ class ServerState:
                         t.close()
                 except Exception:  # a transport gone under us: the others still go out
                     log.debug("answer not written", exc_info=True)
-
