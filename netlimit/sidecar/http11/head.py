@@ -109,8 +109,26 @@ def check_head(req: Request, max_headers: int, version: str) -> ClientError | No
             return ClientError(400, "an invalid Host")
     if req.method == "CONNECT":
         return ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
-    target = req._url.decode("latin-1")
-    req.target = target
+    t = _TARGETS.get(req._url)
+    if t is None:  # a target not seen lately: split and checked once (they repeat)
+        target = req.target = req._url.decode("latin-1")
+        split = _split_target(target)
+        if isinstance(split, ClientError):
+            return split
+        if len(_TARGETS) >= 4096:  # clients choose them: bounded
+            _TARGETS.clear()
+        t = _TARGETS[req._url] = split
+    req.target, req.path, req.query = t
+    return None
+
+
+#: request-targets accepted lately -> (target, path, query)
+_TARGETS: dict[bytes, tuple[str, str, str]] = {}
+
+
+def _split_target(target: str) -> tuple[str, str, str] | ClientError:
+    """(target, path, query) of an origin-form or absolute-form target (its path),
+    or why it is refused."""
     if target.startswith("/"):
         path = target
     elif target[:8].lower().startswith(("http://", "https://")):  # absolute-form (RFC 9112 §3.2.2): its path
@@ -126,20 +144,21 @@ def check_head(req: Request, max_headers: int, version: str) -> ClientError | No
         return ClientError(400, "asterisk-form targets (OPTIONS *) are not served")
     else:
         return ClientError(400, "the request target must be a path (origin-form) or an absolute URL")
+    query = ""
     q = path.find("?")
     if q >= 0:
-        req.path, req.query = path[:q], path[q + 1 :]
-    else:
-        req.path = path
+        path, query = path[:q], path[q + 1 :]
     # a '#fragment' (no client sends one, a hand-made request may): as nginx, the path
     # ends at '#' for matching and limiting (actions.path_of_uri) and the target is
     # forwarded as it came
-    p = req.path
+    p = path
     if "#" in p:
         p = p.partition("#")[0]
     if "%" in p or "/." in p:
-        return _check_path(p)
-    return None
+        err = _check_path(p)
+        if err is not None:
+            return err
+    return target, path, query
 
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
