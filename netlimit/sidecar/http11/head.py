@@ -76,7 +76,6 @@ class Request:
         self._size = 0
         self._seen = 0  # the fields of _UNIQUE seen (their bits, see SPECIAL)
         self._dup = ""  # one of them seen twice
-        self.xff = None
 
 
 def check_head(req: Request, max_headers: int, version: str) -> ClientError | None:
@@ -109,26 +108,8 @@ def check_head(req: Request, max_headers: int, version: str) -> ClientError | No
             return ClientError(400, "an invalid Host")
     if req.method == "CONNECT":
         return ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
-    t = _TARGETS.get(req._url)
-    if t is None:  # a target not seen lately: split and checked once (they repeat)
-        target = req.target = req._url.decode("latin-1")
-        split = _split_target(target)
-        if isinstance(split, ClientError):
-            return split
-        if len(_TARGETS) >= 4096:  # clients choose them: bounded
-            _TARGETS.clear()
-        t = _TARGETS[req._url] = split
-    req.target, req.path, req.query = t
-    return None
-
-
-#: request-targets accepted lately -> (target, path, query)
-_TARGETS: dict[bytes, tuple[str, str, str]] = {}
-
-
-def _split_target(target: str) -> tuple[str, str, str] | ClientError:
-    """(target, path, query) of an origin-form or absolute-form target (its path),
-    or why it is refused."""
+    target = req._url.decode("latin-1")
+    req.target = target
     if target.startswith("/"):
         path = target
     elif target[:8].lower().startswith(("http://", "https://")):  # absolute-form (RFC 9112 §3.2.2): its path
@@ -144,21 +125,20 @@ def _split_target(target: str) -> tuple[str, str, str] | ClientError:
         return ClientError(400, "asterisk-form targets (OPTIONS *) are not served")
     else:
         return ClientError(400, "the request target must be a path (origin-form) or an absolute URL")
-    query = ""
     q = path.find("?")
     if q >= 0:
-        path, query = path[:q], path[q + 1 :]
+        req.path, req.query = path[:q], path[q + 1 :]
+    else:
+        req.path = path
     # a '#fragment' (no client sends one, a hand-made request may): as nginx, the path
     # ends at '#' for matching and limiting (actions.path_of_uri) and the target is
     # forwarded as it came
-    p = path
+    p = req.path
     if "#" in p:
         p = p.partition("#")[0]
     if "%" in p or "/." in p:
-        err = _check_path(p)
-        if err is not None:
-            return err
-    return target, path, query
+        return _check_path(p)
+    return None
 
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
