@@ -75,9 +75,14 @@ class _Transport:
 def _door(pkg: str, rules: str, peer: str) -> tuple[Any, _Transport]:
     app = importlib.import_module(pkg + ".sidecar.app")
     ep = importlib.import_module(pkg + ".sidecar.endpoints")
-    h = importlib.import_module(pkg + ".sidecar.http11")
+    try:  # the server split into sidecar/http11/ (connection, state, ...), or the one module of older trees
+        conn_cls = importlib.import_module(pkg + ".sidecar.http11.connection").HttpConnection
+        limits_cls = importlib.import_module(pkg + ".sidecar.http11.limits").Limits
+    except ModuleNotFoundError:
+        h = importlib.import_module(pkg + ".sidecar.http11")
+        conn_cls, limits_cls = h.HttpConnection, h.Limits
     sc = app.Sidecar(rules)
-    conn = h.HttpConnection(sc.state, ep.Endpoints(sc), h.Limits(max_pipeline=1000))
+    conn = conn_cls(sc.state, ep.Endpoints(sc), limits_cls(max_pipeline=1000))
     t = _Transport(peer)
     conn.connection_made(t)
     return conn, t

@@ -105,8 +105,12 @@ def _ms(text: str) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
-def wrk(url: str, conns: int, seconds: float, headers: dict[str, str] | None = None) -> dict[str, float]:
-    cmd = [need("wrk"), "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency", "--timeout", "5s"]
+def wrk(
+    url: str, conns: int, seconds: float, headers: dict[str, str] | None = None, cpu: int | None = None
+) -> dict[str, float]:
+    """wrk with one thread; ``cpu``: pinned to that CPU (taskset), apart from the server's."""
+    pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+    cmd = [*pin, need("wrk"), "-t1", f"-c{conns}", f"-d{max(1, round(seconds))}s", "--latency", "--timeout", "5s"]
     for k, v in (headers or {}).items():
         cmd += ["-H", f"{k}: {v}"]
     p = subprocess.run(cmd + [url], capture_output=True, text=True, timeout=seconds + 30)

@@ -7,6 +7,12 @@ with one thread and 8 connections), with a sidecar started from each tree
 (``PYTHONPATH=TREE``) and the rounds interleaved, the order rotated every
 round; ratios are taken per round and their median printed.  Everything
 listens on 127.0.0.1 and is stopped in ``finally``.
+
+Placement is the same for every server: each (nginx, and each sidecar with all
+its threads) runs on CPU ``--server-cpu`` and wrk on ``--client-cpu``
+(taskset), so that no run depends on where the scheduler happened to put the
+server and the load generator (on 2 CPUs, one sharing the other's core halved
+a run).  ``--no-pin`` runs them where the scheduler puts them.
 """
 
 from __future__ import annotations
@@ -30,7 +36,12 @@ def main() -> int:
     ap.add_argument("trees", nargs=2, metavar="NAME=PATH")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--server-cpu", type=int, default=0)
+    ap.add_argument("--client-cpu", type=int, default=1)
+    ap.add_argument("--no-pin", action="store_true", help="let the scheduler place servers and wrk")
     a = ap.parse_args()
+    pin = [] if a.no_pin else ["taskset", "-c", str(a.server_cpu)]
+    cpu = None if a.no_pin else a.client_cpu
     trees = dict(t.split("=", 1) for t in a.trees)
     exe = Path(sys.executable).with_name("netlimit")
     d = Path(tempfile.mkdtemp(prefix="nl-ab-"))
@@ -39,7 +50,7 @@ def main() -> int:
         pl, ps = free_port(), free_port()
         (d / "nginx.conf").write_text(_nginx_conf(d, pl, ps))
         (d / "n.yaml").write_text(SIDECAR_YAML)
-        ng = subprocess.Popen([need("nginx", "nginx-light"), "-p", str(d), "-c", str(d / "nginx.conf")],
+        ng = subprocess.Popen([*pin, need("nginx", "nginx-light"), "-p", str(d), "-c", str(d / "nginx.conf")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         procs.append(ng)
         wait_port(pl, ng)
@@ -47,7 +58,7 @@ def main() -> int:
         for name, tree in trees.items():
             port = free_port()
             env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
-            argv = [str(exe), "sidecar", "--config", str(d / "n.yaml"), "--listen", f"127.0.0.1:{port}"]
+            argv = [*pin, str(exe), "sidecar", "--config", str(d / "n.yaml"), "--listen", f"127.0.0.1:{port}"]
             with open(d / f"{name}.log", "w") as log:
                 p = subprocess.Popen([*argv, "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=log)
             procs.append(p)
@@ -55,15 +66,19 @@ def main() -> int:
             urls[name] = f"http://127.0.0.1:{port}/v1/check"
         hdr = {"X-Original-URI": "/"}
         for u in urls.values():  # warm-up
-            wrk(u, 8, 1, hdr)
+            wrk(u, 8, 1, hdr, cpu)
         names = list(urls)
         res: dict[str, list[float]] = {n: [] for n in names}
         la0 = os.getloadavg()[0]
         for r in range(a.rounds):
             for n in names[r % len(names) :] + names[: r % len(names)]:
-                res[n].append(wrk(urls[n], 8, a.seconds, hdr)["rps"])
+                res[n].append(wrk(urls[n], 8, a.seconds, hdr, cpu)["rps"])
         la1 = os.getloadavg()[0]
-        print(f"load average {la0:.1f} -> {la1:.1f}; {a.rounds} rounds of {a.seconds:g} s, 8 connections, wrk -t1")
+        where = "unpinned" if a.no_pin else f"servers on CPU {a.server_cpu}, wrk on CPU {a.client_cpu}"
+        print(
+            f"load average {la0:.1f} -> {la1:.1f}; {a.rounds} rounds of {a.seconds:g} s, 8 connections, "
+            f"wrk -t1; {where}"
+        )
         for n in names:
             print(f"{n:8s} median {statistics.median(res[n]):9.0f} requests/s, rounds {[round(x) for x in res[n]]}")
         for n in names[1:]:

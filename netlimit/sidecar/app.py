@@ -1,6 +1,6 @@
 """The HTTP sidecar's state: the config, the limiter, reloads, and what a
 decision request becomes (the endpoints themselves are in endpoints.py, the
-reverse proxy in proxy.py, the connections in http11.py, the listeners in
+reverse proxy in proxy.py, the connections in http11/, the listeners in
 server.py).
 
 Listeners::
@@ -45,52 +45,19 @@ from ..bans.escalate import escalator_for
 from ..buildinfo import InfoCollector
 from ..config.model import redis_url_problem
 from ..config.validate import load_file, lyft_dir_path
-from ..errors import ConfigError, StoreError
+from ..errors import BadRequest, ConfigError, StoreError
 from ..limit.actions import ActionPlan, BadAddress
-from ..limit.headers import PROBLEM_HEADER, problem_body, rate_headers
-from ..limit.limiter import OVER_LIMIT, CheckResult, Limiter
+from ..limit.limiter import Limiter
 from ..limit.metrics import FrontStats, Metrics
 from ..limit.rules import from_loaded
 from ..limit.stores import MemoryStore, RedisStore
 from ..logs import problem_fields
 from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
-from . import responses
-from .http11 import ClientError, ServerState
+from .http11.limits import ClientError
+from .http11.state import ServerState
 
 log = logging.getLogger("netlimit.sidecar")
-
-#: the longest a leaky bucket in queue mode holds a request
-MAX_DELAY = 60.0
-
-
-class Reply:
-    """A decision endpoint's answer, before it is written."""
-
-    __slots__ = ("status", "headers", "body", "delay")
-
-    def __init__(self, status: int, headers: dict[str, str], body: str = "", delay: float = 0.0):
-        self.status = status
-        self.headers = headers
-        self.body = body  # a problem+json document, or "" (no body)
-        self.delay = delay  # leaky bucket queue mode: answer after this many seconds
-
-    @classmethod
-    def problem(cls, status: int, title: str, detail: str) -> Reply:
-        return cls(status, {}, responses.simple_problem(status, title, detail))
-
-    def encode(self, keep: bool, http10: bool, head_only: bool = False) -> bytes:
-        if self.body:
-            return responses.response(
-                self.status,
-                self.headers,
-                self.body.encode(),
-                responses.PROBLEM_CT,
-                keep=keep,
-                http10=http10,
-                head_only=head_only,
-            )
-        return responses.response(self.status, self.headers, keep=keep, http10=http10)
 
 
 class Sidecar:
@@ -369,19 +336,18 @@ class Sidecar:
         except BadAddress as exc:  # never a key of its own: refused
             raise ClientError(400, str(exc)) from None
 
-    def check_request(self, peer: str, h: Any, query: str, xff: str | None = None) -> tuple[list, int] | Reply:
-        """GET /v1/check[?deny_status=403]: (descriptors, deny status) or an error
-        reply.  A repeated ``deny_status`` counts once, the first (as a header)."""
+    def check_request(self, peer: str, h: Any, query: str, xff: str | None = None) -> tuple[list, int]:
+        """GET /v1/check[?deny_status=403]: (descriptors, deny status); BadRequest
+        (400, the connection kept) for a bad deny_status or a missing
+        X-Original-URI.  A repeated ``deny_status`` counts once, the first (as a
+        header)."""
         deny_status = 0
         if query:
             for part in query.split("&"):
                 k, _, ds = part.partition("=")
                 if k == "deny_status" and not deny_status:
                     if not (ds.isascii() and ds.isdigit() and len(ds) == 3) or not 400 <= int(ds) <= 499:
-                        self.front.request("check", "bad_request")
-                        return Reply.problem(
-                            400, "Bad Request", f"deny_status must be a 4xx status code, got {ds[:20]!r}"
-                        )
+                        raise BadRequest(f"deny_status must be a 4xx status code, got {ds[:20]!r}")
                     deny_status = int(ds)
         deny_status = deny_status or 429
         plan = self.plan
@@ -389,12 +355,9 @@ class Sidecar:
         if plan.needs_path:
             uri = h.get("x-original-uri") or h.get("x-forwarded-uri")
             if uri is None:
-                self.front.request("check", "bad_request")
-                return Reply.problem(
-                    400,
-                    "Bad Request",
+                raise BadRequest(
                     "the actions use 'path' but the request has no X-Original-URI header "
-                    "(nginx: proxy_set_header X-Original-URI $request_uri;)",
+                    "(nginx: proxy_set_header X-Original-URI $request_uri;)"
                 )
             path = plan.path_of(uri)
         method = (h.get("x-original-method") or h.get("x-forwarded-method") or "GET") if plan.needs_method else "GET"
@@ -405,17 +368,6 @@ class Sidecar:
         tail = path[len("/v1/authz") :] or "/"
         path_of = self.plan.path_of
         return self.descriptors(peer, h, method, lambda: path_of(tail), xff)
-
-    def decision_reply(self, endpoint: str, result: CheckResult, deny_status: int) -> Reply:
-        headers = rate_headers(result)
-        if result.code == OVER_LIMIT:
-            self.front.request(endpoint, "over_limit")
-            body = problem_body(result, deny_status)
-            if endpoint == "check":  # for nginx, which cannot read the body of an auth subrequest
-                headers[PROBLEM_HEADER] = body if deny_status == 429 else problem_body(result, 429)
-            return Reply(deny_status, headers, body)
-        self.front.request(endpoint, "ok")
-        return Reply(200, headers, "", min(result.delay, MAX_DELAY))
 
     # -- operator endpoints --------------------------------------------------------------
 
@@ -463,7 +415,7 @@ class Sidecar:
 
 class _ListenerCollector:
     """/metrics families of the listeners' connections (``listener``: main, the
-    client-facing one; admin): what the bounds of http11.py did."""
+    client-facing one; admin): what the bounds of http11/ did."""
 
     def __init__(self, states: dict[str, ServerState]):
         self.states = states

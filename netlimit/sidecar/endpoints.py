@@ -1,4 +1,4 @@
-"""The sidecar's own endpoints, as a handler of http11.HttpConnection: the
+"""The sidecar's own endpoints, as a handler of http11.connection.HttpConnection: the
 decision endpoints (nginx auth_request, Envoy ext_authz, the JSON API) and the
 operator endpoints (/healthz, /metrics, /v1/rules, /v1/top).
 
@@ -10,21 +10,22 @@ result objects; everything else goes through the general path.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Any
 
 from ..errors import BadRequest
-from ..limit.headers import rate_headers
 from ..limit.limiter import OVER_LIMIT
 from ..limit.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..limit.request import CheckRequest
 from ..logevery import LogEvery
 from . import responses
-from .app import Reply, Sidecar
+from .app import Sidecar
 from .auth import bearer_ok
-from .http11 import ClientError, HttpConnection, Request
-from .json_api import parse_json_request, result_json
+from .http11.connection import HttpConnection
+from .http11.head import Request
+from .http11.limits import ClientError
+from .json_api import parse_json_request
+from .responses import Reply
 
 log = logging.getLogger("netlimit.sidecar")
 
@@ -44,6 +45,7 @@ _FIELDS = frozenset(
         "x-forwarded-for",
     )
 )
+_KIND = ("check", "authz")  # FrontStats endpoint names by endpoint kind
 _OK = (("check", "ok"), ("authz", "ok"))  # FrontStats.requests keys by endpoint kind
 _AUTH_FIELDS = frozenset(("authorization",))
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="netlimit"'}
@@ -117,10 +119,12 @@ class Endpoints:
     # -- decisions ----------------------------------------------------------------------
 
     def _check(self, conn: HttpConnection, req: Request) -> Any:
-        prep = self.sc.check_request(conn.peer, req.fields, req.query, req.xff)
-        if isinstance(prep, Reply):
-            return prep.encode(req.keep, req.http10, req.method == "HEAD")
-        descs, deny = prep
+        try:
+            descs, deny = self.sc.check_request(conn.peer, req.fields, req.query, req.xff)
+        except BadRequest as exc:  # answered, the connection kept
+            self.sc.front.request("check", "bad_request")
+            return responses.problem(400, "Bad Request", str(exc), keep=req.keep, http10=req.http10,
+                                     head_only=req.method == "HEAD")  # fmt: skip
         return self._decided(req, 0, descs, deny)
 
     def _decide(self, conn: HttpConnection, req: Request, kind: int, deny: int) -> Any:
@@ -139,15 +143,21 @@ class Endpoints:
             return responses.ok_decision(
                 dec.limit, dec.remaining, dec.reset, rule.policy, rule.sf_name, req.keep, req.http10
             )
-        reply = sc.decision_reply(("check", "authz")[kind], result, deny)
+        reply = self._reply(kind, result, deny)
         if reply.delay > 0:
             return self._delayed(req, reply)
         return reply.encode(req.keep, req.http10, req.method == "HEAD")
 
+    def _reply(self, kind: int, result: Any, deny: int) -> Reply:
+        """Count the decision and have responses.py build its answer (the nginx door
+        also gets the problem in a header)."""
+        self.sc.front.request(_KIND[kind], "over_limit" if result.code == OVER_LIMIT else "ok")
+        return responses.decision_reply(result, deny, nginx=kind == 0)
+
     async def _later(self, req: Request, kind: int, descs: list, deny: int) -> bytes:
         sc = self.sc
         result = await sc.limiter.check(CheckRequest.simple(sc.limiter.rules.domain, descs))
-        reply = sc.decision_reply(("check", "authz")[kind], result, deny)
+        reply = self._reply(kind, result, deny)
         if reply.delay > 0:
             await asyncio.sleep(reply.delay)
         return reply.encode(req.keep, req.http10, req.method == "HEAD")
@@ -169,13 +179,5 @@ class Endpoints:
             sc.front.request("json", "bad_request")
             return responses.problem(400, "Bad Request", str(exc), keep=req.keep, http10=req.http10)
         result = await sc.limiter.check(creq)
-        over = result.code == OVER_LIMIT
-        sc.front.request("json", "over_limit" if over else "ok")
-        return responses.response(
-            429 if over else 200,
-            rate_headers(result),
-            json.dumps(result_json(result), separators=(",", ":")).encode(),
-            responses.JSON_CT,
-            keep=req.keep,
-            http10=req.http10,
-        )
+        sc.front.request("json", "over_limit" if result.code == OVER_LIMIT else "ok")
+        return responses.json_decision(result, keep=req.keep, http10=req.http10)

@@ -46,13 +46,14 @@ from urllib.parse import urlsplit
 import httptools
 
 from ..errors import NetlimitError
-from ..limit.headers import problem_body, rate_headers
+from ..limit.headers import rate_headers
 from ..limit.limiter import OVER_LIMIT, CheckResult
 from ..limit.request import CheckRequest
 from ..logevery import LogEvery
 from . import responses
-from .app import MAX_DELAY, Sidecar
-from .http11 import HttpConnection, Request
+from .app import Sidecar
+from .http11.connection import HttpConnection
+from .http11.head import Request
 
 log = logging.getLogger("netlimit.sidecar")
 _upstream_log = LogEvery(10.0)
@@ -404,10 +405,7 @@ class Proxy:
         self.sc.front.request("proxy", "over_limit")
         if req.body is not None and not req.body.done:
             req.keep = False  # its upload is not read: the connection ends after the answer
-        body = problem_body(result, 429).encode()
-        return responses.response(
-            429, rate_headers(result), body, responses.PROBLEM_CT, keep=req.keep, http10=req.http10
-        )
+        return responses.decision_reply(result).encode(req.keep, req.http10)
 
     async def _decide_then_forward(self, conn: HttpConnection, req: Request, descs: list) -> bytes | None:
         lim = self.sc.limiter
@@ -420,7 +418,7 @@ class Proxy:
         sc = self.sc
         rh = rate_headers(result)
         if result.delay > 0:
-            await asyncio.sleep(min(result.delay, MAX_DELAY))
+            await asyncio.sleep(min(result.delay, responses.MAX_DELAY))
         # the body, buffered up to request_buffer before any upstream connection is used
         body = req.body
         buffered: list[bytes] = []

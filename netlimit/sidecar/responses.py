@@ -1,9 +1,17 @@
 """Writing HTTP/1.1 responses: status lines, the ``Date`` value, framing, and the
-answers of the decision endpoints.
+one place a decision becomes an HTTP answer, for every HTTP door.
 
 Every response the sidecar writes itself is framed by this module (its own
 ``Content-Length``, or ``Transfer-Encoding: chunked`` for a relayed body of
 unknown length), never by passing bytes through.
+
+A decision's answer -- its status (200, or the deny status), the rate headers
+(``X-RateLimit-*``, ``RateLimit``, ``RateLimit-Policy``, and ``Retry-After``
+when denied: the engine's limit/headers.py says what they hold) and the
+problem+json body naming the rule -- is built here for nginx ``auth_request``
+and Envoy ``ext_authz`` (:func:`decision_reply`, :func:`ok_decision` for the
+common admitted case), the JSON API (:func:`json_decision`) and the proxy's 429
+(:func:`decision_reply`); the doors only count and choose.
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ import time
 from email.utils import formatdate
 from http import HTTPStatus
 
-from ..limit.headers import PROBLEM_TYPE, simple_problem
+from ..limit.headers import PROBLEM_HEADER, PROBLEM_TYPE, problem_body, rate_headers, simple_problem
+from ..limit.limiter import OVER_LIMIT, CheckResult
+from .json_api import result_json
 
 PROBLEM_CT = PROBLEM_TYPE + "; charset=utf-8"
 JSON_CT = "application/json; charset=utf-8"
@@ -23,6 +33,8 @@ REASONS = {s.value: s.phrase for s in HTTPStatus} | {
     422: "Unprocessable Content",
 }  # RFC 9110's names
 _STATUS = {c: f"HTTP/1.1 {c} {p}\r\n".encode("latin-1") for c, p in REASONS.items()}
+#: the longest a leaky bucket in queue mode holds a request
+MAX_DELAY = 60.0
 _ceil = math.ceil
 _time = time.time
 
@@ -127,4 +139,52 @@ def ok_decision(limit: int, remaining: int, reset: float, policy: str, sf_name: 
         t,
         b"" if keep and not http10 else _connection(keep, http10),
         _date if int(_time()) == _date_at else http_date(),  # http_date's check, without its call
+    )
+
+
+class Reply:
+    """A decision's answer, before it is written (a leaky bucket in queue mode
+    answers after ``delay`` seconds, with the ``Date`` of then)."""
+
+    __slots__ = ("status", "headers", "body", "delay")
+
+    def __init__(self, status: int, headers: dict[str, str], body: str = "", delay: float = 0.0):
+        self.status = status
+        self.headers = headers
+        self.body = body  # a problem+json document, or "" (no body)
+        self.delay = delay  # leaky bucket queue mode: answer after this many seconds
+
+    def encode(self, keep: bool, http10: bool, head_only: bool = False) -> bytes:
+        if self.body:
+            return response(
+                self.status, self.headers, self.body.encode(), PROBLEM_CT, keep=keep, http10=http10,
+                head_only=head_only,
+            )  # fmt: skip
+        return response(self.status, self.headers, keep=keep, http10=http10)
+
+
+def decision_reply(result: CheckResult, deny_status: int = 429, *, nginx: bool = False) -> Reply:
+    """The answer to a decision: 200 with the rate headers (after the queue delay
+    of a leaky bucket), or ``deny_status`` with them, ``Retry-After`` and the
+    problem body naming the rule.  ``nginx``: the body (as a 429's) also in
+    ``X-Netlimit-Problem``, since auth_request cannot read the body of its
+    subrequest."""
+    headers = rate_headers(result)
+    if result.code == OVER_LIMIT:
+        body = problem_body(result, deny_status)
+        if nginx:
+            headers[PROBLEM_HEADER] = body if deny_status == 429 else problem_body(result, 429)
+        return Reply(deny_status, headers, body)
+    return Reply(200, headers, "", min(result.delay, MAX_DELAY))
+
+
+def json_decision(result: CheckResult, *, keep: bool, http10: bool) -> bytes:
+    """The JSON API's answer (json_api.py: Lyft's /json shape): 200 or 429, the rate headers."""
+    return response(
+        429 if result.code == OVER_LIMIT else 200,
+        rate_headers(result),
+        json.dumps(result_json(result), separators=(",", ":")).encode(),
+        JSON_CT,
+        keep=keep,
+        http10=http10,
     )

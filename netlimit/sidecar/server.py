@@ -7,13 +7,18 @@ import asyncio
 import logging
 import signal
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..listen import format_hostport
+from ..config.model import redis_url_problem
+from ..errors import NetlimitError
+from ..extras import missing as missing_extra
+from ..listen import format_hostport, parse_listen
 from .app import Sidecar
-from .auth import warn_exposed
+from .auth import load_token, warn_exposed
 from .endpoints import Endpoints
-from .http11 import HttpConnection, Limits
+from .http11.connection import HttpConnection
+from .http11.limits import Limits
 from .proxy import Origin, Proxy, UpstreamPool
 
 if TYPE_CHECKING:  # grpc is the optional extra netlimit[grpc]: imported only for --grpc
@@ -42,6 +47,88 @@ def _shown(server: Any, host: str, port: int) -> str:
     return format_hostport(a[0], a[1])
 
 
+class UsageError(NetlimitError, ValueError):
+    """A flag the sidecar cannot start with (exit 64)."""
+
+
+@dataclass
+class Options:
+    """What `netlimit sidecar` was asked (sidecar/cli.py holds the flags and their help)."""
+
+    config: str
+    listen: str = "127.0.0.1:8181"
+    upstream: str | None = None
+    admin_listen: str | None = None
+    upstream_timeout: float = 300.0
+    header_timeout: float = 30.0
+    body_timeout: float = 60.0
+    keepalive_timeout: float = 75.0
+    send_timeout: float = 60.0
+    max_connections: int = 10_000
+    admin_max_connections: int = 1024
+    request_buffer: int = 1024 * 1024
+    redis: str | None = None
+    grpc: str | None = None
+    admin_token_file: str | None = None
+    show_values: bool = False
+
+
+def run(o: Options) -> None:
+    """Start the sidecar the options describe and serve until SIGTERM / SIGINT.
+    :class:`UsageError` for a bad flag, ConfigError for a bad file (nothing
+    started), SystemExit(message) when a listener or the store cannot start."""
+    try:
+        host, port = parse_listen(o.listen)
+        grpc_at = parse_listen(o.grpc, "--grpc") if o.grpc is not None else None
+        if grpc_at is not None and (why := missing_extra("grpc")):
+            raise ValueError(why)
+        admin_listen = o.admin_listen
+        if admin_listen is None and o.upstream is not None:
+            admin_listen = "127.0.0.1:8182"
+        admin_at = parse_listen(admin_listen, "--admin-listen") if admin_listen is not None else None
+        if o.upstream is not None:
+            Origin(o.upstream)
+        if o.redis is not None and (problem := redis_url_problem(o.redis)):
+            raise ValueError(f"--redis {o.redis!r}: {problem}")
+        token = load_token(o.admin_token_file) if o.admin_token_file is not None else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    sc = Sidecar(
+        o.config,
+        upstream=o.upstream,
+        redis_url=o.redis,
+        max_connections=o.max_connections,
+        admin_max_connections=o.admin_max_connections,
+        admin_token=token,
+        show_values=o.show_values,
+    )  # ConfigError to the caller
+    limits = Limits(
+        header_timeout=o.header_timeout,
+        body_timeout=o.body_timeout,
+        keepalive_timeout=o.keepalive_timeout,
+        send_timeout=o.send_timeout,
+    )
+    try:
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(
+            serve(
+                sc,
+                host,
+                port,
+                admin=admin_at,
+                grpc=grpc_at,
+                limits=limits,
+                request_buffer=o.request_buffer,
+                upstream_timeout=o.upstream_timeout,
+            )
+        )
+
+
 async def serve(
     sc: Sidecar,
     host: str,
@@ -60,7 +147,6 @@ async def serve(
     (``admin``, if given, serves them too).  Proxy mode: the listener proxies every
     path; the decision and operator endpoints are only on ``admin``."""
     limits = limits or Limits()
-    loop = asyncio.get_running_loop()
     pool: UpstreamPool | None = None
     if sc.upstream is not None:
         pool = UpstreamPool(Origin(sc.upstream), connect_timeout=5.0, read_timeout=upstream_timeout)
@@ -71,80 +157,104 @@ async def serve(
     servers: list[Any] = []
     gs: GrpcServer | None = None
     try:
-        s = await _listen(loop, lambda: HttpConnection(sc.state, main, limits), host, port, "the sidecar")
-        servers.append(s)
-        mode = f"proxy to {sc.upstream}" if pool is not None else "decision and operator endpoints"
-        rs = sc.limiter.rules
-        log.info(
-            "listening on http://%s (%s; domain%s %s, %d rules, store %s, on_store_failure %s; HTTP parser llhttp %s)",
-            _shown(s, host, port),
-            mode,
-            "s" if len(rs.domains) > 1 else "",
-            ", ".join(map(repr, rs.domains)) or repr(rs.domain),
-            len(rs.all_rules),
-            "memory" if sc.storage == "memory" else "redis",
-            sc.limiter.on_store_failure,
-            _llhttp_version(),
-        )
-        token = sc.admin_token is not None
-        if pool is None:  # decision mode: this listener is the decision door (proxy mode: the public's)
-            warn_exposed("decision listener", _shown(s, host, port), _bound(s, host), token)
+        servers.append(await _main_listener(sc, main, limits, host, port, proxy=pool is not None))
         if admin is not None:
-            endpoints = Endpoints(sc)
-            a = await _listen(
-                loop, lambda: HttpConnection(sc.admin_state, endpoints, limits), admin[0], admin[1], "admin"
-            )
-            servers.append(a)
-            log.info("admin listener on http://%s (decision endpoints, /healthz, /metrics, /v1/rules, /v1/top)",
-                     _shown(a, *admin))  # fmt: skip
-            warn_exposed("admin listener", _shown(a, *admin), _bound(a, admin[0]), token)
+            servers.append(await _admin_listener(sc, limits, admin))
         if grpc is not None:
-            from ..rls.server import GrpcServer
-
-            gs = GrpcServer(sc.limiter, grpc[0], grpc[1], front=sc.front)
-            try:
-                await gs.start()
-            except OSError as exc:
-                raise SystemExit(str(exc)) from None
-            log.info(
-                "gRPC listening on %s (envoy.service.ratelimit.v3.RateLimitService, grpc.health.v1.Health; domain %r)",
-                gs.address,
-                rs.domain,
-            )
-            warn_exposed("gRPC door", gs.address, [gs.host], token)
-        sweeper = asyncio.create_task(_sweep(sc))
-        stop = asyncio.Event()
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        loop.add_signal_handler(signal.SIGINT, stop.set)
-        loop.add_signal_handler(signal.SIGHUP, sc.on_sighup)
-        if ready is not None and not ready.done():
-            ready.set_result([srv.sockets[0].getsockname()[1] for srv in servers])
-        try:
-            await stop.wait()
-        finally:
-            log.info("stopping")
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
-            sweeper.cancel()
+            gs = await _grpc_door(sc, grpc)
+        await _until_stopped(sc, [srv.sockets[0].getsockname()[1] for srv in servers], ready)
     finally:
         for srv in servers:
             srv.close()
         if gs is not None:
             await gs.stop()
-        # finish what is in flight, STOP_GRACE seconds in all
-        deadline = loop.time() + STOP_GRACE
-        states = (sc.state, sc.admin_state)
-        while any(c.task is not None or c.queue for st in states for c in st.conns) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        for st in states:
-            for conn in list(st.conns):
-                if conn.closing:  # still flushing to a client that does not read
-                    conn.abort()
-                else:
-                    conn.close()
+        await _finish(sc)
         if pool is not None:
             pool.close()
         await sc.stop()
+
+
+async def _main_listener(sc: Sidecar, handler: Any, limits: Limits, host: str, port: int, *, proxy: bool) -> Any:
+    """The client-facing listener (decision mode: the decision door too)."""
+    loop = asyncio.get_running_loop()
+    s = await _listen(loop, lambda: HttpConnection(sc.state, handler, limits), host, port, "the sidecar")
+    mode = f"proxy to {sc.upstream}" if proxy else "decision and operator endpoints"
+    rs = sc.limiter.rules
+    log.info(
+        "listening on http://%s (%s; domain%s %s, %d rules, store %s, on_store_failure %s; HTTP parser llhttp %s)",
+        _shown(s, host, port),
+        mode,
+        "s" if len(rs.domains) > 1 else "",
+        ", ".join(map(repr, rs.domains)) or repr(rs.domain),
+        len(rs.all_rules),
+        "memory" if sc.storage == "memory" else "redis",
+        sc.limiter.on_store_failure,
+        _llhttp_version(),
+    )
+    if not proxy:  # decision mode: this listener is the decision door (proxy mode: the public's)
+        warn_exposed("decision listener", _shown(s, host, port), _bound(s, host), sc.admin_token is not None)
+    return s
+
+
+async def _admin_listener(sc: Sidecar, limits: Limits, admin: tuple[str, int]) -> Any:
+    loop = asyncio.get_running_loop()
+    endpoints = Endpoints(sc)
+    a = await _listen(loop, lambda: HttpConnection(sc.admin_state, endpoints, limits), admin[0], admin[1], "admin")
+    log.info("admin listener on http://%s (decision endpoints, /healthz, /metrics, /v1/rules, /v1/top)",
+             _shown(a, *admin))  # fmt: skip
+    warn_exposed("admin listener", _shown(a, *admin), _bound(a, admin[0]), sc.admin_token is not None)
+    return a
+
+
+async def _grpc_door(sc: Sidecar, grpc: tuple[str, int]) -> GrpcServer:
+    from ..rls.server import GrpcServer
+
+    gs = GrpcServer(sc.limiter, grpc[0], grpc[1], front=sc.front)
+    try:
+        await gs.start()
+    except OSError as exc:
+        raise SystemExit(str(exc)) from None
+    log.info(
+        "gRPC listening on %s (envoy.service.ratelimit.v3.RateLimitService, grpc.health.v1.Health; domain %r)",
+        gs.address,
+        sc.limiter.rules.domain,
+    )
+    warn_exposed("gRPC door", gs.address, [gs.host], sc.admin_token is not None)
+    return gs
+
+
+async def _until_stopped(sc: Sidecar, ports: list[int], ready: asyncio.Future | None) -> None:
+    """Sweep the connections, reload on SIGHUP, return on SIGTERM / SIGINT."""
+    loop = asyncio.get_running_loop()
+    sweeper = asyncio.create_task(_sweep(sc))
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, sc.on_sighup)
+    if ready is not None and not ready.done():
+        ready.set_result(ports)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+        sweeper.cancel()
+
+
+async def _finish(sc: Sidecar) -> None:
+    """Let what is in flight finish (STOP_GRACE seconds in all), then close every connection."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STOP_GRACE
+    states = (sc.state, sc.admin_state)
+    while any(c.task is not None or c.queue for st in states for c in st.conns) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    for st in states:
+        for conn in list(st.conns):
+            if conn.closing:  # still flushing to a client that does not read
+                conn.abort()
+            else:
+                conn.close()
 
 
 async def _sweep(sc: Sidecar) -> None:

@@ -15,8 +15,10 @@ import socket
 
 import pytest
 
-from netlimit.sidecar import http11
-from netlimit.sidecar.http11 import HttpConnection, Limits, ServerState
+from netlimit.sidecar.http11 import connection as http11
+from netlimit.sidecar.http11.connection import HttpConnection
+from netlimit.sidecar.http11.limits import Limits
+from netlimit.sidecar.http11.state import ServerState
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,250 +1,38 @@
-"""HTTP/1.1 server connections, parsed by llhttp (httptools) and bounded in
-every way a hostile client could push.
-
-llhttp, the parser of Node.js, runs in its strict mode (httptools' default: no
-leniency enabled): it refuses control bytes, NUL and bare CR in the request
-line and fields, obsolete line folding, malformed or duplicate
-``Content-Length``, ``Content-Length`` next to ``Transfer-Encoding``, and
-invalid chunk framing.  On top of it this module refuses, as nginx does, an
-HTTP/1.1 request without exactly one ``Host``, ``Transfer-Encoding`` on
-HTTP/1.0, ``CONNECT`` (405) and targets other than origin-form and
-absolute-form (400; absolute-form is taken by its path).
-
-Bounds, each with its own answer:
-
-* a request head must arrive whole within ``header_timeout`` of its first byte
-  (nginx's ``client_header_timeout``; 408 and close) and within ``max_head``
-  bytes (431);
-* a body must keep moving: ``body_timeout`` between two reads (408);
-* an idle keep-alive connection is closed after ``keepalive_timeout``;
-* answers must keep leaving: a connection whose unsent answers make no
-  progress for ``send_timeout`` (nginx's ``send_timeout``) is aborted, which
-  frees its descriptor and buffers at once (a plain close would wait for the
-  client to read them);
-* at most ``max_pipeline`` requests are queued on a connection, counting the one
-  being answered: a read is parsed in pieces too short to complete more request
-  heads than there is room for, and what does not fit waits, unparsed, with
-  reading paused, until the queue drains (a hard bound: one read of pipelined
-  requests cannot queue thousands);
-* at most ``max_body_buffer`` bytes of a body are buffered, and reading stops
-  while the connection's write buffer is above its high-water mark (a client
-  that pipelines and never reads cannot grow our memory); answers held back
-  for the end of the loop iteration count too: past ``write_high`` of them the
-  batch goes to the transport at once, so its mark stops reading within the
-  read being parsed, on every door;
-* at the connection cap the oldest idle connection, else the slowest head in
-  progress, is shed for a new one;
-* requests are answered one after the other by a loop, never by recursion.
-
-The connection hands each complete request head to a handler (the decision
-endpoints, the proxy, the admin endpoints: see :class:`Handler`), which answers
-at once with bytes, or with a coroutine for what must wait (a Redis store, an
-upstream).  Bad requests are counted and logged at most once per interval,
-never with a traceback; so are the sidecar's own failures (500, counted apart).
-"""
+"""One client connection (:class:`HttpConnection`): llhttp's callbacks fill a
+:class:`~.head.Request`, the requests queue within the pipeline bound and are
+answered in order by the listener's handler (the package's docstring lists
+every bound)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import socket
 import time
 import traceback
 from collections import deque
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import unquote
 
 import httptools
 
-from ..errors import NetlimitError
-from ..logevery import LogEvery
-from . import responses
+from ...logevery import LogEvery
+from .. import responses
+from .body import Body
+from .head import NAMES, XFF, Request, check_head, edge_tab, field_name
+from .limits import ClientError, Limits
+from .state import ServerState
 
 log = logging.getLogger("netlimit.sidecar")
 _monotonic = time.monotonic
 
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: seconds an unwanted request body is still read (and dropped) after the answer,
 #: so that closing does not reset the connection under the answer (lingering close)
 LINGER = 2.0
 _HEAD_END = b"\r\n\r\n"
 _CR_LF = (b"\r", b"\n")
 _bad_log = LogEvery(10.0)
-#: field names as sent -> (lower-case text, what on_header checks: see _SPECIAL);
-#: names repeat, so each is decoded and looked up once
-_NAMES: dict[bytes, tuple[str, tuple[int, bool, int] | None]] = {}
 _METHODS: dict[bytes, str] = {}  # llhttp's method names -> text
-
-
-def _name(raw: bytes) -> tuple[str, tuple[int, bool, int] | None]:
-    if len(_NAMES) >= 4096:  # clients choose names: bounded
-        _NAMES.clear()
-    lname = raw.decode("latin-1").lower()
-    info = _NAMES[raw] = (lname, _SPECIAL.get(lname))
-    return info
-
-
-@dataclass
-class Limits:
-    """What one client connection may cost; the defaults follow nginx's."""
-
-    header_timeout: float = 30.0
-    body_timeout: float = 60.0
-    keepalive_timeout: float = 75.0
-    send_timeout: float = 60.0
-    max_head: int = 64 * 1024
-    max_headers: int = 100
-    max_pipeline: int = 32
-    max_body_buffer: int = 256 * 1024
-    write_high: int = 256 * 1024
-    write_low: int = 64 * 1024
-
-
-class ClientError(NetlimitError):
-    """A request answered with a 4xx and the connection closed (status, detail)."""
-
-    def __init__(self, status: int, detail: str):
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-
-
-class Body:
-    """A request body as it arrives: a bounded buffer read by the handler."""
-
-    __slots__ = ("conn", "req", "length", "chunks", "size", "done", "error", "waiter", "received", "discard")
-
-    def __init__(self, conn: HttpConnection, req: Request, length: int | None):
-        self.conn = conn
-        self.req = req
-        self.length = length  # Content-Length, or None when chunked
-        self.chunks: deque[bytes] = deque()
-        self.size = 0
-        self.done = False
-        self.error: BaseException | None = None
-        self.waiter: asyncio.Future | None = None
-        self.received = 0
-        self.discard = False  # nobody will read it: drop what arrives
-
-    def feed(self, data: bytes) -> None:
-        self.received += len(data)
-        if self.discard:
-            return
-        self.chunks.append(data)
-        self.size += len(data)
-        if self.size > self.conn.limits.max_body_buffer:
-            self.conn.pause("body")
-        self._wake()
-
-    def end(self) -> None:
-        self.done = True
-        self._wake()
-
-    def fail(self, exc: BaseException) -> None:
-        if not self.done:
-            self.error = exc
-            self.done = True
-            self._wake()
-
-    def _wake(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def read(self) -> bytes:
-        """The next part of the body; b"" at its end.  ClientError on a client
-        that stops sending for ``body_timeout`` seconds or sends a broken body."""
-        conn = self.conn
-        req = self.req
-        if req.expect_continue and not req.continued:
-            req.continued = True
-            conn.write_now(CONTINUE)
-        while not self.chunks:
-            if self.error is not None:
-                raise self.error
-            if self.done:
-                return b""
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.wait_for(self.waiter, conn.limits.body_timeout)
-            except TimeoutError:
-                conn.state.timeouts["body"] += 1
-                raise ClientError(408, "the request body stopped arriving") from None
-            finally:
-                self.waiter = None
-        data = self.chunks.popleft()
-        self.size -= len(data)
-        if self.size <= conn.limits.max_body_buffer // 2:
-            conn.resume("body")
-        return data
-
-    async def read_all(self, limit: int, what: str = "the request body") -> bytes:
-        """The whole body, or ClientError 413 beyond ``limit`` bytes."""
-        if self.length is not None and self.length > limit:
-            raise ClientError(413, f"{what} is limited to {limit} bytes")
-        parts: list[bytes] = []
-        n = 0
-        while True:
-            data = await self.read()
-            if not data:
-                return b"".join(parts)
-            n += len(data)
-            if n > limit:
-                raise ClientError(413, f"{what} is limited to {limit} bytes")
-            parts.append(data)
-
-
-class Request:
-    """One parsed request head (and its body, if any)."""
-
-    __slots__ = (
-        "method",
-        "target",
-        "path",
-        "query",
-        "http10",
-        "headers",
-        "fields",
-        "keep",
-        "expect_continue",
-        "continued",
-        "body",
-        "error",
-        "_url",
-        "_size",
-        "_seen",
-        "_dup",
-        "xff",
-    )
-
-    def __init__(self) -> None:
-        self.method = ""
-        self.target = ""
-        self.path = ""  # origin-form path (absolute-form: its path), without the query
-        self.query = ""
-        self.http10 = False
-        self.headers: list[tuple[str, str]] = []  # every field as sent (when the handler wants them all)
-        #: lower-case name -> the value of its FIRST field line (what Starlette, Go's
-        #: Header.Get and Java's getHeader read, and nginx 1.22's $http_<name>: a header
-        #: action keys on it, so repeating a field makes no new key); Transfer-Encoding
-        #: alone is joined (framing: every line counts)
-        self.fields: dict[str, str] = {}
-        #: every X-Forwarded-For line joined with ", " (RFC 9110 §5.3: one list; the
-        #: client is its right-most untrusted address), None without one
-        self.xff: str | None = None
-        self.keep = True
-        self.expect_continue = False
-        self.continued = False
-        self.body: Body | None = None
-        self.error: ClientError | None = None
-        self._url = b""
-        self._size = 0
-        self._seen = 0  # the fields of _UNIQUE seen (their bits, see _SPECIAL)
-        self._dup = ""  # one of them seen twice
-        self.xff = None
 
 
 class Handler(Protocol):
@@ -261,104 +49,6 @@ class Handler(Protocol):
     def bad_request(self) -> None:
         """Count a request refused before it reached the handler."""
         ...
-
-
-class ServerState:
-    """The running listener, apart from the config-holding Sidecar: its client
-    connections (swept for timeouts, the oldest idle or slowest one shed at the
-    cap, closed at shutdown), what happened to them (counted for /metrics), and
-    the answers held back until the end of the current loop iteration (see
-    :meth:`HttpConnection.write`).  Each listener has its own, so a flood on
-    one cannot take the other's connections."""
-
-    __slots__ = ("conns", "out_batch", "max_connections", "shed", "refused", "timeouts", "queued_max", "errors")
-
-    def __init__(self, max_connections: int = 10_000) -> None:
-        self.conns: dict[HttpConnection, None] = {}  # insertion order: the oldest first
-        self.out_batch: list[tuple[Any, bytes, bool]] | None = None
-        self.max_connections = max_connections
-        self.shed = 0  # connections closed to make room
-        self.refused = 0  # new connections refused: every one was busy
-        self.timeouts = {"header": 0, "body": 0, "keepalive": 0, "send": 0}
-        self.queued_max = 0  # the most requests one connection had queued at once
-        self.errors = 0  # requests answered 500 because the sidecar failed
-
-    def add(self, conn: HttpConnection) -> bool:
-        """Register a new connection; at the cap, shed the one that has been waiting on
-        its client the longest -- idle between requests, or in the middle of a
-        request head (a slow client: not idle, but given nothing yet) -- and refuse
-        the new one (False) when every connection is busy being answered.  A
-        connection just accepted has waited the least, so it is not shed for the
-        next one; a head trickling in for seconds goes before an idle keep-alive
-        connection that answered a moment ago."""
-        if len(self.conns) >= self.max_connections:
-            victim = None
-            oldest = _monotonic()
-            for c in self.conns:
-                if c.in_head:
-                    if c.paused or c.queue:
-                        continue
-                    since = c.head_since
-                elif c.cur is None and not c.queue and c.task is None:
-                    since = c.last
-                else:
-                    continue
-                if since < oldest:
-                    victim, oldest = c, since
-            if victim is None:
-                self.refused += 1
-                return False
-            self.shed += 1
-            self.conns.pop(victim, None)
-            victim.abort()
-        self.conns[conn] = None
-        return True
-
-    def sweep(self, now: float) -> None:
-        """Close what overstayed: a request head slower than ``header_timeout`` (408),
-        an idle keep-alive connection older than ``keepalive_timeout``, answers
-        that left nothing for ``send_timeout`` (aborted).  Run about twice a
-        second by the server: per-connection clocks, no timer per request."""
-        for c in list(self.conns):
-            lim = c.limits
-            t = c.transport
-            if t is None:
-                continue
-            unsent = t.get_write_buffer_size()
-            if unsent:
-                sent = c.out_total - unsent
-                if sent != c.sent_mark:
-                    c.sent_mark, c.send_since = sent, now
-                elif now - c.send_since > lim.send_timeout:
-                    self.timeouts["send"] += 1
-                    c.abort()
-                    continue
-            else:
-                c.send_since = now
-            if c.closing:
-                continue
-            if c.in_head:
-                if not c.paused and now - c.head_since > lim.header_timeout:
-                    self.timeouts["header"] += 1
-                    c._refuse(ClientError(408, "the request head did not arrive in time"))
-            elif c.idle and c.task is None and now - c.last > lim.keepalive_timeout:
-                self.timeouts["keepalive"] += 1
-                c.close()
-
-    def flush_out(self) -> None:
-        """Write the answers held back in this loop iteration."""
-        batch = self.out_batch
-        if batch is None:
-            return
-        self.out_batch = None
-        for t, out, close in batch:
-            if not t.is_closing():
-                try:
-                    t.write(out)
-                    if close:
-                        t.close()
-                except Exception:  # a transport gone under us: the others still go out
-                    log.debug("answer not written", exc_info=True)
 
 
 class HttpConnection(asyncio.Protocol):
@@ -547,10 +237,10 @@ class HttpConnection(asyncio.Protocol):
                     else:
                         req.error = ClientError(501, "protocol upgrades (WebSocket) are not supported by the sidecar")
         except httptools.HttpParserCallbackError as exc:  # our own callback failed: not the client's fault
-            self._refuse(self._failed(exc.__context__ or exc))
+            self.refuse(self._failed(exc.__context__ or exc))
             return
         except httptools.HttpParserError as exc:
-            self._refuse(self._parse_error(exc))
+            self.refuse(self._parse_error(exc))
             return
         if self.in_head:
             self._head_goes_on(data, head)
@@ -565,7 +255,7 @@ class HttpConnection(asyncio.Protocol):
         if head is not None and self.cur is head:  # one head spanning whole reads
             self.head_bytes += len(data)
         if self.head_bytes > self.limits.max_head:
-            self._refuse(ClientError(431, f"the request head is larger than {self.limits.max_head} bytes"))
+            self.refuse(ClientError(431, f"the request head is larger than {self.limits.max_head} bytes"))
             return
         cur = self.cur
         if cur is not None and cur._size == 0:  # the request line may go on in the next read
@@ -573,7 +263,7 @@ class HttpConnection(asyncio.Protocol):
             if line is None:
                 self._line = bytearray(data[-self.limits.max_head :])
             elif len(line) + len(data) > self.limits.max_head + 1024:
-                self._refuse(ClientError(431, f"the request line is longer than {self.limits.max_head} bytes"))
+                self.refuse(ClientError(431, f"the request line is longer than {self.limits.max_head} bytes"))
             else:
                 line += data
 
@@ -662,14 +352,14 @@ class HttpConnection(asyncio.Protocol):
             self._check_line(cur)
         cur._size += 1
         self.head_bytes += len(name) + len(value) + 4
-        info = _NAMES.get(name)
+        info = NAMES.get(name)
         if info is None:
-            info = _name(name)
+            info = field_name(name)
         lname, special = info
         joined = 0
         if special is not None:
             bit, edge, joined = special
-            if edge and b"\t" in self._piece and _edge_tab(self._piece, name):
+            if edge and b"\t" in self._piece and edge_tab(self._piece, name):
                 cur.error = cur.error or ClientError(400, f"a tab around the value of {lname!r}")
             if cur._seen & bit:
                 cur._dup = lname
@@ -681,7 +371,7 @@ class HttpConnection(asyncio.Protocol):
         if wanted is None:
             cur.headers.append((name.decode("latin-1"), v))
         if joined:  # RFC 9110 §5.3: repeated lines are one list
-            if joined == _XFF:
+            if joined == XFF:
                 cur.xff = v if cur.xff is None else f"{cur.xff}, {v}"
             elif lname in cur.fields:
                 cur.fields[lname] = f"{cur.fields[lname]}, {v}"
@@ -722,7 +412,7 @@ class HttpConnection(asyncio.Protocol):
         if self.head_bytes > self.limits.max_head:  # a head that arrived whole in one read
             cur.error = ClientError(431, f"the request head is larger than {self.limits.max_head} bytes")
         if cur.error is None:
-            cur.error = _check(cur, self.limits, version)
+            cur.error = check_head(cur, self.limits.max_headers, version)
         if cur.error is None and "expect" in f:
             if f["expect"].lower() == "100-continue":
                 cur.expect_continue = not cur.http10
@@ -750,7 +440,7 @@ class HttpConnection(asyncio.Protocol):
 
     # -- answering, in order -------------------------------------------------------------
 
-    def _refuse(self, err: ClientError) -> None:
+    def refuse(self, err: ClientError) -> None:
         """A request that cannot be parsed (or finish arriving): answered after the
         ones before it, then the connection closes."""
         self.stopped = True
@@ -963,135 +653,3 @@ class HttpConnection(asyncio.Protocol):
 def _reason(exc: Exception) -> str:
     text = str(exc) or type(exc).__name__
     return text[:100]
-
-
-def _check(req: Request, limits: Limits, version: str) -> ClientError | None:
-    """What nginx refuses and llhttp lets through; the target split into path and query."""
-    if req._size > limits.max_headers:
-        return ClientError(431, f"more than {limits.max_headers} header fields")
-    if version != "1.1" and version != "1.0":  # llhttp also takes 0.9 and 2.0
-        if version >= "2":
-            return ClientError(505, "HTTP/1.1 and HTTP/1.0 only")
-        return ClientError(400, f"HTTP/{version} requests are not served")
-    f = req.fields
-    te = f.get("transfer-encoding")
-    if te is not None and te.rstrip(" ").lower() != "chunked":  # nginx's rule; llhttp takes ",chunked" too
-        return ClientError(501, "the only Transfer-Encoding understood is 'chunked'")
-    if req._dup:
-        return ClientError(400, f"a duplicate {req._dup!r} field")
-    if req.http10:
-        if te is not None:
-            return ClientError(400, "Transfer-Encoding is not allowed in HTTP/1.0")
-    elif not req._seen & _HOST_BIT:
-        return ClientError(400, "HTTP/1.1 requests need exactly one Host header")
-    host = f.get("host")
-    if host is not None:
-        ok = _HOSTS_OK.get(host)
-        if ok is None:
-            if len(_HOSTS_OK) >= 1024:  # clients choose them: bounded
-                _HOSTS_OK.clear()
-            ok = _HOSTS_OK[host] = _valid_host(host.rstrip(" "))  # llhttp keeps trailing spaces, nginx drops them
-        if not ok:
-            return ClientError(400, "an invalid Host")
-    if req.method == "CONNECT":
-        return ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
-    target = req._url.decode("latin-1")
-    req.target = target
-    if target.startswith("/"):
-        path = target
-    elif target[:8].lower().startswith(("http://", "https://")):  # absolute-form (RFC 9112 §3.2.2): its path
-        rest = target[target.index("//") + 2 :]
-        cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
-        authority = rest[:cut]
-        if not _AUTHORITY.match(authority) or not _valid_host(authority):
-            return ClientError(400, "an absolute-form target needs a host name or address, no user information")
-        path = rest[cut:] or "/"
-        if path.startswith("?"):
-            path = "/" + path
-    elif target == "*":
-        return ClientError(400, "asterisk-form targets (OPTIONS *) are not served")
-    else:
-        return ClientError(400, "the request target must be a path (origin-form) or an absolute URL")
-    q = path.find("?")
-    if q >= 0:
-        req.path, req.query = path[:q], path[q + 1 :]
-    else:
-        req.path = path
-    # a '#fragment' (no client sends one, a hand-made request may): as nginx, the path
-    # ends at '#' for matching and limiting (actions.path_of_uri) and the target is
-    # forwarded as it came
-    p = req.path
-    if "#" in p:
-        p = p.partition("#")[0]
-    if "%" in p or "/." in p:
-        return _check_path(p)
-    return None
-
-
-_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
-#: fields nginx refuses to see twice (ngx_http_process_unique_header_line, and Host);
-#: llhttp already refuses a second Content-Length or Transfer-Encoding
-_UNIQUE = frozenset(
-    ("host", "if-modified-since", "if-unmodified-since", "if-match", "if-none-match", "content-range", "authorization")
-)
-#: fields nginx validates with a tab at either end of the value kept (it takes only
-#: spaces for optional whitespace; llhttp, as RFC 9110, takes tabs too and drops them)
-_EDGE_TAB = frozenset(("host", "content-length", "transfer-encoding"))
-#: list fields whose repeated lines are joined: Transfer-Encoding in Request.fields
-#: (framing), X-Forwarded-For in Request.xff (its first line stays in fields)
-_JOINED, _XFF = 1, 2
-_LISTS = {"transfer-encoding": _JOINED, "x-forwarded-for": _XFF}
-#: what on_header checks beyond collecting, by field (one lookup for the usual field):
-#: (the field's bit in Request._seen if it may appear once, whether tabs around its
-#: value are refused, whether its lines are joined: _LISTS)
-_SPECIAL = {name: (1 << i if name in _UNIQUE else 0, name in _EDGE_TAB, _LISTS.get(name, 0))
-            for i, name in enumerate(sorted(_UNIQUE | _EDGE_TAB | _LISTS.keys()))}  # fmt: skip
-_HOST_BIT = _SPECIAL["host"][0]
-_HOSTS_OK: dict[str, bool] = {}  # Host values checked (they repeat: checked once)
-#: the authority of an absolute-form target, as nginx parses it: letters, digits, '.'
-#: and '-' (or an IPv6 literal), then an optional port of digits
-_AUTHORITY = re.compile(r"(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]*)?\Z")
-_HOST_BAD = re.compile(r"[\x00-\x20\x7f/]|\.\.")
-
-
-def _edge_tab(raw: bytes, name: bytes) -> bool:
-    """Whether the field line of ``name`` in ``raw`` has a tab at an end of its value."""
-    n = re.escape(name)
-    return re.search(rb"(?:^|\n)" + n + rb":(?: *\t|[^\r\n]*\t *\r)", raw) is not None
-
-
-def _valid_host(host: str) -> bool:
-    """nginx's ngx_http_validate_host: no control bytes, space, '/' or '..', and a
-    name left once the port and a trailing dot are taken off."""
-    if _HOST_BAD.search(host):
-        return False
-    if host.startswith("["):
-        end = host.find("]")
-        name = host[: end + 1] if end >= 0 else host
-    else:
-        name = host.split(":", 1)[0]
-    return name not in ("", ".")
-
-
-def _check_path(path: str) -> ClientError | None:
-    """What nginx refuses in a path (400), so that the application never gets a
-    request nginx would not forward: a ``%`` not followed by two hex digits, an
-    encoded NUL, and dot segments that climb above the root once ``%XX`` is
-    decoded (``%2f`` included) and repeated slashes are merged (``/../x``,
-    ``/%2e%2e/x``, ``/a/../..``)."""
-    if "%" in path:
-        if _BAD_ESCAPE.search(path):
-            return ClientError(400, "a malformed percent-encoding in the path")
-        path = unquote(path, errors="surrogateescape")
-        if "\x00" in path:
-            return ClientError(400, "an encoded NUL in the path")
-    if "/." in path:
-        depth = 0
-        for seg in path.split("/"):
-            if seg == ".." and depth == 0:
-                return ClientError(400, "the path climbs above the root")
-            if seg == "..":
-                depth -= 1
-            elif seg and seg != ".":
-                depth += 1
-    return None
