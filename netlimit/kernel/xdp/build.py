@@ -15,12 +15,14 @@ import shutil
 import subprocess
 import sys
 
+from ...errors import NetlimitError
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "netlimit_xdp.c")
 OBJECT = os.path.join(HERE, "netlimit_xdp.o")
 
 
-class BuildError(RuntimeError):
+class BuildError(NetlimitError, RuntimeError):
     pass
 
 

@@ -17,6 +17,8 @@ import ctypes.util
 import os
 from typing import Any
 
+from ...errors import NetlimitError
+
 # linux/if_link.h
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
 XDP_FLAGS_SKB_MODE = 1 << 1
@@ -29,7 +31,7 @@ ATTACHED_NONE, ATTACHED_DRV, ATTACHED_SKB, ATTACHED_HW, ATTACHED_MULTI = range(5
 BPF_ANY, BPF_NOEXIST, BPF_EXIST = 0, 1, 2
 
 
-class XdpError(RuntimeError):
+class XdpError(NetlimitError, RuntimeError):
     """A libbpf/kernel refusal, or a state netlimit will not touch (foreign program)."""
 
     def __init__(self, message: str, errno: int = 0):

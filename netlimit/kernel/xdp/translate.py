@@ -14,11 +14,13 @@ from netlimit.config.model import Config, NetworkRule
 from netlimit.kernel.network_common import burst_of
 from netlimit.kernel.xdp.maps import MAX_RULES, XdpRule
 
+from ...errors import NetlimitError
+
 # Why XDP cannot express a feature (it runs in the driver, before conntrack and routing).
 NO_CONNTRACK = "XDP runs before conntrack, so it sees packets, not connections"
 
 
-class EarlyRefused(ValueError):
+class EarlyRefused(NetlimitError, ValueError):
     """A rule XDP cannot run; the message names the rule and the reason."""
 
 
