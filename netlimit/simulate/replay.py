@@ -1,9 +1,9 @@
 """Replay requests through a rules file with the sidecar's engine, in log time.
 
 Each request goes the way the sidecar takes it: :class:`ActionPlan` makes its
-descriptors, :meth:`RuleSet.match` finds each one's rule (``replaces`` applied
-as :class:`Limiter` applies it) and :meth:`RuleSet.store_key` names its
-counter; the decision itself -- :meth:`MemoryStore.hit_sync` with the line's
+descriptors, the engine's :func:`~netlimit.limit.selection.select` picks each
+one's rule (matching and ``replaces``: the very function the Limiter calls)
+and :meth:`RuleSet.store_key` names its counter; the decision itself -- :meth:`MemoryStore.hit_sync` with the line's
 logged time as ``now`` and the file's ``max_keys``, so the store forgets what
 the sidecar's would -- is taken where the figures are gathered (figures.py),
 in log order.  ``tests/simulate`` holds the result to ``Limiter.check_nowait``
@@ -33,6 +33,7 @@ from typing import Any
 from ..config.validate import Loaded
 from ..limit.actions import ActionPlan, BadAddress
 from ..limit.rules import Rule, RuleSet, from_loaded
+from ..limit.selection import select
 from .figures import BatchPart, Figures, FiguresProcess, RuleSpec
 from .logs import MAX_LINE, OVERLONG, Needs, OpenLog
 from .results import RuleResult, SimResult, Unreadable
@@ -156,11 +157,7 @@ class Replay:
             descs = self.plan.build(peer, method or "GET", path, headers, None)
         except BadAddress:  # the sidecar refuses the request (400): nothing is charged
             return ()
-        rules = [rs.match(d) for d in descs]
-        if rs.has_replaces:
-            replaced = {name for r in rules if r is not None for name in r.replaces}
-            if replaced:
-                rules = [None if r is not None and r.name in replaced else r for r in rules]
+        rules = select(rs, descs)  # the engine's own selection, as every door makes it
         out: list[Entry] = []
         for d, r in zip(descs, rules):
             if r is None:
