@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from ..limit.algorithms import CONFIG_ALGORITHMS, DEFAULT_ALGORITHM
+from ..limit.algorithms import REGISTRY as ALGORITHM_REGISTRY
 from .units import (
     PortRange,
     Rate,
@@ -349,7 +351,12 @@ UNIT_SECONDS = {
     "month": 30 * 86400,
     "year": 365 * 86400,
 }
-ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
+#: the algorithms a file can name, from the engine's registry (netlimit/limit/algorithms)
+ALGORITHMS = CONFIG_ALGORITHMS
+if TYPE_CHECKING:
+    AlgorithmName = str
+else:  # a Literal of the registry's names: the schema's enum, pydantic's literal_error
+    AlgorithmName = Literal[CONFIG_ALGORITHMS]
 #: requests_per_unit is a uint32 in Lyft's config and in Envoy's protocol
 MAX_REQUESTS_PER_UNIT = 0xFFFFFFFF
 
@@ -421,9 +428,9 @@ class Descriptor(LyftText):
     key: str = Field("", description="required (a missing or empty key is refused with Lyft's message)")
     value: str | None = None
     rate_limit: RateLimit | None = None
-    algorithm: Literal[
-        "token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"
-    ] = Field("fixed_window", description="fixed_window is Lyft's behaviour and the default")
+    algorithm: AlgorithmName = Field(
+        DEFAULT_ALGORITHM, description=f"{DEFAULT_ALGORITHM} is Lyft's behaviour and the default"
+    )
     count_denied: bool = Field(
         True,
         description="fixed_window: denied requests count toward the window, as Lyft counts them (false: only "
@@ -504,20 +511,28 @@ class Descriptor(LyftText):
                 "should not specify rate limit unit when unlimited: write 'rate_limit: {unlimited: true}' "
                 "(or 'unlimited: true' on the descriptor) without unit and requests_per_unit"
             )
-        if self.burst is not None and self.algorithm not in ("token_bucket", "leaky_bucket"):
-            raise ValueError(f"'burst' applies to token_bucket and leaky_bucket, not {self.algorithm}")
-        if self.delay and self.algorithm != "leaky_bucket":
-            raise ValueError("'delay' applies to algorithm: leaky_bucket only")
-        if not self.count_denied and self.algorithm != "fixed_window":
-            raise ValueError(f"'count_denied' applies to algorithm: fixed_window, not {self.algorithm}")
+        alg = ALGORITHM_REGISTRY[self.algorithm]
+        if self.burst is not None and not alg.bucket:
+            raise ValueError(f"'burst' applies to {_algorithms_with('bucket')}, not {self.algorithm}")
+        if self.delay and not alg.queue:
+            raise ValueError(f"'delay' applies to algorithm: {_algorithms_with('queue')} only")
+        if not self.count_denied and not alg.admitted:
+            raise ValueError(
+                f"'count_denied' applies to algorithm: {_algorithms_with('admitted')}, not {self.algorithm}"
+            )
         return self
 
     @property
     def engine_algorithm(self) -> str:
         """The engine's algorithm: fixed_window with ``count_denied: false`` is fixed_window_admitted."""
-        if self.algorithm == "fixed_window" and not self.count_denied:
-            return "fixed_window_admitted"
+        if not self.count_denied:
+            return ALGORITHM_REGISTRY[self.algorithm].admitted or self.algorithm
         return self.algorithm
+
+
+def _algorithms_with(flag: str) -> str:
+    """The algorithms a file can name that have ``flag`` (for messages: "a and b")."""
+    return " and ".join(n for n in CONFIG_ALGORITHMS if getattr(ALGORITHM_REGISTRY[n], flag))
 
 
 ACTION_RE = re.compile(r"^(remote_address|path|method|header:[!#$%&'*+.^_`|~0-9A-Za-z-]+|generic:[^=\s]+=\S*)$")

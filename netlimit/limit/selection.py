@@ -17,7 +17,7 @@ import hashlib
 from collections.abc import Sequence
 
 from ..config.model import UNIT_SECONDS
-from .algorithms import Decision, DynamicLimit
+from .algorithms import DEFAULT_ALGORITHM, Decision, DynamicLimit
 from .request import Override
 from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
 
@@ -77,7 +77,7 @@ def _override_tag(keys: tuple[str, ...]) -> str:
 def override_rule(domain: str, keys: tuple[str, ...], ov: Override, matched: Rule | None) -> Rule:
     """The rule a descriptor's ``limit`` override stands for."""
     period = UNIT_SECONDS[ov.unit] * ov.multiplier
-    algorithm, delay = "fixed_window", False
+    algorithm, delay = DEFAULT_ALGORITHM, False
     if matched is not None and matched.limit is not None:
         algorithm, delay = matched.algorithm, matched.limit.delay
     per = f"{ov.multiplier} {ov.unit}s" if ov.multiplier > 1 else ov.unit

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.model import ALGORITHMS
+from ..limit.algorithms import CONFIG_ALGORITHMS as ALGORITHMS
 from ..limit.algorithms import DECIDERS, REGISTRY, Limit, is_idle
 from ..limit.stores import MemoryStore
 from .results import AlgorithmResult, Client, Offender, Timeline
