@@ -82,7 +82,7 @@ from .hitters import descriptor_text, shown_value
 from .keybudget import KeyBudget
 from .request import CheckRequest, Override
 from .rules import Entry, Rule, RuleSet
-from .selection import _OVERRIDE_CACHE_MAX, override_rule, select, stats_near
+from .selection import _OVERRIDE_CACHE_MAX, answer_over, override_rule, select, stats_near
 from .selection import count_value as _count_value
 from .selection import replace as _replace
 from .stores import MemoryStore, Store
@@ -524,12 +524,9 @@ class Limiter:
                 over += 1
                 if dec.retry_after > deny_ra:
                     deny_report, deny_ra = st, dec.retry_after
-        if over:
-            code, report = OVER_LIMIT, deny_report
-        elif quotas and quota_over == quotas:
-            code, report = OVER_LIMIT, quota_report
-        else:
+        if not answer_over(over, quotas, quota_over):
             return CheckResult(OK, statuses, ok_report, delay)
+        code, report = OVER_LIMIT, deny_report if over else quota_report
         if rs.shadow_mode:  # Lyft's SHADOW_MODE: every status as decided, the answer OK
             self.stats.global_shadow += 1
             return CheckResult(OK, statuses, ok_report, delay)

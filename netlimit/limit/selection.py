@@ -39,6 +39,23 @@ def replace(rules: list[Rule | None]) -> list[Rule | None]:
     return [None if r is not None and r.lyft_name in replaced and r.limit is not None else r for r in rules]
 
 
+def quota_count(rs: RuleSet, rules: Sequence[Rule | None]) -> int:
+    """How many of a request's descriptors are quota ones (Lyft's quota_mode), given
+    the rule deciding each (:func:`select`): with ``http.quota_mode`` every
+    descriptor but an unlimited rule's, else those whose rule has ``quota_mode``."""
+    if rs.quota_mode:
+        return sum(1 for r in rules if r is None or not r.unlimited)
+    return sum(1 for r in rules if r is not None and r.limit is not None and r.quota)
+
+
+def answer_over(over: int, quotas: int, quota_over: int) -> bool:
+    """Whether a request is over the limit: an enforced (non-shadow) non-quota rule
+    denied it (``over`` such denials), or every one of its ``quotas`` quota
+    descriptors is over its limit (``quota_over`` enforced denials among them).
+    ``http.shadow_mode`` then answers OK all the same (the caller's part)."""
+    return over > 0 or (quotas > 0 and quota_over == quotas)
+
+
 def stats_near(rule: Rule, dec: Decision, cost: int) -> int:
     """The hits of an allowed decision past the rule's near-limit threshold."""
     n = rule.near_threshold - dec.remaining + 1

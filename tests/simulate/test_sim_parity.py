@@ -109,6 +109,36 @@ REPLACES_BY_LYFT_NAME = {
 }
 
 
+#: Lyft's quota_mode: a request is denied when every quota descriptor is over (or a
+#: non-quota rule denies it); and the same rules under http.quota_mode / http.shadow_mode
+QUOTAS = {
+    "version": 1,
+    "http": {
+        "domain": "t",
+        "actions": [["remote_address"], ["path"], ["header:X-Plan"]],
+        "descriptors": [
+            {"key": "remote_address", "quota_mode": True, "rate_limit": {"unit": "minute", "requests_per_unit": 2}},
+            {
+                "key": "path",
+                "value": "/q",
+                "quota_mode": True,
+                "rate_limit": {"unit": "minute", "requests_per_unit": 9},
+            },
+            {"key": "path", "value": "/hard", "rate_limit": {"unit": "minute", "requests_per_unit": 3}},
+            {"key": "header:X-Plan", "value": "free", "rate_limit": {"unlimited": True}},
+        ],
+    },
+}
+
+
+def _with_http(doc: dict, **http: Any) -> dict:
+    out = json.loads(json.dumps(doc))
+    out["http"].update(http)
+    for d in out["http"]["descriptors"]:
+        d.pop("quota_mode", None)
+    return out
+
+
 def _examples() -> list[tuple[str, dict]]:
     out = []
     for f in sorted(RULES.glob("*.yaml")):
@@ -120,6 +150,9 @@ def _examples() -> list[tuple[str, dict]]:
         out.append((f.name, doc))
     out.append(("replaces-by-netlimit-name", REPLACES_BY_NETLIMIT_NAME))
     out.append(("replaces-by-lyft-name", REPLACES_BY_LYFT_NAME))
+    out.append(("quota-descriptors", QUOTAS))
+    out.append(("http-quota-mode", _with_http(QUOTAS, quota_mode=True)))
+    out.append(("http-shadow-mode", _with_http(QUOTAS, shadow_mode=True)))
     return out
 
 
@@ -253,6 +286,10 @@ def test_simulate_decides_as_the_live_sidecar(tmp_path, name, doc):
     assert sum(v[1] for v in sim.values()) > 0, "the traffic reaches no limit: the comparison would prove little"
     statuses = Counter(s for _, s in sent)
     assert res.denied == statuses[429], (name, res.denied, statuses)
+    if name == "http-shadow-mode":
+        assert statuses[429] == 0  # the rules deny (above), the answers do not
+    if name.startswith(("quota", "http-quota")):
+        assert 0 < statuses[429] < sum(v[1] for v in sim.values())  # some denials alone deny nothing
     if name == "replaces-by-netlimit-name":
         # 21 requests to /x (one key: the path): the unnamed 1/day limit is not replaced
         assert sim["path_/x"] == [21.0, 20.0]
