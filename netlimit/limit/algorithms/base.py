@@ -52,7 +52,7 @@ class Algorithm:
     admitted: str = ""
     #: the memory store's call for a state it holds: ``(limit, table, key, state, now,
     #: cost) -> Decision``, writing the new state into ``table`` itself (no tuple per
-    #: decision); None: :func:`store_hit`, which calls the Limit's decide function
+    #: decision); None: the store calls the decide function and stores its new state
     store_hit: Callable[..., Decision] | None = None
 
 
@@ -64,15 +64,6 @@ REGISTRY: dict[str, Algorithm] = {}
 def register(alg: Algorithm) -> Algorithm:
     REGISTRY[alg.name] = alg
     return alg
-
-
-def store_hit(limit: Limit, table: dict[str, Any], key: str, state: Any, now: float, cost: int) -> Decision:
-    """The memory store's decision for a held ``state`` of ``key`` in ``table``: the
-    Limit's decide function, the new state written back (the default ``store_hit``)."""
-    decision, new_state = limit._fn(limit, state, now, cost)
-    if new_state is not state:
-        table[key] = new_state
-    return decision
 
 
 def _names(flag: str) -> str:
@@ -122,7 +113,7 @@ class Limit(_LimitFields):
     _ns: str  # process-local namespace id, e.g. "3:" (memory store)
     _sig: str  # stable text of every field (Redis key names)
     _fn: Callable[..., tuple[Decision, Any]]
-    _hit: Callable[..., Decision]  # the memory store's call for a held state (Algorithm.store_hit)
+    _hit: Callable[..., Decision] | None  # the memory store's call for a held state (Algorithm.store_hit)
     _deny0: bool  # limit 0 decided without a state: every cost >= 1 denied, a probe allowed
     _cap: int
     _rate: float
@@ -194,7 +185,7 @@ class Limit(_LimitFields):
         fn = _deny_all_decider if deny0 else alg.decider(self)
         object.__setattr__(self, "_fn", fn)
         object.__setattr__(self, "_deny0", deny0)
-        object.__setattr__(self, "_hit", store_hit if deny0 or alg.store_hit is None else alg.store_hit)
+        object.__setattr__(self, "_hit", None if deny0 else alg.store_hit)
 
     @property
     def capacity(self) -> int:

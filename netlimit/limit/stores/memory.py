@@ -157,9 +157,15 @@ class MemoryStore:
         if table is not None:
             state = table.get(key)
             if state is not None:
-                # the algorithm's own in-place entry (Algorithm.store_hit): Lyft's fixed
-                # window and the buckets' admit path without a tuple per decision
-                return limit._hit(limit, table, key, state, now, cost)
+                hit = limit._hit
+                if hit is not None:
+                    # the algorithm's own in-place entry (Algorithm.store_hit): Lyft's fixed
+                    # window and the buckets' admit path without a tuple per decision
+                    return hit(limit, table, key, state, now, cost)
+                decision, new_state = limit._fn(limit, state, now, cost)
+                if new_state is not state:
+                    table[key] = new_state
+                return decision
         state = self._take_old(key, limit)
         decision, new_state = limit._fn(limit, state, now, cost)
         if new_state is not None:  # a new key, or one coming back from the old generation
