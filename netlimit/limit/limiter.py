@@ -17,6 +17,9 @@ building result objects.
 
 Semantics
 ---------
+Which rule decides each descriptor (matching, ``replaces``) and how a request's
+statuses combine (quota) live in selection.py, the one home ``simulate`` calls too.
+
 * Every descriptor that matches a rule is charged (also when another one is
   over the limit), as Lyft does; ``replaces`` removes the limits whose
   ``rate_limit.name`` a matched rule names first.  ``unlimited`` rules match
