@@ -31,6 +31,8 @@ import subprocess
 import time
 from collections import deque
 
+from netlimit.limit.algorithms import SLIDING_WINDOW_COUNTER, SLIDING_WINDOW_LOG
+
 from .common import Mode, Section, row
 
 PAYLOAD = 1448 / 1514
@@ -211,7 +213,7 @@ def swc_error(n: int, sources: int, limit: int = 10, period: float = 60.0) -> di
     from netlimit.limit.algorithms import Limit, sliding_window_counter, sliding_window_log
 
     trace = bursty_trace(n, sources)
-    swc_l, log_l = Limit("sliding_window_counter", limit, period), Limit("sliding_window_log", limit, period)
+    swc_l, log_l = Limit(SLIDING_WINDOW_COUNTER, limit, period), Limit(SLIDING_WINDOW_LOG, limit, period)
     st_c: dict[int, object] = {}
     st_l: dict[int, object] = {}
     seen: dict[int, deque] = {}
@@ -277,7 +279,7 @@ def run(mode: Mode) -> Section:
     t0 = time.perf_counter()
     e = swc_error(n, sources)
     e["seconds"] = round(time.perf_counter() - t0, 1)
-    sec.details["sliding_window_counter"] = e
+    sec.details[SLIDING_WINDOW_COUNTER] = e
     trace_desc = f"{e['requests']:,} requests, {sources:,} sources, limit {e['limit']}/{e['period']:g}s"
     sec.rows.append(
         row(

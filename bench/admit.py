@@ -18,6 +18,14 @@ from bisect import bisect_right, insort
 from collections.abc import Callable
 from typing import Any
 
+from netlimit.limit.algorithms import (
+    FIXED_WINDOW,
+    FIXED_WINDOW_ADMITTED,
+    LEAKY_BUCKET,
+    SLIDING_WINDOW_COUNTER,
+    SLIDING_WINDOW_LOG,
+    TOKEN_BUCKET,
+)
 from netlimit.limit.algorithms.base import _INF, _J, Limit, _floor
 from netlimit.limit.stores.base import hash_key
 from netlimit.limit.stores.memory import MemoryStore
@@ -122,12 +130,12 @@ def _sliding_window_log_admit(limit: Limit, state: Any, now: float, cost: int = 
 
 
 ADMITTERS: dict[str, Callable[..., Any]] = {
-    "token_bucket": _bucket_admit,
-    "leaky_bucket": _bucket_admit,
-    "fixed_window": _fixed_window_admit,
-    "fixed_window_admitted": _fixed_window_admitted_admit,
-    "sliding_window_log": _sliding_window_log_admit,
-    "sliding_window_counter": _sliding_window_counter_admit,
+    TOKEN_BUCKET: _bucket_admit,
+    LEAKY_BUCKET: _bucket_admit,
+    FIXED_WINDOW: _fixed_window_admit,
+    FIXED_WINDOW_ADMITTED: _fixed_window_admitted_admit,
+    SLIDING_WINDOW_LOG: _sliding_window_log_admit,
+    SLIDING_WINDOW_COUNTER: _sliding_window_counter_admit,
 }
 
 
@@ -250,7 +258,7 @@ def _swc_admit_of(limit: Limit) -> Callable[..., Any]:
 def _admitter(limit: Limit) -> Callable[..., Any]:
     if limit._deny0:
         return _deny_all_admit
-    if limit.algorithm == "sliding_window_counter":
+    if limit.algorithm == SLIDING_WINDOW_COUNTER:
         return _swc_admit_of(limit)
     return ADMITTERS[limit.algorithm]
 

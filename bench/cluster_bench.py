@@ -36,13 +36,15 @@ import tempfile
 import time
 from typing import Any
 
+from netlimit.limit.algorithms import FIXED_WINDOW, TOKEN_BUCKET
+
 from .common import Mode, Section, median, need, round_ratio, row, stop, wait_port
 from .inproc import LIMIT, key_stream
 from .redis_bench import _drive, _pct
 
 GOAL_SINGLE = 0.9
 GOAL_REDISPY = 2.0
-ALGORITHMS = ("fixed_window", "token_bucket")  # Lyft's default, and the usual API bucket
+ALGORITHMS = (FIXED_WINDOW, TOKEN_BUCKET)  # Lyft's default, and the usual API bucket
 
 
 def _free_ports(n: int) -> list[int]:

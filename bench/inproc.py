@@ -30,13 +30,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from netlimit.limit.algorithms import (
+    FIXED_WINDOW,
+    LEAKY_BUCKET,
+    SLIDING_WINDOW_COUNTER,
+    SLIDING_WINDOW_LOG,
+    TOKEN_BUCKET,
+)
+
 from .common import Mode, Section, interleaved_rates, round_ratio, row
 
 LIMIT, PERIOD = 1000, 60
 PEERS = {
-    "fixed_window": "FixedWindowRateLimiter",
-    "sliding_window_counter": "SlidingWindowCounterRateLimiter",
-    "sliding_window_log": "MovingWindowRateLimiter",
+    FIXED_WINDOW: "FixedWindowRateLimiter",
+    SLIDING_WINDOW_COUNTER: "SlidingWindowCounterRateLimiter",
+    SLIDING_WINDOW_LOG: "MovingWindowRateLimiter",
 }
 GOAL = 5.0
 
@@ -129,7 +137,7 @@ def run(mode: Mode) -> Section:
     rounds = mode.pick(2, 5)
     for nkeys in key_counts:
         keys, stream = key_stream(nkeys, n_stream)
-        for alg in ("fixed_window", "sliding_window_counter", "sliding_window_log", "token_bucket", "leaky_bucket"):
+        for alg in (FIXED_WINDOW, SLIDING_WINDOW_COUNTER, SLIDING_WINDOW_LOG, TOKEN_BUCKET, LEAKY_BUCKET):
             allow, full = _netlimit(alg, keys)
             runners = {"netlimit": _Timed(allow, stream, budget), "netlimit_decision": _Timed(full, stream, budget)}
             storage = None

@@ -15,12 +15,20 @@ import json
 import subprocess
 import sys
 
+from netlimit.limit.algorithms import (
+    FIXED_WINDOW,
+    LEAKY_BUCKET,
+    SLIDING_WINDOW_COUNTER,
+    SLIDING_WINDOW_LOG,
+    TOKEN_BUCKET,
+)
+
 from .common import Mode, Section, row
 from .inproc import LIMIT, PEERS
 
 GOAL = 150.0
-ALGS = ("fixed_window", "sliding_window_counter", "token_bucket", "leaky_bucket", "sliding_window_log")
-PER_SECOND = ("fixed_window", "sliding_window_counter")  # again with a 1 s period
+ALGS = (FIXED_WINDOW, SLIDING_WINDOW_COUNTER, TOKEN_BUCKET, LEAKY_BUCKET, SLIDING_WINDOW_LOG)
+PER_SECOND = (FIXED_WINDOW, SLIDING_WINDOW_COUNTER)  # again with a 1 s period
 
 _CHILD = r"""
 import gc, json, sys, time
@@ -74,7 +82,7 @@ def run(mode: Mode) -> Section:
     for alg in ALGS:
         nl = measure("netlimit", alg, n)
         peer = measure("limits", alg, n_peer) if alg in PEERS else None
-        counted = alg != "sliding_window_log"
+        counted = alg != SLIDING_WINDOW_LOG
         sec.rows.append(
             row(
                 f"{alg}, {n:,} keys",

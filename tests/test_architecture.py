@@ -290,9 +290,52 @@ def test_each_part_imports_only_what_the_architecture_allows():
         if part not in MAY_IMPORT:
             continue  # the shared helpers and the CLI frame themselves
         for t in targets:
-            if _part(t) == part or t in SHARED or _part(t) in MAY_IMPORT[part]:
+            if _part(t) == part or t in SHARED or _part(t) in MAY_IMPORT[part] or _in(t, REGISTRY_PKG):
                 continue
             if t in ("netlimit", "netlimit.cli") and (m.endswith(".cli") or m == "netlimit.demo"):
                 continue  # a layer's commands use the frame's exit codes and error printing
             bad.append(f"{m} -> {t}")
     assert not bad, "imports docs/architecture.md does not allow:\n" + "\n".join(sorted(bad))
+
+
+# --- the algorithms are named once (issue 30 item 4) ----------------------------------
+
+#: the engine's algorithm registry: a leaf every part may read (config validates
+#: ``algorithm:`` with it, simulate and the benches list it)
+REGISTRY_PKG = "netlimit.limit.algorithms"
+BENCH = PKG.parent / "bench"
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_algorithm_registry_is_a_leaf():
+    edges, _ = _graph()
+    bad = [f"{m} -> {t}" for m in edges if _in(m, REGISTRY_PKG) for t in edges[m] if not _in(t, REGISTRY_PKG)]
+    assert not bad, "the algorithm registry imports the rest of netlimit:\n" + "\n".join(sorted(bad))
+
+
+def _name_literals(root: Path, names: frozenset[str]) -> list[str]:
+    """``file:line: name`` for each string literal that is exactly an algorithm's name."""
+    out = []
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                out.append(f"{p.relative_to(PKG.parent)}:{node.lineno}: {node.value!r}")
+    return out
+
+
+def test_algorithm_names_are_written_only_in_the_registry():
+    """Adding an algorithm is one engine module (+ its Lua script and conformance cases):
+    outside netlimit/limit/algorithms/ no code writes an algorithm's name -- the config,
+    the stores, simulate and the benches read REGISTRY and its constants."""
+    from netlimit.limit.algorithms import REGISTRY
+
+    names = frozenset(REGISTRY)
+    assert len(names) == 6, sorted(names)
+    registry_dir = PKG / "limit" / "algorithms"
+    inside = _name_literals(registry_dir, names)
+    assert {ln.rsplit(": ", 1)[1].strip("'") for ln in inside} == names  # the check sees them where they are
+    found = [ln for ln in _name_literals(PKG, names) + _name_literals(BENCH, names) if ln not in inside]
+    assert not found, "algorithm names written outside netlimit/limit/algorithms/:\n" + "\n".join(found)

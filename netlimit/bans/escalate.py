@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config.model import Config, Escalate
-from ..limit.algorithms import Limit
+from ..limit.algorithms import SLIDING_WINDOW_COUNTER, Limit
 from ..limit.stores import MemoryStore
 from ..logevery import LogEvery
 from .model import IPNetwork, Protected, client_prefix
@@ -40,7 +40,7 @@ log = logging.getLogger("netlimit.bans")
 MAX_QUEUE = 10_000
 #: prefixes remembered as just banned
 MAX_RECENT = 10_000
-ALGORITHM = "sliding_window_counter"
+ALGORITHM = SLIDING_WINDOW_COUNTER
 
 
 def rule_paths(config: Config) -> dict[str, Escalate]:

@@ -7,169 +7,26 @@ fields may be added, never renamed. Values are parsed into canonical types
 
 from __future__ import annotations
 
-import ipaddress
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from .units import (
-    PortRange,
-    Rate,
-    format_bandwidth,
-    format_duration,
-    format_size,
-    parse_bandwidth,
-    parse_duration,
-    parse_port,
-    parse_rate,
-    parse_size,
-)
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$")
-
-
-def _parse_network(value: object) -> IPNetwork:
-    if isinstance(value, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
-        return value
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected an address or CIDR like '10.0.0.0/8' or '2001:db8::/32', got {value!r}")
-    try:
-        return ipaddress.ip_network(value.strip(), strict=True)
-    except ValueError:
-        try:
-            net = ipaddress.ip_network(value.strip(), strict=False)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an IP address or CIDR network") from None
-        raise ValueError(f"{value!r} has host bits set: did you mean '{net}'?") from None
-
-
-def _ser_str(v: Any) -> str:
-    return str(v)
-
-
-CIDR = Annotated[
+from ..limit.algorithms import CONFIG_ALGORITHMS, DEFAULT_ALGORITHM
+from ..limit.algorithms import REGISTRY as ALGORITHM_REGISTRY
+from .fields import (
+    CIDR,
+    COMMENT_MAX,  # noqa: F401  (re-exported: the field types' users import them from here)
+    NAME_RE,
+    BandwidthT,
+    CommentT,
+    DurationT,
     IPNetwork,
-    BeforeValidator(_parse_network),
-    PlainSerializer(_ser_str, return_type=str),
-    WithJsonSchema({"type": "string", "description": "IPv4 or IPv6 address or CIDR, e.g. 10.0.0.0/8"}),
-]
-RateT = Annotated[
-    Rate,
-    BeforeValidator(parse_rate),
-    PlainSerializer(_ser_str, return_type=str),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "pattern": r"^\s*\d+\s*/\s*(\d+)?\s*(s|sec|secs?|seconds?|m|mins?|minutes?|h|hr|hours?|d|days?)\s*$",
-            "description": "N/second|minute|hour|day, also 100/s, 6/m, 3/10s",
-            "examples": ["100/second", "3/minute"],
-        }
-    ),
-]
-PortT = Annotated[
-    PortRange,
-    BeforeValidator(parse_port),
-    PlainSerializer(_ser_str, return_type=str),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "minimum": 1, "maximum": 65535},
-                {"type": "string", "pattern": r"^\d+(-\d+)?$"},
-            ],
-            "description": "a port or a range '8000-8100'",
-        }
-    ),
-]
-BandwidthT = Annotated[
-    int,
-    BeforeValidator(parse_bandwidth),
-    PlainSerializer(format_bandwidth, return_type=str),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "pattern": r"^\d+(\.\d+)?\s*(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$",
-            "description": "bits/s as tc writes them: 10mbit (bps = bytes/s)",
-            "examples": ["10mbit"],
-        }
-    ),
-]
-SizeT = Annotated[
-    int,
-    BeforeValidator(parse_size),
-    PlainSerializer(format_size, return_type=str),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "minimum": 1},
-                {"type": "string", "pattern": r"^\d+(\.\d+)?\s*(b|k|kb|m|mb|g|gb|kbit|mbit|gbit)?$"},
-            ],
-            "description": "bytes as tc writes them: 64kb (1024-based)",
-        }
-    ),
-]
-
-
-DurationT = Annotated[
-    int,
-    BeforeValidator(parse_duration),
-    PlainSerializer(format_duration, return_type=str),
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "minimum": 1},
-                {
-                    "type": "string",
-                    "pattern": r"^\s*\d+\s*(s|sec|secs?|seconds?|m|mins?|minutes?|h|hr|hours?|d|days?)?\s*$",
-                },
-            ],
-            "description": "seconds, or 30s, 15m, 1h, 2d",
-            "examples": ["1m", "15m"],
-        }
-    ),
-]
-
-
-#: a rule's `comment:` -- it goes into nft/iptables comments (nft allows 128 bytes in all,
-#: "netlimit:<48-character name> #<12-hex tag>" takes 71): printable ASCII, no quote or backslash
-COMMENT_MAX = 48
-_COMMENT_RE = re.compile(r"^[ !#-\[\]-~]+$")
-
-
-def _check_comment(v: object) -> str:
-    if not isinstance(v, str) or not v.strip():
-        raise ValueError(f"comment must be text, got {v!r}")
-    v = v.strip()
-    if len(v) > COMMENT_MAX:
-        raise ValueError(f"comment is {len(v)} characters; at most {COMMENT_MAX} fit in a kernel rule's comment")
-    if not _COMMENT_RE.match(v):
-        raise ValueError(f"comment {v!r}: printable ASCII only, without '\"' or '\\' (it is quoted in nft/iptables)")
-    return v
-
-
-CommentT = Annotated[
-    str,
-    BeforeValidator(_check_comment),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "maxLength": COMMENT_MAX,
-            "pattern": _COMMENT_RE.pattern,
-            "description": "up to 48 printable ASCII characters, no double quote or backslash",
-        }
-    ),
-]
+    PortT,
+    RateT,
+    SizeT,
+)
+from .units import format_duration
 
 
 class Strict(BaseModel):
@@ -349,7 +206,12 @@ UNIT_SECONDS = {
     "month": 30 * 86400,
     "year": 365 * 86400,
 }
-ALGORITHMS = ("token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter")
+#: the algorithms a file can name, from the engine's registry (netlimit/limit/algorithms)
+ALGORITHMS = CONFIG_ALGORITHMS
+if TYPE_CHECKING:
+    AlgorithmName = str
+else:  # a Literal of the registry's names: the schema's enum, pydantic's literal_error
+    AlgorithmName = Literal[CONFIG_ALGORITHMS]
 #: requests_per_unit is a uint32 in Lyft's config and in Envoy's protocol
 MAX_REQUESTS_PER_UNIT = 0xFFFFFFFF
 
@@ -421,9 +283,9 @@ class Descriptor(LyftText):
     key: str = Field("", description="required (a missing or empty key is refused with Lyft's message)")
     value: str | None = None
     rate_limit: RateLimit | None = None
-    algorithm: Literal[
-        "token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"
-    ] = Field("fixed_window", description="fixed_window is Lyft's behaviour and the default")
+    algorithm: AlgorithmName = Field(
+        DEFAULT_ALGORITHM, description=f"{DEFAULT_ALGORITHM} is Lyft's behaviour and the default"
+    )
     count_denied: bool = Field(
         True,
         description="fixed_window: denied requests count toward the window, as Lyft counts them (false: only "
@@ -504,20 +366,28 @@ class Descriptor(LyftText):
                 "should not specify rate limit unit when unlimited: write 'rate_limit: {unlimited: true}' "
                 "(or 'unlimited: true' on the descriptor) without unit and requests_per_unit"
             )
-        if self.burst is not None and self.algorithm not in ("token_bucket", "leaky_bucket"):
-            raise ValueError(f"'burst' applies to token_bucket and leaky_bucket, not {self.algorithm}")
-        if self.delay and self.algorithm != "leaky_bucket":
-            raise ValueError("'delay' applies to algorithm: leaky_bucket only")
-        if not self.count_denied and self.algorithm != "fixed_window":
-            raise ValueError(f"'count_denied' applies to algorithm: fixed_window, not {self.algorithm}")
+        alg = ALGORITHM_REGISTRY[self.algorithm]
+        if self.burst is not None and not alg.bucket:
+            raise ValueError(f"'burst' applies to {_algorithms_with('bucket')}, not {self.algorithm}")
+        if self.delay and not alg.queue:
+            raise ValueError(f"'delay' applies to algorithm: {_algorithms_with('queue')} only")
+        if not self.count_denied and not alg.admitted:
+            raise ValueError(
+                f"'count_denied' applies to algorithm: {_algorithms_with('admitted')}, not {self.algorithm}"
+            )
         return self
 
     @property
     def engine_algorithm(self) -> str:
         """The engine's algorithm: fixed_window with ``count_denied: false`` is fixed_window_admitted."""
-        if self.algorithm == "fixed_window" and not self.count_denied:
-            return "fixed_window_admitted"
+        if not self.count_denied:
+            return ALGORITHM_REGISTRY[self.algorithm].admitted or self.algorithm
         return self.algorithm
+
+
+def _algorithms_with(flag: str) -> str:
+    """The algorithms a file can name that have ``flag`` (for messages: "a and b")."""
+    return " and ".join(n for n in CONFIG_ALGORITHMS if getattr(ALGORITHM_REGISTRY[n], flag))
 
 
 ACTION_RE = re.compile(r"^(remote_address|path|method|header:[!#$%&'*+.^_`|~0-9A-Za-z-]+|generic:[^=\s]+=\S*)$")

@@ -278,19 +278,7 @@ def _parse(url: str) -> RedisURL:
         user, colon, pw = userinfo.partition(":")
         username = unquote(user) or None
         password = unquote(pw) if colon else None
-    try:
-        opts = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=32)
-    except ValueError as exc:
-        raise ValueError(f"bad query string: {exc}") from None
-    options: dict[str, str] = {}
-    other: list[str] = []
-    for name, values in opts.items():
-        if len(values) > 1:
-            raise ValueError(f"option {name!r} given {len(values)} times")
-        if name in TLS_OPTIONS or name in SENTINEL_OPTIONS or name in SECRET_FILES or name == "db":
-            options[name] = values[0]
-        else:
-            other.append(name)
+    options, other = _query_options(query)
 
     if kind == "unix":
         if netloc:
@@ -359,6 +347,32 @@ def _parse(url: str) -> RedisURL:
             raise ValueError(f"a Redis Cluster has only database 0: remove {path!r} ({scheme}://{netloc}/)")
         return RedisURL("cluster", tls, hosts, username=username, password=password, options=options)
 
+    service, db = _service_and_db(scheme, netloc, path)
+    return RedisURL(
+        "sentinel", tls, hosts, username=username, password=password, db=db, service=service, options=options
+    )
+
+
+def _query_options(query: str) -> tuple[dict[str, str], list[str]]:
+    """The URL's known options (TLS, sentinel, secret files, db) and the names of the others."""
+    try:
+        opts = parse_qs(query, keep_blank_values=True, strict_parsing=False, max_num_fields=32)
+    except ValueError as exc:
+        raise ValueError(f"bad query string: {exc}") from None
+    options: dict[str, str] = {}
+    other: list[str] = []
+    for name, values in opts.items():
+        if len(values) > 1:
+            raise ValueError(f"option {name!r} given {len(values)} times")
+        if name in TLS_OPTIONS or name in SENTINEL_OPTIONS or name in SECRET_FILES or name == "db":
+            options[name] = values[0]
+        else:
+            other.append(name)
+    return options, other
+
+
+def _service_and_db(scheme: str, netloc: str, path: str) -> tuple[str, int]:
+    """A sentinel URL's path: ``/<service>[/db]``."""
     parts = [unquote(p) for p in path.strip("/").split("/")] if path.strip("/") else []
     if not parts:
         raise ValueError(
@@ -371,9 +385,7 @@ def _parse(url: str) -> RedisURL:
     if not service or any(c.isspace() for c in service):
         raise ValueError(f"service name {service!r} must be non-empty and without spaces")
     db = _db(parts[1], f"{scheme}://host:26379/{service}/") if len(parts) == 2 else 0
-    return RedisURL(
-        "sentinel", tls, hosts, username=username, password=password, db=db, service=service, options=options
-    )
+    return service, db
 
 
 def _db(text: str, example: str) -> int:

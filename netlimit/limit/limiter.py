@@ -17,6 +17,9 @@ building result objects.
 
 Semantics
 ---------
+Which rule decides each descriptor (matching, ``replaces``) and how a request's
+statuses combine (quota) live in selection.py, the one home ``simulate`` calls too.
+
 * Every descriptor that matches a rule is charged (also when another one is
   over the limit), as Lyft does; ``replaces`` removes the limits whose
   ``rate_limit.name`` a matched rule names first.  ``unlimited`` rules match
@@ -63,7 +66,6 @@ Semantics
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from bisect import bisect_left
@@ -72,14 +74,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.model import UNIT_SECONDS
 from ..errors import StoreError
 from ..logevery import LogEvery
-from .algorithms import Decision, DynamicLimit, Limit
-from .hitters import HeavyHitters, descriptor_text, shown_value
+from .algorithms import Decision, Limit
+from .breaker import MAX_BREAKERS, Breaker, trips
+from .breaker import reason as failure_reason
+from .breaker import trips as _trips  # noqa: F401  (tests import it from here)
+from .corestats import CoreStats
+from .hitters import descriptor_text, shown_value
 from .keybudget import KeyBudget
 from .request import CheckRequest, Override
-from .rules import Entry, Rule, RuleSet, RuleStats, sf_string
+from .rules import Entry, Rule, RuleSet
+from .selection import _OVERRIDE_CACHE_MAX, answer_over, override_rule, select, stats_near
+from .selection import count_value as _count_value
+from .selection import replace as _replace
 from .stores import MemoryStore, Store
 
 log = logging.getLogger("netlimit.limit")
@@ -121,97 +129,6 @@ class CheckResult:
     @property
     def allowed(self) -> bool:
         return self.code != OVER_LIMIT
-
-
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-
-
-class Histogram:
-    """A Prometheus-style histogram as plain numbers (no locks: one event loop)."""
-
-    __slots__ = ("bounds", "counts", "sum", "count")
-
-    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS):
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # last = above every bound
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect_left(self.bounds, v)] += 1
-        self.sum += v
-        self.count += 1
-
-
-class CoreStats:
-    """Counters of the core besides the per-rule ones (Rule.stats)."""
-
-    __slots__ = (
-        "store_errors",
-        "fallbacks",
-        "latency",
-        "denied",
-        "global_shadow",
-        "no_descriptor",
-        "request_errors",
-        "over_key_budget",
-    )
-
-    def __init__(self) -> None:
-        #: requests whose actions produced no descriptor: nothing to limit, answered OK
-        #: (proxy mode forwards them unlimited)
-        self.no_descriptor = 0
-        self.global_shadow = 0  # OVER_LIMIT answers turned OK by http.shadow_mode (Lyft's global_shadow_mode)
-        #: failures that open the breaker (timeouts, lost connections, failover replies)
-        self.store_errors = {"timeout": 0, "connection": 0, "error": 0}
-        #: errors the store answered about one call (its arguments): that decision followed
-        #: on_store_failure, the breaker stayed closed
-        self.request_errors = 0
-        #: per (domain, rule): new keys beyond the rule's max_keys on the shared store
-        #: in a period, decided as on_store_failure says (keybudget.py)
-        self.over_key_budget: dict[tuple[str, str], int] = {}
-        self.fallbacks = {"local": 0, "open": 0, "closed": 0}
-        self.latency = Histogram()
-        self.denied = HeavyHitters(64)  # the most denied descriptors, for `netlimit top`
-
-
-def _reason(exc: BaseException) -> str:
-    """A bounded label for a store failure: timeout | connection | error."""
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 5:
-        if isinstance(e, (TimeoutError, asyncio.TimeoutError)) or type(e).__name__ == "TimeoutError":
-            return "timeout"
-        if isinstance(e, (ConnectionError, OSError)) or type(e).__name__ == "ConnectionError":
-            return "connection"
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return "error"
-
-
-#: replies of a server that cannot serve anyone right now (a failover, a load): like
-#: a lost connection, they open the breaker (netlimit/limit/stores/topology.py)
-_FAILOVER_REPLIES = ("READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN")
-_FAILOVER_CLASSES = ("ReadOnlyError", "BusyLoadingError", "MasterDownError", "ClusterDownError", "TryAgainError")
-
-
-def _trips(exc: BaseException) -> bool:
-    """Whether a store failure says the store is unusable (opens the breaker):
-    a timeout, a connection error, a failover reply.  Anything else (a script
-    error such as an expiry Redis refuses, a reply the store could not parse, a
-    bug) concerns one call, and one request must not switch the store off."""
-    if _reason(exc) != "error":
-        return True
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 5:
-        if type(e).__name__ in _FAILOVER_CLASSES:
-            return True
-        if type(e).__name__ in ("ReplyError", "ResponseError") and str(e).startswith(_FAILOVER_REPLIES):
-            return True
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return False
 
 
 class Limiter:
@@ -258,8 +175,8 @@ class Limiter:
         self._clock = clock
         #: the store's one breaker; a store with ``breaker_of`` (a Redis Cluster: one per
         #: primary) has one per part instead, in ``_breakers`` (issue 35)
-        self._breaker = _Breaker(None)
-        self._breakers: dict[Any, _Breaker] = {}
+        self._breaker = Breaker(None)
+        self._breakers: dict[Any, Breaker] = {}
         self._breaker_of: Callable[[str, Limit], Any] | None = getattr(store, "breaker_of", None)
         self._fail_log = LogEvery(log_interval, clock)
         self._rule_log = LogEvery(log_interval, clock)
@@ -370,9 +287,8 @@ class Limiter:
         descs = req.descriptors
         ovs = req.overrides
         if not ovs:
-            rules = [match(d) for d in descs]
-        else:
-            rules = [match(d) if ov is None else self._override_rule(rs, d, ov, match(d)) for d, ov in zip(descs, ovs)]
+            return select(rs, descs)
+        rules = [match(d) if ov is None else self._override_rule(rs, d, ov, match(d)) for d, ov in zip(descs, ovs)]
         return _replace(rules) if rs.has_replaces else rules
 
     def _override_rule(self, rs: RuleSet, entries: Sequence[Entry], ov: Override, matched: Rule | None) -> Rule:
@@ -486,10 +402,7 @@ class Limiter:
         else:
             if not descriptors:  # no descriptor (an action's input missing): nothing to limit
                 self.stats.no_descriptor += 1
-            match = rs.match
-            rules: list[Rule | None] = [match(d) for d in descriptors]
-            if rs.has_replaces:
-                rules = _replace(rules)
+            rules = select(rs, descriptors)
             hit = mem.hit_sync
             key = rs.store_key
             decided = [
@@ -614,12 +527,9 @@ class Limiter:
                 over += 1
                 if dec.retry_after > deny_ra:
                     deny_report, deny_ra = st, dec.retry_after
-        if over:
-            code, report = OVER_LIMIT, deny_report
-        elif quotas and quota_over == quotas:
-            code, report = OVER_LIMIT, quota_report
-        else:
+        if not answer_over(over, quotas, quota_over):
             return CheckResult(OK, statuses, ok_report, delay)
+        code, report = OVER_LIMIT, deny_report if over else quota_report
         if rs.shadow_mode:  # Lyft's SHADOW_MODE: every status as decided, the answer OK
             self.stats.global_shadow += 1
             return CheckResult(OK, statuses, ok_report, delay)
@@ -642,7 +552,7 @@ class Limiter:
         try:
             dec = await self.store.hit(key, limit, cost)
         except Exception as exc:  # a StoreError, or a store's bug
-            if _trips(exc):  # the store (or this part of it) is sick: open its breaker
+            if trips(exc):  # the store (or this part of it) is sick: open its breaker
                 self._failed(exc, b)
                 return self._fallback(key, limit, cost, b)
             # an error about this one call (a script error, a reply the store refused):
@@ -658,19 +568,19 @@ class Limiter:
             self._recovered(b)
         return dec, SRC_STORE
 
-    def _part(self, part: Any) -> _Breaker:
+    def _part(self, part: Any) -> Breaker:
         """The breaker of one part of the store (a cluster's primary), made on first use.
-        Bounded: past _MAX_BREAKERS parts the closed ones are forgotten (a cluster has a
+        Bounded: past MAX_BREAKERS parts the closed ones are forgotten (a cluster has a
         few primaries; old ones pile up only across many failovers)."""
         b = self._breakers.get(part)
         if b is None:
-            if len(self._breakers) >= _MAX_BREAKERS:
+            if len(self._breakers) >= MAX_BREAKERS:
                 self._breakers = {k: v for k, v in self._breakers.items() if v.down_until}
-            b = self._breakers[part] = _Breaker(part)
+            b = self._breakers[part] = Breaker(part)
         return b
 
     def _fallback(
-        self, key: str, limit: Limit, cost: int, b: _Breaker | None = None, counted: bool = True
+        self, key: str, limit: Limit, cost: int, b: Breaker | None = None, counted: bool = True
     ) -> tuple[Decision | None, str]:
         mode = self.on_store_failure
         if counted and b is not None:  # a decision made while a breaker is open
@@ -684,9 +594,9 @@ class Limiter:
         ri = self.retry_interval
         return Decision(False, limit.capacity, 0, ri, ri), SRC_CLOSED
 
-    def _failed(self, exc: BaseException, b: _Breaker) -> None:
+    def _failed(self, exc: BaseException, b: Breaker) -> None:
         now = self._clock()
-        reason = _reason(exc)
+        reason = failure_reason(exc)
         self.stats.store_errors[reason] += 1
         if not b.down_until:
             b.down_since = now
@@ -752,7 +662,7 @@ class Limiter:
                 f"; {held} more since the last report" if held else "",
             )
 
-    def _recovered(self, b: _Breaker) -> None:
+    def _recovered(self, b: Breaker) -> None:
         down_for = self._clock() - b.down_since
         log.warning(
             "store%s is back after %.1fs; %d decisions were made without it (on_store_failure: %s)",
@@ -798,23 +708,6 @@ class Limiter:
             )
 
 
-class _Breaker:
-    """One circuit breaker: open until ``down_until`` (clock time; 0 = closed)."""
-
-    __slots__ = ("down_since", "down_until", "fallbacks", "part", "probing")
-
-    def __init__(self, part: Any) -> None:
-        self.part = part  # what it guards: None (the whole store) or a part's name
-        self.down_until = 0.0
-        self.down_since = 0.0
-        self.probing = False  # one request is asking the store whether it is back
-        self.fallbacks = 0  # decisions made without the store since it went down
-
-
-#: at most this many per-part breakers are kept (see Limiter._part)
-_MAX_BREAKERS = 256
-
-
 #: the rule label of the limit overrides' budgets (metrics, log)
 OVERRIDES = "(overrides)"
 
@@ -844,87 +737,3 @@ def rule_budgets(rules: RuleSet) -> tuple[dict[str, int], int, dict[str, tuple[s
     budgets = dict.fromkeys(shared, share)
     budgets.update(own)
     return budgets, share, names
-
-
-def _replace(rules: list[Rule | None]) -> list[Rule | None]:
-    """``rules`` without those a matched rule's ``replaces`` names (by
-    ``rate_limit.name``; unlimited rules and overrides are never replaced), as
-    Lyft's ``constructLimitsToCheck``."""
-    replaced = {n for r in rules if r is not None for n in r.replaces}
-    if not replaced:
-        return rules
-    return [None if r is not None and r.lyft_name in replaced and r.limit is not None else r for r in rules]
-
-
-def stats_near(rule: Rule, dec: Decision, cost: int) -> int:
-    """The hits of an allowed decision past the rule's near-limit threshold."""
-    n = rule.near_threshold - dec.remaining + 1
-    return 0 if n <= 0 else cost if cost < n else n
-
-
-def _count_value(vs: RuleStats, cost: int, allowed: bool, near: int, shadow: bool) -> None:
-    """Count a decision in a rule's per-stat-key counters (RuleSet.value_stats)."""
-    vs.hits += cost
-    if allowed:
-        vs.within += cost
-        vs.near += near
-    else:
-        vs.over += cost
-        if shadow:
-            vs.shadow += cost
-
-
-#: at most this many override rules are cached, least recently used dropped first
-#: (they are built from request data)
-_OVERRIDE_CACHE_MAX = 1024
-
-
-def _override_tag(keys: tuple[str, ...]) -> str:
-    """The descriptor keys in an override's counter key prefix, injective: clients
-    choose the keys, so each one is escaped (``\\`` -> ``\\\\``, ``|`` -> ``\\p``,
-    the separator -> ``\\s``) before they are joined, and no tag holds a bare
-    ``|`` (the prefix ends at the first one after it).  A long tag becomes ``\\h`` +
-    a BLAKE2b digest: an escaped tag never starts with ``\\h``."""
-    tag = "\x1f".join(k.replace("\\", "\\\\").replace("|", "\\p").replace("\x1f", "\\s") for k in keys)
-    if len(tag) > 64:
-        tag = "\\h" + hashlib.blake2b(tag.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
-    return tag
-
-
-def override_rule(domain: str, keys: tuple[str, ...], ov: Override, matched: Rule | None) -> Rule:
-    """The rule a descriptor's ``limit`` override stands for."""
-    period = UNIT_SECONDS[ov.unit] * ov.multiplier
-    algorithm, delay = "fixed_window", False
-    if matched is not None and matched.limit is not None:
-        algorithm, delay = matched.algorithm, matched.limit.delay
-    per = f"{ov.multiplier} {ov.unit}s" if ov.multiplier > 1 else ov.unit
-    name = f"override {ov.requests_per_unit} per {per}"
-    # the Limit's name keeps override state apart from configured rules' state; a
-    # DynamicLimit keeps nothing outside itself (one namespace and one Redis script per
-    # algorithm for every override), so a client's distinct overrides cost nothing once
-    # the Limiter's override cache lets go of them
-    limit = DynamicLimit(
-        algorithm=algorithm, limit=ov.requests_per_unit, period=float(period), burst=None, delay=delay, name=name
-    )
-    path = ".".join(keys)
-    tag = _override_tag(keys)
-    sfn = sf_string(name)
-    return Rule(
-        name=name,
-        path=f"override:{path}",
-        domain=domain,
-        keys=keys,
-        unit=ov.unit,
-        requests_per_unit=ov.requests_per_unit,
-        period=period,
-        algorithm=algorithm,
-        limit=limit,
-        key_prefix=f"{domain}|~override {ov.requests_per_unit}/{period}s {algorithm}|{tag}|",
-        sf_name=sfn,
-        policy=f"{sfn};q={ov.requests_per_unit};w={period}",
-        near_threshold=limit.capacity - (4 * limit.capacity + 4) // 5,
-        # counted with the configured rule it overrides, if any (metric labels stay
-        # bounded by the configuration); otherwise not per rule
-        stats=matched.stats if matched is not None else RuleStats(),
-        multiplier=ov.multiplier,
-    )

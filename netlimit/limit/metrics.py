@@ -64,130 +64,144 @@ class Metrics:
 
     def collect(self):
         lim = self.limiter
-        rules = lim.rules.all_rules
-        lbl = ["domain", "rule"]
-        fams = [
-            ("netlimit_http_rule_hits", "Hits charged to a rule (every matching request)", "hits"),
-            ("netlimit_http_rule_within_limit", "Hits a rule allowed", "within"),
-            (
-                "netlimit_http_rule_over_limit",
-                "Hits over a rule's limit (shadow_mode rules included, as Lyft counts them)",
-                "over",
-            ),
-            ("netlimit_http_rule_near_limit", "Allowed hits past http.near_limit_ratio of a rule's limit", "near"),
-            (
-                "netlimit_http_rule_shadow_over_limit",
-                "Hits a shadow_mode rule would have denied (not enforced)",
-                "shadow",
-            ),
-        ]
-        per_rule: dict[tuple[str, str], RuleStats] = {}  # rules sharing a name share their stats
-        for r in rules:
-            per_rule.setdefault((r.domain, r.name), r.stats)
-        for name, doc, attr in fams:
-            f = CounterMetricFamily(name, doc, labels=lbl)
-            for (domain, rule), stats in per_rule.items():
-                f.add_metric([domain, rule], getattr(stats, attr))
-            yield f
-        # per Lyft stat key, for the rules whose key carries request values
-        per_value = [(d, r, st.values) for (d, r), st in per_rule.items() if st.values]
-        for name, doc, attr in fams:
-            f = CounterMetricFamily(
-                name.replace("_rule_", "_descriptor_"),
-                f"{doc}, per Lyft stat key (detailed_metric, value_to_metric)",
-                labels=[*lbl, "descriptor"],
-            )
-            for domain, rule, values in per_value:
-                cut = len(domain) + 1
-                for key, stats in list(values.items()):
-                    f.add_metric([domain, rule, key if key == OTHER else key[cut:]], getattr(stats, attr))
-            yield f
-        st = lim.stats
+        yield from _rule_families(lim)
+        yield from _store_families(lim)
+        yield from _front_families(self.front)
+        yield GaugeMetricFamily("netlimit_http_rules", "Rules loaded", value=len(lim.rules.all_rules))
+
+
+def _rule_families(lim: Limiter):
+    """The per-rule counters, and per Lyft stat key for the rules that keep them."""
+    lbl = ["domain", "rule"]
+    fams = [
+        ("netlimit_http_rule_hits", "Hits charged to a rule (every matching request)", "hits"),
+        ("netlimit_http_rule_within_limit", "Hits a rule allowed", "within"),
+        (
+            "netlimit_http_rule_over_limit",
+            "Hits over a rule's limit (shadow_mode rules included, as Lyft counts them)",
+            "over",
+        ),
+        ("netlimit_http_rule_near_limit", "Allowed hits past http.near_limit_ratio of a rule's limit", "near"),
+        (
+            "netlimit_http_rule_shadow_over_limit",
+            "Hits a shadow_mode rule would have denied (not enforced)",
+            "shadow",
+        ),
+    ]
+    per_rule: dict[tuple[str, str], RuleStats] = {}  # rules sharing a name share their stats
+    for r in lim.rules.all_rules:
+        per_rule.setdefault((r.domain, r.name), r.stats)
+    for name, doc, attr in fams:
+        f = CounterMetricFamily(name, doc, labels=lbl)
+        for (domain, rule), stats in per_rule.items():
+            f.add_metric([domain, rule], getattr(stats, attr))
+        yield f
+    # per Lyft stat key, for the rules whose key carries request values
+    per_value = [(d, r, st.values) for (d, r), st in per_rule.items() if st.values]
+    for name, doc, attr in fams:
         f = CounterMetricFamily(
-            "netlimit_http_store_evictions",
-            "States the memory store dropped because their rule's budget was full (a rule's keys evict only "
-            "its own; rule (overrides): the limit overrides')",
-            labels=lbl,
+            name.replace("_rule_", "_descriptor_"),
+            f"{doc}, per Lyft stat key (detailed_metric, value_to_metric)",
+            labels=[*lbl, "descriptor"],
         )
-        for (domain, rule), n in lim.evictions().items():
-            f.add_metric([domain, rule], n)
+        for domain, rule, values in per_value:
+            cut = len(domain) + 1
+            for key, stats in list(values.items()):
+                f.add_metric([domain, rule, key if key == OTHER else key[cut:]], getattr(stats, attr))
         yield f
-        f = CounterMetricFamily(
-            "netlimit_http_store_key_budget_exceeded",
-            "New keys beyond a rule's max_keys on the shared store in one period of the rule: not written, "
-            "decided as on_store_failure says",
-            labels=lbl,
-        )
-        for (domain, rule), n in lim.stats.over_key_budget.items():
-            f.add_metric([domain, rule], n)
-        yield f
-        yield CounterMetricFamily(
-            "netlimit_http_no_descriptor",
-            "Requests whose actions produced no descriptor (an input missing): not limited, answered OK or forwarded",
-            value=st.no_descriptor,
-        )
-        yield CounterMetricFamily(
-            "netlimit_http_global_shadow_mode",
-            "OVER_LIMIT answers turned OK by http.shadow_mode (Lyft's global_shadow_mode)",
-            value=st.global_shadow,
-        )
-        f = CounterMetricFamily(
-            "netlimit_http_store_errors",
-            "Failed calls to the shared store that opened the breaker (reason: timeout, connection, error)",
-            labels=["reason"],
-        )
-        for reason, n in st.store_errors.items():
-            f.add_metric([reason], n)
-        yield f
-        yield CounterMetricFamily(
-            "netlimit_http_store_request_errors",
-            "Errors the shared store answered about one call (not its health): that decision followed "
-            "on_store_failure, the store stayed in use",
-            value=st.request_errors,
-        )
-        f = CounterMetricFamily(
-            "netlimit_http_store_fallbacks",
-            "Decisions made without the shared store (mode: local, open, closed)",
-            labels=["mode"],
-        )
-        for mode, n in st.fallbacks.items():
-            f.add_metric([mode], n)
-        yield f
-        yield GaugeMetricFamily(
-            "netlimit_http_store_up",
-            "1 when the shared store is used, 0 while it is bypassed",
-            value=1 if lim.store_available else 0,
-        )
-        if isinstance(lim.store, RedisStore):
-            yield from _topology(lim.store)
-        h = st.latency
-        buckets = []
-        acc = 0
-        for bound, n in zip(h.bounds, h.counts):
-            acc += n
-            buckets.append((repr(float(bound)), acc))
-        buckets.append(("+Inf", h.count))
-        yield HistogramMetricFamily(
-            "netlimit_http_decision_seconds",
-            "Time to decide one request (limiter core)",
-            buckets=buckets,
-            sum_value=h.sum,
-        )
-        fr = self.front
-        f = CounterMetricFamily(
-            "netlimit_http_requests", "Requests by front door and outcome", labels=["endpoint", "result"]
-        )
-        for (endpoint, result), n in fr.requests.items():
-            f.add_metric([endpoint, result], n)
-        yield f
-        f = CounterMetricFamily("netlimit_http_config_reloads", "Rule reloads (result: ok, error)", labels=["result"])
-        for result, n in fr.reloads.items():
-            f.add_metric([result], n)
-        yield f
-        yield GaugeMetricFamily(
-            "netlimit_http_config_last_reload_successful", "1 when the last reload succeeded", value=fr.last_reload_ok
-        )
-        yield GaugeMetricFamily("netlimit_http_rules", "Rules loaded", value=len(rules))
+
+
+def _store_families(lim: Limiter):
+    """The store's counters: evictions, key budgets, errors, fallbacks, its state, the latency."""
+    lbl = ["domain", "rule"]
+    st = lim.stats
+    f = CounterMetricFamily(
+        "netlimit_http_store_evictions",
+        "States the memory store dropped because their rule's budget was full (a rule's keys evict only "
+        "its own; rule (overrides): the limit overrides')",
+        labels=lbl,
+    )
+    for (domain, rule), n in lim.evictions().items():
+        f.add_metric([domain, rule], n)
+    yield f
+    f = CounterMetricFamily(
+        "netlimit_http_store_key_budget_exceeded",
+        "New keys beyond a rule's max_keys on the shared store in one period of the rule: not written, "
+        "decided as on_store_failure says",
+        labels=lbl,
+    )
+    for (domain, rule), n in lim.stats.over_key_budget.items():
+        f.add_metric([domain, rule], n)
+    yield f
+    yield CounterMetricFamily(
+        "netlimit_http_no_descriptor",
+        "Requests whose actions produced no descriptor (an input missing): not limited, answered OK or forwarded",
+        value=st.no_descriptor,
+    )
+    yield CounterMetricFamily(
+        "netlimit_http_global_shadow_mode",
+        "OVER_LIMIT answers turned OK by http.shadow_mode (Lyft's global_shadow_mode)",
+        value=st.global_shadow,
+    )
+    f = CounterMetricFamily(
+        "netlimit_http_store_errors",
+        "Failed calls to the shared store that opened the breaker (reason: timeout, connection, error)",
+        labels=["reason"],
+    )
+    for reason, n in st.store_errors.items():
+        f.add_metric([reason], n)
+    yield f
+    yield CounterMetricFamily(
+        "netlimit_http_store_request_errors",
+        "Errors the shared store answered about one call (not its health): that decision followed "
+        "on_store_failure, the store stayed in use",
+        value=st.request_errors,
+    )
+    f = CounterMetricFamily(
+        "netlimit_http_store_fallbacks",
+        "Decisions made without the shared store (mode: local, open, closed)",
+        labels=["mode"],
+    )
+    for mode, n in st.fallbacks.items():
+        f.add_metric([mode], n)
+    yield f
+    yield GaugeMetricFamily(
+        "netlimit_http_store_up",
+        "1 when the shared store is used, 0 while it is bypassed",
+        value=1 if lim.store_available else 0,
+    )
+    if isinstance(lim.store, RedisStore):
+        yield from _topology(lim.store)
+    h = st.latency
+    buckets = []
+    acc = 0
+    for bound, n in zip(h.bounds, h.counts):
+        acc += n
+        buckets.append((repr(float(bound)), acc))
+    buckets.append(("+Inf", h.count))
+    yield HistogramMetricFamily(
+        "netlimit_http_decision_seconds",
+        "Time to decide one request (limiter core)",
+        buckets=buckets,
+        sum_value=h.sum,
+    )
+
+
+def _front_families(fr: FrontStats):
+    """The front door's and the reloads' counters."""
+    f = CounterMetricFamily(
+        "netlimit_http_requests", "Requests by front door and outcome", labels=["endpoint", "result"]
+    )
+    for (endpoint, result), n in fr.requests.items():
+        f.add_metric([endpoint, result], n)
+    yield f
+    f = CounterMetricFamily("netlimit_http_config_reloads", "Rule reloads (result: ok, error)", labels=["result"])
+    for result, n in fr.reloads.items():
+        f.add_metric([result], n)
+    yield f
+    yield GaugeMetricFamily(
+        "netlimit_http_config_last_reload_successful", "1 when the last reload succeeded", value=fr.last_reload_ok
+    )
 
 
 def _topology(store: RedisStore):

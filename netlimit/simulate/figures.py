@@ -45,8 +45,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.model import ALGORITHMS
+from ..limit.algorithms import CONFIG_ALGORITHMS as ALGORITHMS
 from ..limit.algorithms import DECIDERS, REGISTRY, Limit, is_idle
+from ..limit.selection import answer_over
 from ..limit.stores import MemoryStore
 from .results import AlgorithmResult, Client, Offender, Timeline
 
@@ -71,6 +72,8 @@ class RuleSpec:
     burst: int | None
     delay: bool
     shadow: bool = False
+    #: a quota descriptor's rule (Lyft's quota_mode): its denial alone does not deny the request
+    quota: bool = False
 
 
 class KeyStats:
@@ -479,8 +482,10 @@ class Figures:
     ``now`` -- and gathers the figures; fed in batches (:meth:`add`: one
     :class:`BatchPart` per rule), in this process."""
 
-    def __init__(self, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int):
+    def __init__(self, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int, shadow_mode: bool = False):
         self.rules = [RuleFigures(s) for s in specs]
+        #: http.shadow_mode (Lyft's SHADOW_MODE): every answer OK, whatever the rules decide
+        self.shadow_mode = shadow_mode
         self.store = MemoryStore(max_keys=max_keys, max_key_length=max_key_length)
         self.top = top
         self.width = 1.0
@@ -488,7 +493,9 @@ class Figures:
         self.tmax = -math.inf
         self.denied = 0  # lines an enforced rule denied
 
-    def add(self, parts: list[BatchPart]) -> None:
+    def add(self, parts: list[BatchPart], quotas: dict[int, int] | None = None) -> None:
+        """Decide a batch; ``quotas``: the number of quota descriptors of each line
+        that has some (Lyft's quota_mode; the engine's selection.quota_count)."""
         for part in parts:
             if len(part.times):
                 lo, hi = min(part.times), max(part.times)
@@ -500,15 +507,27 @@ class Figures:
             for r in self.rules:
                 r.coarsen()
             self.width *= 2
-        # a batch holds whole lines: the lines any rule denied are counted once
+        # a batch holds whole lines: the lines any rule denied are counted once, and a
+        # line whose denials are all quota ones only when every quota descriptor was
+        # (the engine's answer_over, as the Limiter combines a request's statuses)
         denied: set[int] = set()
+        quota_over: dict[int, int] = {}
         hit = self.store.hit_sync
         for r, part in zip(self.rules, parts):
             if len(part.times):
                 lines = r.add(part, self.width, hit)
-                if lines:
+                if not lines:
+                    continue
+                if r.spec.quota:
+                    for ln in lines:
+                        quota_over[ln] = quota_over.get(ln, 0) + 1
+                else:
                     denied |= lines
-        self.denied += len(denied)
+        if quota_over:
+            q = quotas or {}
+            denied.update(ln for ln, n in quota_over.items() if answer_over(0, q.get(ln, 0), n))
+        if not self.shadow_mode:
+            self.denied += len(denied)
 
     def finish(self) -> dict[str, Any]:
         return {
@@ -522,11 +541,11 @@ class Figures:
         pass
 
 
-def _serve(conn: Any, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int) -> None:
+def _serve(conn: Any, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int, shadow_mode: bool) -> None:
     """The helper process: batches in, the figures out (or the error, as text).  Ctrl-C
     is the replay's to handle: it closes the pipe, which ends this."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    figures = Figures(specs, top, max_keys, max_key_length)
+    figures = Figures(specs, top, max_keys, max_key_length, shadow_mode)
     parts = [BatchPart() for _ in specs]
     try:
         while True:
@@ -538,7 +557,7 @@ def _serve(conn: Any, specs: list[RuleSpec], top: int, max_keys: int, max_key_le
                     part.lines.frombytes(lines)
                     part.new_keys = new_keys
                     part.untracked = untracked
-                figures.add(parts)
+                figures.add(parts, msg[2])
                 for part in parts:
                     part.clear()
             else:
@@ -558,19 +577,23 @@ def _serve(conn: Any, specs: list[RuleSpec], top: int, max_keys: int, max_key_le
 class FiguresProcess:
     """:class:`Figures` in a forked helper process (same results)."""
 
-    def __init__(self, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int):
+    def __init__(self, specs: list[RuleSpec], top: int, max_keys: int, max_key_length: int, shadow_mode: bool = False):
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(
-            target=_serve, args=(child, specs, top, max_keys, max_key_length), name="netlimit-figures", daemon=True
+            target=_serve,
+            args=(child, specs, top, max_keys, max_key_length, shadow_mode),
+            name="netlimit-figures",
+            daemon=True,
         )
         self.proc.start()
         child.close()
 
-    def add(self, parts: list[BatchPart]) -> None:
+    def add(self, parts: list[BatchPart], quotas: dict[int, int] | None = None) -> None:
         msg = (
             "add",
             [(p.kids.tobytes(), p.times.tobytes(), p.lines.tobytes(), p.new_keys, p.untracked) for p in parts],
+            quotas,
         )
         try:
             self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))

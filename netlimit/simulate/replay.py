@@ -1,9 +1,9 @@
 """Replay requests through a rules file with the sidecar's engine, in log time.
 
 Each request goes the way the sidecar takes it: :class:`ActionPlan` makes its
-descriptors, :meth:`RuleSet.match` finds each one's rule (``replaces`` applied
-as :class:`Limiter` applies it) and :meth:`RuleSet.store_key` names its
-counter; the decision itself -- :meth:`MemoryStore.hit_sync` with the line's
+descriptors, the engine's :func:`~netlimit.limit.selection.select` picks each
+one's rule (matching and ``replaces``: the very function the Limiter calls)
+and :meth:`RuleSet.store_key` names its counter; the decision itself -- :meth:`MemoryStore.hit_sync` with the line's
 logged time as ``now`` and the file's ``max_keys``, so the store forgets what
 the sidecar's would -- is taken where the figures are gathered (figures.py),
 in log order.  ``tests/simulate`` holds the result to ``Limiter.check_nowait``
@@ -33,6 +33,7 @@ from typing import Any
 from ..config.validate import Loaded
 from ..limit.actions import ActionPlan, BadAddress
 from ..limit.rules import Rule, RuleSet, from_loaded
+from ..limit.selection import quota_count, select
 from .figures import BatchPart, Figures, FiguresProcess, RuleSpec
 from .logs import MAX_LINE, OVERLONG, Needs, OpenLog
 from .results import RuleResult, SimResult, Unreadable
@@ -94,11 +95,12 @@ class Replay:
             if r.limit is not None:
                 idx = len(specs)
                 lm = r.limit
-                specs.append(RuleSpec(r.name, lm.algorithm, lm.limit, lm.period, lm.burst, lm.delay, r.shadow))
+                quota = self.ruleset.quota_mode or r.quota
+                specs.append(RuleSpec(r.name, lm.algorithm, lm.limit, lm.period, lm.burst, lm.delay, r.shadow, quota))
             self.fronts[r.path] = RuleFront(r, idx, max_clients)
         if jobs is None:
             jobs = 2 if (os.cpu_count() or 1) >= 2 else 1
-        store = (specs, top, http.max_keys, http.max_key_length)
+        store = (specs, top, http.max_keys, http.max_key_length, self.ruleset.shadow_mode)
         self.figures: Figures | FiguresProcess = FiguresProcess(*store) if jobs >= 2 else Figures(*store)
         self.parts = [BatchPart() for _ in specs]
         self.needs = self.needs_of(loaded)
@@ -106,6 +108,12 @@ class Replay:
         #: the request fields that decide the descriptors are just the client address
         self._by_peer = not self.needs.request and not self.needs.headers
         self._cache: dict[Any, tuple[Entry, ...]] = {}
+        #: Lyft's quota_mode is in the file: each request's number of quota descriptors
+        #: (selection.quota_count, by the same cache key), per line of a batch (the lines that have some)
+        self._quota_on = self.ruleset.quota_mode or any(r.quota for r in self.ruleset.rules)
+        self._nq: dict[Any, int] = {}
+        self._last_nq = 0
+        self.quotas: dict[int, int] = {}
         self._paths: dict[str, str] = {}
         self._path_gate = _path_gate(http, self.plan)
         self.lines = 0
@@ -156,11 +164,8 @@ class Replay:
             descs = self.plan.build(peer, method or "GET", path, headers, None)
         except BadAddress:  # the sidecar refuses the request (400): nothing is charged
             return ()
-        rules = [rs.match(d) for d in descs]
-        if rs.has_replaces:
-            replaced = {name for r in rules if r is not None for name in r.replaces}
-            if replaced:
-                rules = [None if r is not None and r.name in replaced else r for r in rules]
+        rules = select(rs, descs)  # the engine's own selection, as every door makes it
+        self._last_nq = quota_count(rs, rules) if self._quota_on else 0
         out: list[Entry] = []
         for d, r in zip(descs, rules):
             if r is None:
@@ -180,9 +185,10 @@ class Replay:
 
     def _flush(self) -> None:
         """The charged descriptors so far to the figures (decided there)."""
-        self.figures.add(self.parts)
+        self.figures.add(self.parts, self.quotas or None)
         for part in self.parts:
             part.clear()
+        self.quotas = {}
 
     def feed(
         self,
@@ -206,6 +212,8 @@ class Replay:
         to_path = self._path
         gate = self._path_gate
         resolve = self._resolve
+        quota_on = self._quota_on
+        nq_of = self._nq
         unreadable0 = self.unreadable
         unmatched = 0
         first = self.first
@@ -246,7 +254,14 @@ class Replay:
                     ents = resolve(r[1], r[2], path, r[4])
                     if len(cache) >= CACHE_MAX:
                         cache.clear()
+                        nq_of.clear()
                     cache[ck] = ents
+                    if quota_on:
+                        nq_of[ck] = self._last_nq
+                if quota_on:
+                    nq = nq_of[ck]
+                    if nq:
+                        self.quotas[lineno] = nq
                 if not ents:
                     unmatched += 1
                     continue

@@ -32,7 +32,14 @@ from typing import Any
 import yaml
 
 from ..config.validate import Loaded, load_string
-from ..limit.algorithms import REGISTRY
+from ..limit.algorithms import (
+    FIXED_WINDOW,
+    LEAKY_BUCKET,
+    REGISTRY,
+    SLIDING_WINDOW_COUNTER,
+    SLIDING_WINDOW_LOG,
+    TOKEN_BUCKET,
+)
 from .logs import LogError
 from .report import shown
 from .results import RuleResult, SimResult
@@ -45,7 +52,7 @@ OUTLIER_FACTOR = 10
 #: ... as long as the outliers are at most this share of the clients (more is a second population)
 MAX_OUTLIER_SHARE = 0.05
 #: the order ties are broken in
-PREFERENCE = ("token_bucket", "sliding_window_counter", "sliding_window_log", "fixed_window")
+PREFERENCE = (TOKEN_BUCKET, SLIDING_WINDOW_COUNTER, SLIDING_WINDOW_LOG, FIXED_WINDOW)
 
 
 @dataclass(frozen=True)
@@ -183,10 +190,10 @@ def choose_algorithm(r: RuleResult, limit: int) -> str:
         for c in r.compare
         if c.algorithm in PREFERENCE
         and c.within_denied == 0
-        and not (c.algorithm == "sliding_window_log" and limit > LOG_MAX_LIMIT)
+        and not (c.algorithm == SLIDING_WINDOW_LOG and limit > LOG_MAX_LIMIT)
     ]
     if not ok:
-        return "token_bucket"
+        return TOKEN_BUCKET
     best = max(c.denied for c in ok)
     return next(a for a in PREFERENCE if any(c.algorithm == a and c.denied == best for c in ok))
 
@@ -259,7 +266,7 @@ def with_limits(loaded: Loaded, limits: dict[str, tuple[int, str, int | None]]) 
             node["burst"] = burst
         else:
             node.pop("burst", None)
-        if alg != "leaky_bucket":
+        if alg != LEAKY_BUCKET:
             node.pop("delay", None)
     return data
 
@@ -284,7 +291,7 @@ def candidate(loaded: Loaded, first: SimResult, target: Target) -> tuple[Loaded,
                     f", {sum(c for _, c in outliers)} outliers set aside" if outliers else ""
                 )
                 p.basis = f"{target.headroom:g} x p{target.percentile:g} peak ({pv}/{r.unit}) of {of}"
-            limits[r.path] = (n, "token_bucket", n)
+            limits[r.path] = (n, TOKEN_BUCKET, n)
         proposals.append(p)
     data = with_limits(loaded, limits)
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120, allow_unicode=True)
@@ -340,7 +347,7 @@ def rewrite(loaded: Loaded, limits: dict[str, tuple[int, str, int | None]]) -> s
                 node.insert(list(node).index("algorithm") + 1, "burst", burst)
         else:
             node.pop("burst", None)
-        if alg != "leaky_bucket":
+        if alg != LEAKY_BUCKET:
             node.pop("delay", None)
     buf = io.StringIO()
     rt.dump(data, buf)

@@ -1,8 +1,12 @@
 """The L7 rate-limit algorithms (five, the fixed window in two countings) as
-small pure functions.
+small pure functions, and their registry.
 
 One module per algorithm (its decide function, its state packing, its Lua
-script's name); :mod:`.base` holds what they share.  Every algorithm has the
+script's name, the memory store's in-place ``store_hit``), which registers an
+:class:`Algorithm`; :mod:`.base` holds what they share.  This package is the
+only place that names them: the config (``algorithm:``), the stores, simulate
+and the benches read :data:`REGISTRY`, :data:`CONFIG_ALGORITHMS` and the
+constants below (tests/test_architecture.py holds them to it).  Every algorithm has the
 shape ``f(limit, state, now, cost) -> (Decision, new_state)``.  ``state`` is
 ``None`` for a key never seen (or forgotten); ``now`` is the caller's clock in
 seconds (injected in tests; ``time.time()`` in the memory store, the Redis
@@ -64,7 +68,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ALGORITHMS, REGISTRY, Algorithm, Decision, DynamicLimit, Limit
+from . import fixed_window as _fixed_window_module
+from . import leaky_bucket as _leaky_bucket_module
+from . import sliding_window_counter as _swc_module
+from . import sliding_window_log as _swl_module
+from . import token_bucket as _token_bucket_module
+from .base import REGISTRY, Algorithm, Decision, DynamicLimit, Limit
 from .fixed_window import fixed_window, fixed_window_admitted
 from .leaky_bucket import leaky_bucket
 from .sliding_window_counter import sliding_window_counter, swc_pack, swc_unpack
@@ -73,8 +82,16 @@ from .token_bucket import token_bucket
 
 __all__ = [
     "ALGORITHMS",
+    "CONFIG_ALGORITHMS",
     "DECIDERS",
+    "DEFAULT_ALGORITHM",
+    "FIXED_WINDOW",
+    "FIXED_WINDOW_ADMITTED",
+    "LEAKY_BUCKET",
     "REGISTRY",
+    "SLIDING_WINDOW_COUNTER",
+    "SLIDING_WINDOW_LOG",
+    "TOKEN_BUCKET",
     "Algorithm",
     "Decision",
     "DynamicLimit",
@@ -91,8 +108,33 @@ __all__ = [
     "token_bucket",
 ]
 
-# the imports above registered every algorithm
-assert set(REGISTRY) == set(ALGORITHMS), sorted(REGISTRY)
+# The registry: the one place that lists the algorithms (each module registered
+# itself on import), in the order messages, the schema and the reports list them.
+_ORDER = (
+    _token_bucket_module.ALGORITHM,
+    _leaky_bucket_module.ALGORITHM,
+    _fixed_window_module.ALGORITHM,
+    _fixed_window_module.ADMITTED,
+    _swl_module.ALGORITHM,
+    _swc_module.ALGORITHM,
+)
+assert {a.name for a in _ORDER} == set(REGISTRY), sorted(REGISTRY)  # a registered algorithm is listed here
+REGISTRY.clear()
+REGISTRY.update((a.name, a) for a in _ORDER)
+
+#: every algorithm the engine runs (fixed_window_admitted included)
+ALGORITHMS = tuple(REGISTRY)
+#: the ones a file names (``algorithm:``), in the schema's order
+CONFIG_ALGORITHMS = tuple(n for n, a in REGISTRY.items() if a.configurable)
+#: a descriptor without ``algorithm:`` (Lyft's fixed window)
+(DEFAULT_ALGORITHM,) = (n for n, a in REGISTRY.items() if a.default)
+#: the names, for the code that picks one (bans, suggestions, benches)
+TOKEN_BUCKET = _token_bucket_module.ALGORITHM.name
+LEAKY_BUCKET = _leaky_bucket_module.ALGORITHM.name
+FIXED_WINDOW = _fixed_window_module.ALGORITHM.name
+FIXED_WINDOW_ADMITTED = _fixed_window_module.ADMITTED.name
+SLIDING_WINDOW_LOG = _swl_module.ALGORITHM.name
+SLIDING_WINDOW_COUNTER = _swc_module.ALGORITHM.name
 
 #: name -> the documented pure function
 DECIDERS = {name: REGISTRY[name].decide for name in ALGORITHMS}

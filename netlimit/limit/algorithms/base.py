@@ -11,16 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: the algorithms, in the order messages list them
-ALGORITHMS = (
-    "token_bucket",
-    "leaky_bucket",
-    "fixed_window",
-    "fixed_window_admitted",
-    "sliding_window_log",
-    "sliding_window_counter",
-)
-
 _MAX_COUNT = 0xFFFFFFFF  # counters are packed into 32-bit fields
 _INF = math.inf
 _J = 1j  # fill + _J * last == complex(fill, last), exactly, and faster to build
@@ -52,6 +42,18 @@ class Algorithm:
     #: the state, and a limit of 0 is decided by the algorithm (with a state: a
     #: probe after a denied hit is denied), not answered without one
     counts_denied: bool = False
+    #: a file can name it (``algorithm:``); False for an engine-internal variant
+    configurable: bool = True
+    #: the default of a descriptor without ``algorithm:`` (exactly one: Lyft's fixed window)
+    default: bool = False
+    #: ``delay: true`` (queue mode) is allowed (the leaky bucket)
+    queue: bool = False
+    #: the variant that counts admitted requests only (``count_denied: false``), if any
+    admitted: str = ""
+    #: the memory store's call for a state it holds: ``(limit, table, key, state, now,
+    #: cost) -> Decision``, writing the new state into ``table`` itself (no tuple per
+    #: decision); None: the store calls the decide function and stores its new state
+    store_hit: Callable[..., Decision] | None = None
 
 
 #: name -> Algorithm; each algorithm module registers itself on import (the
@@ -62,6 +64,11 @@ REGISTRY: dict[str, Algorithm] = {}
 def register(alg: Algorithm) -> Algorithm:
     REGISTRY[alg.name] = alg
     return alg
+
+
+def _names(flag: str) -> str:
+    """The registered algorithms with ``flag`` set, for messages ("a and b")."""
+    return " and ".join(n for n, a in REGISTRY.items() if getattr(a, flag))
 
 
 # Process-local short namespace ids: equal Limits (every field, name included)
@@ -102,12 +109,11 @@ class Limit(_LimitFields):
     only the six real fields.
     """
 
-    __slots__ = ("_ns", "_sig", "_fn", "_fw", "_bk", "_deny0", "_cap", "_rate", "_cb", "_cm")
+    __slots__ = ("_ns", "_sig", "_fn", "_hit", "_deny0", "_cap", "_rate", "_cb", "_cm")
     _ns: str  # process-local namespace id, e.g. "3:" (memory store)
     _sig: str  # stable text of every field (Redis key names)
     _fn: Callable[..., tuple[Decision, Any]]
-    _fw: bool  # Lyft's fixed window (MemoryStore.hit_sync inlines it)
-    _bk: bool  # token or leaky bucket with limit > 0 (hit_sync inlines its admit path)
+    _hit: Callable[..., Decision] | None  # the memory store's call for a held state (Algorithm.store_hit)
     _deny0: bool  # limit 0 decided without a state: every cost >= 1 denied, a probe allowed
     _cap: int
     _rate: float
@@ -121,8 +127,8 @@ class Limit(_LimitFields):
         return (type(self), (self.algorithm, self.limit, self.period, self.burst, self.delay, self.name))
 
     def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
+        if self.algorithm not in REGISTRY:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; expected one of {', '.join(REGISTRY)}")
         if isinstance(self.limit, bool) or not isinstance(self.limit, int):
             if isinstance(self.limit, float) and not isinstance(self.limit, bool) and self.limit.is_integer():
                 object.__setattr__(self, "limit", int(self.limit))
@@ -140,11 +146,11 @@ class Limit(_LimitFields):
         bucket = REGISTRY[self.algorithm].bucket
         if self.burst is not None:
             if not bucket:
-                raise ValueError(f"burst applies to token_bucket and leaky_bucket, not {self.algorithm}")
+                raise ValueError(f"burst applies to {_names('bucket')}, not {self.algorithm}")
             if isinstance(self.burst, bool) or not isinstance(self.burst, int) or not 1 <= self.burst <= _MAX_COUNT:
                 raise ValueError(f"burst must be an integer between 1 and {_MAX_COUNT}, got {self.burst!r}")
-        if self.delay and self.algorithm != "leaky_bucket":
-            raise ValueError("delay (queue mode) applies to leaky_bucket only")
+        if self.delay and not REGISTRY[self.algorithm].queue:
+            raise ValueError(f"delay (queue mode) applies to {_names('queue')} only")
         object.__setattr__(self, "delay", bool(self.delay))
         alg = REGISTRY[self.algorithm]
         sig = (
@@ -179,8 +185,7 @@ class Limit(_LimitFields):
         fn = _deny_all_decider if deny0 else alg.decider(self)
         object.__setattr__(self, "_fn", fn)
         object.__setattr__(self, "_deny0", deny0)
-        object.__setattr__(self, "_fw", self.algorithm == "fixed_window")
-        object.__setattr__(self, "_bk", bucket and self.limit > 0)
+        object.__setattr__(self, "_hit", None if deny0 else alg.store_hit)
 
     @property
     def capacity(self) -> int:

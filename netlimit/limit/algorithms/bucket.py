@@ -57,6 +57,37 @@ def _bucket(limit: Limit, state: complex | None, now: float, cost: int):
     return d, free + _J * last
 
 
+def store_hit(limit: Limit, table: dict[str, Any], key: str, state: complex, now: float, cost: int) -> Decision:
+    """:func:`_bucket` for a state the memory store holds: its admit path written
+    out, the new state stored into ``table`` (no call, no tuple); the denial and
+    cost-0 paths call :func:`_bucket` (Algorithm.store_hit)."""
+    if cost:
+        cap = limit._cap
+        rate = limit._rate
+        free = state.real
+        last = state.imag
+        if now > last:
+            free = free + (now - last) * rate
+            if free > cap:
+                free = cap
+            last = now
+        if cost <= free:
+            d = _new(Decision)
+            d.allowed = True
+            d.limit = cap
+            d.retry_after = 0.0
+            d.delay = (cap - free) / rate if limit.delay else 0.0
+            free = free - cost
+            d.remaining = _floor(free)
+            d.reset = (cap - free) / rate
+            table[key] = free + _J * last
+            return d
+    decision, new_state = _bucket(limit, state, now, cost)
+    if new_state is not state:
+        table[key] = new_state
+    return decision
+
+
 def is_idle(limit: Limit, state: Any, now: float) -> bool:
     free = state.real
     last = state.imag

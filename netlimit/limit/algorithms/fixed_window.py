@@ -109,6 +109,41 @@ def fixed_window_admitted(limit: Limit, state: int | None, now: float, cost: int
     return d, (w << b) | new
 
 
+def store_hit(limit: Limit, table: dict[str, Any], key: str, state: int, now: float, cost: int) -> Decision:
+    """:func:`fixed_window` for a state the memory store holds (Lyft's default, the
+    most used): the same operations, the new state written into ``table`` instead of
+    returned (no tuple per decision; Algorithm.store_hit)."""
+    lim = limit.limit
+    period = limit.period
+    w = _floor(now / period)
+    b = limit._cb
+    sw = state >> b
+    if sw >= w:
+        w = sw
+        count = state & limit._cm
+    else:
+        count = 0
+    new = count + cost
+    reset = (w + 1) * period - now
+    d = _new(Decision)
+    d.limit = lim
+    d.reset = reset
+    d.delay = 0.0
+    if new > lim:
+        d.allowed = False
+        d.remaining = 0
+        d.retry_after = _INF if cost > lim else reset
+        if count <= lim:  # the hits count: saturate at lim + 1 (once per window)
+            table[key] = (w << b) | (lim + 1)
+        return d
+    if cost:
+        table[key] = (w << b) | new
+    d.allowed = True
+    d.remaining = lim - new
+    d.retry_after = 0.0
+    return d
+
+
 def is_idle(limit: Limit, state: Any, now: float) -> bool:
     return (state >> limit._cb) < _floor(now / limit.period)
 
@@ -123,6 +158,9 @@ ALGORITHM = register(
         lua="fixed_window.lua",
         lua_now_string=False,
         counts_denied=True,
+        default=True,
+        admitted="fixed_window_admitted",
+        store_hit=store_hit,
     )
 )
 ADMITTED = register(
@@ -134,5 +172,6 @@ ADMITTED = register(
         is_idle,
         lua="fixed_window_admitted.lua",
         lua_now_string=False,
+        configurable=False,  # a file says fixed_window with count_denied: false
     )
 )

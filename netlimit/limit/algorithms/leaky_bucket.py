@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import Algorithm, Limit, _deny_all, register
-from .bucket import _bucket, decider, is_idle
+from .bucket import _bucket, decider, is_idle, store_hit
 
 
 def leaky_bucket(limit: Limit, state: complex | None, now: float, cost: int = 1):
@@ -29,5 +29,16 @@ def leaky_bucket(limit: Limit, state: complex | None, now: float, cost: int = 1)
 
 
 ALGORITHM = register(
-    Algorithm("leaky_bucket", "lb", leaky_bucket, decider, is_idle, lua="bucket.lua", lua_now_string=True, bucket=True)
+    Algorithm(
+        "leaky_bucket",
+        "lb",
+        leaky_bucket,
+        decider,
+        is_idle,
+        lua="bucket.lua",
+        lua_now_string=True,
+        bucket=True,
+        store_hit=store_hit,
+        queue=True,
+    )
 )

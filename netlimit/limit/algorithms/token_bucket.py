@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import Algorithm, Limit, _deny_all, register
-from .bucket import _bucket, decider, is_idle
+from .bucket import _bucket, decider, is_idle, store_hit
 
 
 def token_bucket(limit: Limit, state: complex | None, now: float, cost: int = 1):
@@ -20,5 +20,15 @@ def token_bucket(limit: Limit, state: complex | None, now: float, cost: int = 1)
 
 
 ALGORITHM = register(
-    Algorithm("token_bucket", "tb", token_bucket, decider, is_idle, lua="bucket.lua", lua_now_string=True, bucket=True)
+    Algorithm(
+        "token_bucket",
+        "tb",
+        token_bucket,
+        decider,
+        is_idle,
+        lua="bucket.lua",
+        lua_now_string=True,
+        bucket=True,
+        store_hit=store_hit,
+    )
 )

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..algorithms import Decision, Limit, is_idle
-from ..algorithms.base import _INF, _J, _LIMIT_BY_NS, _floor, _new
+from ..algorithms.base import _LIMIT_BY_NS
 from .base import hash_key
 
 
@@ -157,61 +157,11 @@ class MemoryStore:
         if table is not None:
             state = table.get(key)
             if state is not None:
-                if limit._fw:
-                    # algorithms.fixed_window inlined (Lyft's default, the most used):
-                    # the same operations without a call and a tuple per decision
-                    lim = limit.limit
-                    period = limit.period
-                    w = _floor(now / period)
-                    b = limit._cb
-                    sw = state >> b
-                    if sw >= w:
-                        w = sw
-                        count = state & limit._cm
-                    else:
-                        count = 0
-                    new = count + cost
-                    reset = (w + 1) * period - now
-                    d = _new(Decision)
-                    d.limit = lim
-                    d.reset = reset
-                    d.delay = 0.0
-                    if new > lim:
-                        d.allowed = False
-                        d.remaining = 0
-                        d.retry_after = _INF if cost > lim else reset
-                        if count <= lim:  # the hits count: saturate at lim + 1 (once per window)
-                            table[key] = (w << b) | (lim + 1)
-                        return d
-                    if cost:
-                        table[key] = (w << b) | new
-                    d.allowed = True
-                    d.remaining = lim - new
-                    d.retry_after = 0.0
-                    return d
-                if limit._bk and cost:
-                    # algorithms._bucket's admit path inlined (the denial and cost-0
-                    # paths below): same operations, no call, no tuple
-                    cap = limit._cap
-                    rate = limit._rate
-                    free = state.real
-                    last = state.imag
-                    if now > last:
-                        free = free + (now - last) * rate
-                        if free > cap:
-                            free = cap
-                        last = now
-                    if cost <= free:
-                        d = _new(Decision)
-                        d.allowed = True
-                        d.limit = cap
-                        d.retry_after = 0.0
-                        d.delay = (cap - free) / rate if limit.delay else 0.0
-                        free = free - cost
-                        d.remaining = _floor(free)
-                        d.reset = (cap - free) / rate
-                        table[key] = free + _J * last
-                        return d
+                hit = limit._hit
+                if hit is not None:
+                    # the algorithm's own in-place entry (Algorithm.store_hit): Lyft's fixed
+                    # window and the buckets' admit path without a tuple per decision
+                    return hit(limit, table, key, state, now, cost)
                 decision, new_state = limit._fn(limit, state, now, cost)
                 if new_state is not state:
                     table[key] = new_state
