@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from ..kernel.registry import BACKENDS
 from .units import (
     PortRange,
     Rate,
@@ -34,6 +35,11 @@ from .units import (
     parse_rate,
     parse_size,
 )
+
+if TYPE_CHECKING:
+    BackendName = str
+else:  # the names the kernel registry knows (netlimit/kernel/registry.py), and auto
+    BackendName = Literal[("auto", *BACKENDS)]
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -761,7 +767,7 @@ class Config(Strict):
         description="more files whose exempt / network / bandwidth lists are appended, e.g. "
         "/etc/netlimit/conf.d/*.yaml (globs in name order; relative to this file)",
     )
-    backend: Literal["auto", "nftables", "restore", "python-iptables"] = Field(
+    backend: BackendName = Field(
         "auto",
         description="how network rules reach the kernel: nftables (table inet netlimit), restore "
         "(iptables-legacy-restore) or python-iptables; auto picks nftables where the host's iptables is the "

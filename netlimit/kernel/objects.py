@@ -2,7 +2,7 @@
 
 Everything the kernel backends install and everything `netlimit plan` prints
 is one of these objects, so plan and apply cannot disagree: render.py turns
-them into iptables-save / tc text, the backends (backends/) into
+them into iptables-save / tc text, the backends (nft/, xtables/, tc/) into
 iptables-restore input, libiptc and pyroute2 calls.
 
 Pure data, no kernel access, no heavy imports.
