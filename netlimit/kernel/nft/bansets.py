@@ -7,6 +7,7 @@ import ipaddress
 
 from ..banset import IPNetwork, by_family, list_by_family
 from ..objects import NFT_BAN_SETS, NFT_FAMILY, NFT_KERNEL_BAN_PREFIX, NFT_TABLE
+from . import elements as nfelements
 
 
 class NftBanSets:
@@ -14,24 +15,18 @@ class NftBanSets:
     cover = True
 
     def replace(self, bans: dict[IPNetwork, float]) -> None:
-        from . import elements as nfelements
-
         fam = by_family(bans)
         nfelements.write(
             [nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, flush=True, add=fam[f]) for f in (4, 6)], NFT_FAMILY
         )
 
     def change(self, add: dict[IPNetwork, float], remove: list[IPNetwork]) -> None:
-        from . import elements as nfelements
-
         a, r = by_family(add), list_by_family(remove)
         nfelements.write(
             [nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, add=a[f], delete=r[f]) for f in (4, 6)], NFT_FAMILY
         )
 
     def read(self) -> dict[IPNetwork, float | None] | None:
-        from . import elements as nfelements
-
         out: dict[IPNetwork, float | None] = {}
         for f in (4, 6):
             els = nfelements.read(NFT_TABLE, NFT_BAN_SETS[f], NFT_FAMILY)
@@ -41,8 +36,6 @@ class NftBanSets:
         return out
 
     def count(self) -> int | None:
-        from . import elements as nfelements
-
         total = 0
         for f in (4, 6):
             n = nfelements.count(NFT_TABLE, NFT_BAN_SETS[f], NFT_FAMILY)
@@ -52,8 +45,6 @@ class NftBanSets:
         return total
 
     def kernel_bans(self, rules: list[tuple[str, int, int]]) -> list[tuple[str, IPNetwork, float]]:
-        from . import elements as nfelements
-
         out: list[tuple[str, IPNetwork, float]] = []
         for name, p4, p6 in rules:
             for f, plen in ((4, p4), (6, p6)):
