@@ -142,7 +142,9 @@ REGISTERED = (
         ("iptables-restore", "iptables-legacy-restore"),
         "iptables-legacy-save/-restore",
     ),
-    Registration("python-iptables", "netlimit.kernel.xtables.libiptc:LibiptcBackend", ("iptc", "pyiptc", "libiptc")),
+    Registration(
+        "python-iptables", "netlimit.kernel.xtables.libiptc:LibiptcBackend", ("iptc", "pyiptc", "libiptc"), "libiptc"
+    ),
 )
 
 
@@ -290,9 +292,9 @@ def prune_state() -> None:
 
 def help_text() -> str:
     """--backend's help: the names, from REGISTERED."""
-    _spelled = [f"{r.key} ({r.help})" if r.help else r.key for r in REGISTERED]
+    spelled = [f"{r.key} ({r.help})" if r.help else r.key for r in REGISTERED]
     return (
-        f"How network rules reach the kernel: {', '.join(_spelled)}. Default: ${BACKEND_ENV}, else the file's "
+        f"How network rules reach the kernel: {', '.join(spelled)}. Default: ${BACKEND_ENV}, else the file's "
         "`backend:`, else auto: nftables where this host's iptables is the nf_tables variant or legacy "
         "x_tables are unusable, the legacy backend on a legacy host."
     )
