@@ -645,4 +645,5 @@ def compile_config(config: Config, hz: int | None = None) -> Desired:
         nft=compile_nft(config),
         ipsets=tuple(compile_ipsets(config)),
         summary=summarize(config),
+        config=config,
     )

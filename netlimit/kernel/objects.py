@@ -320,6 +320,9 @@ class Desired:
     notes: tuple[str, ...] = field(default=())
     #: each rule as `netlimit list` describes it (listing.summarize); not part of the kernel state
     summary: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
+    #: the config compiled (None for "nothing": flush): a backend family that compiles its own
+    #: objects reads it in its plan() (docs/architecture.md, How to add a kernel backend)
+    config: Any = field(default=None, compare=False, hash=False, repr=False)
 
     def family_rules(self, family: int) -> tuple[IptRule, ...]:
         return tuple(r for r in self.rules if r.family == family)
