@@ -6,7 +6,7 @@ own namespace):
 
 * netlimit ``--backend restore``: ``reconcile.apply(compile_config(...), netns)``
   through iptables-legacy-save + one iptables-legacy-restore per family (see
-  netlimit/kernel/backends/restore.py) -- read the owned state, diff, write the
+  netlimit/kernel/xtables/restore.py) -- read the owned state, diff, write the
   difference; a full apply into an empty namespace, the same file again (no-op),
   and the file with one rule's limit changed. netlimit's spelling caches
   (savefmt.canon, render's match text) are emptied before every timed apply, so
@@ -17,7 +17,7 @@ own namespace):
   chain's rules, so "no-op" and "one change" for the peer are the whole file loaded
   again (it has no diff).
 * netlimit ``--backend nftables`` (up to 1,000 rules): the same three applies
-  into table inet netlimit (backends/nftables.py: netlink read, `nft -f` of the
+  into table inet netlimit (kernel/nft/backend.py: netlink read, `nft -f` of the
   difference). Peer: ``nft -f`` of the same table as ``netlimit plan --backend
   nftables`` prints it; "no-op" and "one change" for the peer are the whole table
   again in one transaction (``delete table`` + the table), as raw nft reloads one.

@@ -138,15 +138,15 @@ def _backend_warnings(loaded, backend: str | None) -> list:
     """Warnings about the file under the backend `apply` would use (none if none is usable)."""
     if not loaded.config.network:
         return []
-    from .config.validate import backend_warnings
-    from .kernel.backends import choose
+    from .kernel.registry import backend as backend_of
+    from .kernel.registry import choose
 
     try:
         key = choose(backend, loaded.config.backend).key
     except NetlimitError as exc:
         err(f"warning: {exc}")
         return []
-    return backend_warnings(loaded, key)
+    return backend_of(key).warnings(loaded)
 
 
 def _version(value: bool) -> None:

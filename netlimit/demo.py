@@ -314,9 +314,10 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str |
     """The demo on `backend` (default: what `apply` would pick here, auto)."""
     from .config.validate import ConfigError, load_file
     from .errors import NetlimitError
-    from .kernel.backends import choose
     from .kernel.compile import compile_config
     from .kernel.reconcile import ApplyError, apply
+    from .kernel.registry import backend as backend_of
+    from .kernel.registry import choose
 
     out = out or sys.stdout
     path = demo_file()
@@ -325,8 +326,9 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str |
         choice = choose(backend, loaded.config.backend)
     except (ConfigError, NetlimitError) as exc:
         raise DemoError(str(exc)) from None
-    nft = choice.key == "nftables"
-    for tool in ("iperf3", "ip", "nft" if nft else "iptables-legacy"):
+    chosen = backend_of(choice.key)
+    nft = "nft" in chosen.tools  # the demo counts what got through with the backend's own tool
+    for tool in ("iperf3", "ip", *chosen.tools):
         try:
             traffic.need(tool)
         except traffic.ToolMissing as exc:
@@ -357,7 +359,7 @@ def run_demo(duration: float = 4.0, keep: bool = False, out=None, backend: str |
             except ApplyError as exc:
                 raise DemoError(f"apply failed: {exc}") from None
             c = res.changes.counts()
-            how = "one nft transaction" if nft else "one commit per family"
+            how = chosen.write_unit
             print(f"applied {c['add']} objects in {time.monotonic() - t0:.2f} s ({choice.key} + tc, {how})\n", file=out)
 
             # 1. packet flood: limited source and exempt source at once

@@ -55,9 +55,9 @@ sys.path.insert(0, str(REPO))
 
 from netlimit.bans.redis_store import ADD_LUA, RedisBanList, history_keys, keys  # noqa: E402 - after the sys.path entry
 from netlimit.demo import check_status  # noqa: E402
-from netlimit.kernel.backends import nfelements  # noqa: E402
 from netlimit.kernel.banset import ban_sets  # noqa: E402
 from netlimit.kernel.netns import run_in_netns  # noqa: E402
+from netlimit.kernel.nft import elements as nfelements  # noqa: E402
 
 EXE = str(Path(sys.executable).with_name("netlimit"))
 N = ipaddress.ip_network

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What `method: recent` admits under the legacy backend (xt_recent's sliding hit log)
 and under nftables (a bucket of N per period per address plus a ban every attempt
-renews, compile_nft.py), measured with real TCP connections between namespaces.
+renews, nft/compile.py), measured with real TCP connections between namespaces.
 
 Run as root from the repository (2-3 minutes; every scenario runs at once, each
 backend in its own pair of namespaces nlrc-<pid>-<n>-{s,c}, deleted at the end):

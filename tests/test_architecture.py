@@ -277,6 +277,12 @@ MAY_IMPORT = {
 }
 
 
+# Single modules a part may import beyond MAY_IMPORT: the config model spells the
+# backends' names in its schema by reading them from the kernel's registry (which
+# imports no family, test_the_registry_imports_no_family).
+ALSO_MAY_IMPORT = {"netlimit.config": {"netlimit.kernel.registry"}}
+
+
 def _part(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
@@ -290,7 +296,13 @@ def test_each_part_imports_only_what_the_architecture_allows():
         if part not in MAY_IMPORT:
             continue  # the shared helpers and the CLI frame themselves
         for t in targets:
-            if _part(t) == part or t in SHARED or _part(t) in MAY_IMPORT[part] or _in(t, REGISTRY_PKG):
+            if (
+                _part(t) == part
+                or t in SHARED
+                or _part(t) in MAY_IMPORT[part]
+                or _in(t, REGISTRY_PKG)
+                or t in ALSO_MAY_IMPORT.get(part, ())
+            ):
                 continue
             if t in ("netlimit", "netlimit.cli") and (m.endswith(".cli") or m == "netlimit.demo"):
                 continue  # a layer's commands use the frame's exit codes and error printing
@@ -339,3 +351,99 @@ def test_algorithm_names_are_written_only_in_the_registry():
     assert {ln.rsplit(": ", 1)[1].strip("'") for ln in inside} == names  # the check sees them where they are
     found = [ln for ln in _name_literals(PKG, names) + _name_literals(BENCH, names) if ln not in inside]
     assert not found, "algorithm names written outside netlimit/limit/algorithms/:\n" + "\n".join(found)
+
+
+# --- kernel families (netlimit/kernel/<family>/) and the one registry of their names ---
+
+KERNEL = PKG / "kernel"
+REGISTRY = "netlimit.kernel.registry"
+
+
+def _families() -> list[str]:
+    """Every package directly under netlimit/kernel/ is a family (nft, xtables, tc, ...)."""
+    return sorted(f"netlimit.kernel.{p.parent.name}" for p in KERNEL.glob("*/__init__.py"))
+
+
+def _family_of(module: str) -> str | None:
+    return next((f for f in _families() if module == f or module.startswith(f + ".")), None)
+
+
+def test_a_family_never_imports_another_family():
+    fams = _families()
+    assert {"netlimit.kernel.nft", "netlimit.kernel.xtables", "netlimit.kernel.tc"} <= set(fams)
+    edges, _ = _graph()
+    bad = []
+    for m, targets in edges.items():
+        mine = _family_of(m)
+        if mine is None:
+            continue
+        bad += [f"{m} -> {t}" for t in targets if _family_of(t) not in (None, mine)]
+    assert not bad, "a kernel family imports another family:\n" + "\n".join(sorted(bad))
+
+
+def test_the_registry_imports_no_family():
+    """It names each backend by where it lives and loads it on first use, so the config
+    model may read the names (ALSO_MAY_IMPORT) without an arrow into the kernel's families."""
+    edges, _ = _graph()
+    assert edges[REGISTRY] <= {"netlimit.errors", "netlimit.kernel.objects"}, edges[REGISTRY]
+
+
+def test_every_registered_backend_lives_in_a_family_and_has_the_whole_interface():
+    from netlimit.kernel import registry
+
+    wanted = [n for n in vars(registry.FilterBackend) if not n.startswith("_")]
+    wanted += list(registry.FilterBackend.__annotations__)
+    assert {"key", "layer", "ban_sets", "plan_sections", "rows"} <= set(wanted)
+    for r in registry.REGISTERED:
+        assert _family_of(r.where.split(":")[0]), f"{r.key}: {r.where} is not in a family folder"
+        b = registry.backend(r.key)
+        assert b.key == r.key
+        missing = [n for n in wanted if not hasattr(b, n)]
+        assert not missing, f"{r.key} lacks {missing}"
+
+
+def _name_compares(tree: ast.AST, names: set[str]) -> list[int]:
+    """Lines where a Compare tests against one of `names` (== "nftables", in ("restore", ...))."""
+
+    def consts(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [c for e in node.elts for c in consts(e)]
+        return []
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            if any(c in names for side in [node.left, *node.comparators] for c in consts(side)):
+                out.append(node.lineno)
+        elif isinstance(node, ast.Match):
+            pats = [n for c in node.cases for n in ast.walk(c.pattern) if isinstance(n, ast.MatchValue)]
+            out += [p.lineno for p in pats if any(c in names for c in consts(p.value))]
+    return out
+
+
+def test_no_code_outside_the_families_and_the_registry_compares_a_backend_name():
+    """What differs between backends is an attribute or method of the backend
+    (registry.FilterBackend), never `if backend == "nftables"` in the rest of netlimit."""
+    from netlimit.kernel.registry import BACKENDS
+
+    names = set(BACKENDS)
+    bad = []
+    for m, path in _modules().items():
+        if m == REGISTRY or _family_of(m) is not None:
+            continue
+        bad += [f"{path.relative_to(PKG.parent)}:{n}" for n in _name_compares(ast.parse(path.read_text()), names)]
+    assert not bad, "backend names compared outside netlimit/kernel/<family>/ and registry.py:\n" + "\n".join(bad)
+
+
+def test_the_name_check_sees_what_it_should():
+    names = {"nftables", "restore"}
+    tree = ast.parse(
+        'if b == "nftables": pass\n'
+        'x = 1 if "restore" != k else 2\n'
+        'y = k in ("restore", "python-iptables")\n'
+        'match k:\n    case "nftables": pass\n'
+        'z = k == "tc" or layer == "iptables"\n'
+    )
+    assert sorted(_name_compares(tree, names)) == [1, 2, 3, 5]

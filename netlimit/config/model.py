@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from ..kernel.registry import BACKENDS
 from ..limit.algorithms import CONFIG_ALGORITHMS, DEFAULT_ALGORITHM
 from ..limit.algorithms import REGISTRY as ALGORITHM_REGISTRY
 from .fields import (
@@ -27,6 +28,11 @@ from .fields import (
     SizeT,
 )
 from .units import format_duration
+
+if TYPE_CHECKING:
+    BackendName = str
+else:  # the names the kernel registry knows (netlimit/kernel/registry.py), and auto
+    BackendName = Literal[("auto", *BACKENDS)]
 
 
 class Strict(BaseModel):
@@ -631,7 +637,7 @@ class Config(Strict):
         description="more files whose exempt / network / bandwidth lists are appended, e.g. "
         "/etc/netlimit/conf.d/*.yaml (globs in name order; relative to this file)",
     )
-    backend: Literal["auto", "nftables", "restore", "python-iptables"] = Field(
+    backend: BackendName = Field(
         "auto",
         description="how network rules reach the kernel: nftables (table inet netlimit), restore "
         "(iptables-legacy-restore) or python-iptables; auto picks nftables where the host's iptables is the "

@@ -212,11 +212,9 @@ def secret_warnings(loaded: Loaded) -> list[Problem]:
     return out
 
 
-def backend_warnings(loaded: Loaded, backend: str) -> list[Problem]:
-    """What a file means differently under `backend` (the key the kernel layer chose)."""
+def recent_bucket_warnings(loaded: Loaded) -> list[Problem]:
+    """What `method: recent` means under nftables (its backend asks: FilterBackend.warnings)."""
     out: list[Problem] = []
-    if backend != "nftables":
-        return out
     for i, r in enumerate(loaded.config.network):
         if r.method == "recent" and r.limit is not None:
             line, col = loaded.position("network", i, "method")

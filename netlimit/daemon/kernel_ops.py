@@ -21,8 +21,8 @@ class KernelOps:
         self.config: Any = None  # the last config compiled (for configured rates in metrics)
 
     def _compile(self, config):
-        from ..kernel.backends import choose
         from ..kernel.compile import compile_config
+        from ..kernel.registry import choose
 
         choice = choose(self.flag, config.backend)
         if choice.key != self.backend:
@@ -93,7 +93,7 @@ class KernelOps:
         if self.config is None:
             return []
         names = [r.name for r in self.config.network]
-        return hot_entries(self.netns, self.backend or "", names, limit)
+        return hot_entries(self.netns, self.backend, names, limit)
 
     # --- the ban sets' elements (netlimit.kernel.banset; the sets are the apply's) ---
 
@@ -101,7 +101,7 @@ class KernelOps:
         from ..kernel.banset import ban_sets
         from ..kernel.netns import kernel_lock, run_in_netns
 
-        sets = ban_sets(self.backend or "nftables")
+        sets = ban_sets(self.backend)
 
         def work():
             with kernel_lock():
@@ -112,7 +112,7 @@ class KernelOps:
     def ban_sets_cover(self) -> bool:
         from ..kernel.banset import ban_sets
 
-        return ban_sets(self.backend or "nftables").cover
+        return ban_sets(self.backend).cover
 
     def bans_replace(self, bans) -> None:
         self._bans(lambda s, b: s.replace(b), bans)

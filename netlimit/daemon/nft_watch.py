@@ -13,7 +13,7 @@ within a second instead of at the next --resync.
 Set-element messages (the ban list's adds and removes) are left out: they are
 the daemon's routine work, and the ban follower verifies elements itself.
 
-Kept apart from the backends' read path (netlimit/kernel/backends/nfnetlink.py):
+Kept apart from the backends' read path (netlimit/kernel/nft/netlink.py):
 this only listens, it never asks.
 """
 

@@ -1,16 +1,18 @@
 """The elements of the kernel's ban sets: what netlimitd writes as the ban list changes.
 
-The sets themselves are compiled objects (compile_nft.py: `bans4`/`bans6` in table inet
+The sets themselves are compiled objects (nft/compile.py: `bans4`/`bans6` in table inet
 netlimit; compile.py: the ipsets `netlimit-bans4`/`-bans6`), created and repaired by
 reconcile.py like every rule. Their *elements* are not part of the rule set: an apply
 never touches them (a no-op apply leaves them, a changed rule keeps them); this module
 is the only writer, and each element carries its own timeout, so a ban ends in the
 kernel on time even while netlimitd is down.
 
-* nftables (`NftBanSets`): one netlink batch per change (backends/nfelements.py), one
-  for a whole reload (flush + every element: no moment without bans);
-* legacy x_tables (`IpsetBanSets`): `ipset restore` (backends/ipset.py); a whole
+* nftables (`NftBanSets`, nft/bansets.py): one netlink batch per change (nft/elements.py),
+  one for a whole reload (flush + every element: no moment without bans);
+* legacy x_tables (`IpsetBanSets`): `ipset restore` (xtables/ipset.py); a whole
   reload fills a fresh set and swaps it in.
+
+Each backend hands out its own (`FilterBackend.ban_sets()`, registry.py).
 
 Both also read the per-rule sets the packet path fills (a network rule's `escalate`),
 so that netlimitd can hand those bans to the fleet. Every call works in the calling
@@ -21,8 +23,6 @@ from __future__ import annotations
 
 import ipaddress
 from typing import Protocol
-
-from .objects import NFT_BAN_SETS, NFT_FAMILY, NFT_KERNEL_BAN_PREFIX, NFT_TABLE
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -68,66 +68,8 @@ def list_by_family(nets: list[IPNetwork]) -> dict[int, list[IPNetwork]]:
     return out
 
 
-class NftBanSets:
-    key = "nftables"
-    cover = True
+def ban_sets(backend: str | None) -> BanSets:
+    """The ban sets of a packet-filter backend (its key, registry.BACKENDS; None: the default)."""
+    from .registry import backend as backend_of
 
-    def replace(self, bans: dict[IPNetwork, float]) -> None:
-        from .backends import nfelements
-
-        fam = by_family(bans)
-        nfelements.write(
-            [nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, flush=True, add=fam[f]) for f in (4, 6)], NFT_FAMILY
-        )
-
-    def change(self, add: dict[IPNetwork, float], remove: list[IPNetwork]) -> None:
-        from .backends import nfelements
-
-        a, r = by_family(add), list_by_family(remove)
-        nfelements.write(
-            [nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, add=a[f], delete=r[f]) for f in (4, 6)], NFT_FAMILY
-        )
-
-    def read(self) -> dict[IPNetwork, float | None] | None:
-        from .backends import nfelements
-
-        out: dict[IPNetwork, float | None] = {}
-        for f in (4, 6):
-            els = nfelements.read(NFT_TABLE, NFT_BAN_SETS[f], NFT_FAMILY)
-            if els is None:
-                return None
-            out.update(nfelements.prefixes(els, interval=True))
-        return out
-
-    def count(self) -> int | None:
-        from .backends import nfelements
-
-        total = 0
-        for f in (4, 6):
-            n = nfelements.count(NFT_TABLE, NFT_BAN_SETS[f], NFT_FAMILY)
-            if n is None:
-                return None
-            total += n
-        return total
-
-    def kernel_bans(self, rules: list[tuple[str, int, int]]) -> list[tuple[str, IPNetwork, float]]:
-        from .backends import nfelements
-
-        out: list[tuple[str, IPNetwork, float]] = []
-        for name, p4, p6 in rules:
-            for f, plen in ((4, p4), (6, p6)):
-                els = nfelements.read(NFT_TABLE, f"{NFT_KERNEL_BAN_PREFIX}{f}-{name}", NFT_FAMILY)
-                for el in els or []:
-                    net = ipaddress.ip_network(f"{ipaddress.ip_address(el.key)}/{plen}", strict=False)
-                    if el.left_ms is not None and el.left_ms > 0:
-                        out.append((name, net, el.left_ms / 1000))
-        return out
-
-
-def ban_sets(backend: str) -> BanSets:
-    """The ban sets of a packet-filter backend (its key, backends.BACKENDS)."""
-    if backend == "nftables":
-        return NftBanSets()
-    from .backends.ipset import IpsetBanSets
-
-    return IpsetBanSets()
+    return backend_of(backend).ban_sets()

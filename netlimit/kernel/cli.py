@@ -13,23 +13,21 @@ from pathlib import Path
 
 import typer
 
+from .registry import BACKENDS, help_text
+from .registry import backend as backend_of
+
 NETNS_HELP = "Run against this network namespace (/run/netns/NAME); it must exist."
-BACKEND_HELP = (
-    "How network rules reach the kernel: nftables (one table inet netlimit), restore "
-    "(iptables-legacy-save/-restore) or python-iptables. Default: $NETLIMIT_BACKEND, else the file's "
-    "`backend:`, else auto: nftables where this host's iptables is the nf_tables variant or legacy "
-    "x_tables are unusable, the legacy backend on a legacy host."
-)
+BACKEND_HELP = help_text()
 
 
 def _backend_option():
-    return typer.Option(None, "--backend", metavar="auto|nftables|restore|python-iptables", help=BACKEND_HELP)
+    return typer.Option(None, "--backend", metavar="|".join(("auto", *BACKENDS)), help=BACKEND_HELP)
 
 
 def _choose(backend: str | None, config=None):
     """The backend (key and why) for this command, or exit 64 with why not."""
     from ..errors import ApplyError
-    from .backends import choose
+    from .registry import choose
 
     try:
         return choose(backend, config.backend if config is not None else None)
@@ -40,9 +38,9 @@ def _choose(backend: str | None, config=None):
 
 
 def _backend_warnings(loaded, key: str) -> None:
-    from ..config.validate import backend_warnings
+    from .registry import backend
 
-    for w in backend_warnings(loaded, key):
+    for w in backend(key).warnings(loaded):
         _cli().err(str(w))
 
 
@@ -76,23 +74,10 @@ def _check_netns(netns: str | None) -> None:
 
 
 def backend_note(key: str, netns: str | None = None) -> str | None:
-    """A clear word when a legacy backend writes on a host whose `iptables` is the nf_tables variant."""
-    from .backends import LEGACY, host_iptables_variant
+    """A clear word about where `key`'s rules show up on this host (its `note`)."""
+    from .registry import backend
 
-    if key not in LEGACY:
-        return None
-    variant, version = host_iptables_variant()
-    if variant != "nf_tables":
-        return None
-    ns = f"ip netns exec {netns} " if netns else ""
-    return (
-        f"note: this host's `iptables` is the nf_tables variant ({version}). netlimit installs its rules "
-        "into the legacy x_tables (iptables-legacy), which the kernel evaluates as well: "
-        f"`{ns}iptables -S` and `nft list ruleset` will NOT show them (iptables -S only warns "
-        f"'iptables-legacy tables present'); see them with `{ns}iptables-legacy -S`, "
-        f"`{ns}ip6tables-legacy -S`, or `netlimit list`, which reads the kernel. "
-        "`--backend nftables` (or `backend: nftables`) puts them where this host's tools look."
-    )
+    return backend(key).note(netns)
 
 
 def _compile(loaded):
@@ -101,7 +86,8 @@ def _compile(loaded):
     return compile_config(loaded.config)
 
 
-def register(app: typer.Typer) -> None:  # one function per command below
+def register(app: typer.Typer) -> None:  # each command calls its function below
+
     @app.command()
     def plan(
         file: Path = typer.Argument(..., help="The netlimit YAML file.", show_default=False),
@@ -115,63 +101,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
 
         Without --live no root is needed and the kernel is not touched.
         """
-        base = _cli()
-        loaded = base.load_or_exit(file)
-        desired = _compile(loaded)
-        choice = _choose(backend, loaded.config)
-        _backend_warnings(loaded, choice.key)
-        for w in lockout_warnings(loaded, netns):
-            base.err(str(w))
-        if not live and netns is None:
-            from .render import plan_dict, plan_text
-
-            if json_out:
-                doc = plan_dict(desired, source=str(file), sha256=loaded.sha256, backend=choice.key)
-                doc["backend"], doc["backend_reason"] = choice.key, choice.why
-                typer.echo(json.dumps(doc, indent=2))
-            else:
-                text = plan_text(desired, source=str(file), sha256=loaded.sha256, backend=choice.key, why=choice.why)
-                typer.echo(text, nl=False)
-            return
-        _need_root("plan --live")
-        _check_netns(netns)
-        from .reconcile import ApplyError
-        from .reconcile import apply as do_apply
-
-        try:
-            res = do_apply(desired, netns, dry_run=True, backend=choice.key)
-        except ApplyError as exc:
-            base.err(f"error: {exc}")
-            raise typer.Exit(base.EXIT_FAILED) from None
-        lines = res.changes.lines()
-        if json_out:
-            typer.echo(
-                json.dumps(
-                    {
-                        "file": str(file),
-                        "netns": netns,
-                        "backend": choice.key,
-                        "backend_reason": choice.why,
-                        "changed": bool(lines),
-                        "changes": lines,
-                        "counts": res.changes.counts(),
-                        "found": res.before.count(),
-                    },
-                    indent=2,
-                )
-            )
-            return
-        typer.echo(f"# backend: {choice.key} ({choice.why})")
-        where = f" in netns {netns}" if netns else ""
-        found = res.before.count()
-        if not lines:
-            typer.echo(f"no changes: the kernel{where} already matches {file} ({found} owned objects)")
-            return
-        typer.echo(f"# changes apply would make{where} (+ add, - remove, ~ reorder):")
-        for line in lines:
-            typer.echo(line)
-        c = res.changes.counts()
-        typer.echo(f"# {c['add']} to add, {c['remove']} to remove; nothing was changed")
+        plan_command(file, json_out, live, netns, backend)
 
     @app.command()
     def apply(
@@ -202,66 +132,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
         previous state is restored and the exit code is 2. A file with a rule that could
         cut off this SSH session is refused (exit 1) unless --confirm or --allow-lockout.
         """
-        base = _cli()
-        loaded = base.load_or_exit(file)
-        desired = _compile(loaded)
-        _need_root("apply")
-        _check_netns(netns)
-        _lockout_guard(loaded, netns, confirm is not None or allow_lockout)
-        if _daemon_apply(file, netns, socket_path):
-            return
-        choice = _choose(backend, loaded.config)
-        from .reconcile import ApplyError
-        from .reconcile import apply as do_apply
-
-        note = backend_note(choice.key, netns)
-        if note and not quiet and not json_out:
-            base.err(note)
-        try:
-            res = do_apply(desired, netns, backend=choice.key)
-        except ApplyError as exc:
-            base.err(f"error: {exc}")
-            raise typer.Exit(base.EXIT_FAILED) from None
-        lines = res.changes.lines()
-        if json_out:
-            typer.echo(
-                json.dumps(
-                    {
-                        "file": str(file),
-                        "netns": netns,
-                        "backend": choice.key,
-                        "changed": bool(lines),
-                        "changes": lines,
-                        "counts": res.changes.counts(),
-                        "found": res.before.count(),
-                        "timings_s": {k: round(v, 4) for k, v in res.timings.items()},
-                    },
-                    indent=2,
-                )
-            )
-            return
-        where = f" in netns {netns}" if netns else ""
-        found = res.before.count()
-        if not lines:
-            typer.echo(f"no changes: the kernel{where} already matches {file} ({found} owned objects)")
-            return
-        if not quiet:
-            for line in lines:
-                typer.echo(line)
-        c = res.changes.counts()
-        t = res.timings
-        layer = "nftables" if choice.key == "nftables" else "iptables"
-        typer.echo(
-            f"applied {file}{where}: {c['add']} added, {c['remove']} removed, adopting {found} owned objects "
-            f"found in the kernel, in {t.get('total', 0):.2f} s ({layer} {t.get('filter', 0):.2f} s, "
-            f"tc {t.get('tc', 0):.2f} s)"
-        )
-        if confirm is not None and (why := _not_confirmed(confirm)) is not None:
-            from .reconcile import restore
-
-            restore(res.before, netns)
-            base.err(f"{why}: the previous rules were restored")
-            raise typer.Exit(base.EXIT_FAILED)
+        apply_command(file, netns, json_out, quiet, confirm, backend, socket_path, allow_lockout)
 
     @app.command("list")
     def list_cmd(
@@ -280,37 +151,7 @@ def register(app: typer.Typer) -> None:  # one function per command below
     ) -> None:
         """Show netlimit's rules in the kernel, one line each: what it matches, its limit as the file
         writes it, packets, drops and tracked sources (root). --verbose: every object."""
-        base = _cli()
-        loaded = base.load_or_exit(file) if file else None
-        desired = _compile(loaded) if loaded else None
-        _need_root("list")
-        _check_netns(netns)
-        choice = _choose(backend, loaded.config if loaded else None)
-        from .reconcile import ApplyError, list_owned
-
-        try:
-            rows = list_owned(netns, desired, backend=choice.key)
-        except ApplyError as exc:
-            base.err(f"error: {exc}")
-            raise typer.Exit(base.EXIT_FAILED) from None
-        from . import listing
-
-        rules = list(desired.summary) if desired is not None else listing.load(netns).get("rules", [])
-        lines = listing.rule_lines(rows, rules, choice.key) if rows else []
-        if json_out:
-            doc = {"netns": netns, "backend": choice.key, "backend_reason": choice.why, "rules": lines, "objects": rows}
-            typer.echo(json.dumps(doc, indent=2))
-            return
-        typer.echo(f"backend: {choice.key} ({choice.why})")
-        if not rows:
-            typer.echo("netlimit owns nothing here" + (f" (netns {netns})" if netns else ""))
-            return
-        if verbose:
-            typer.echo(format_list(rows))
-            return
-        typer.echo(listing.format_lines(lines))
-        if not rules:
-            typer.echo("(what each rule matches: run `netlimit list --file FILE`; the last apply left no description)")
+        list_command(netns, json_out, file, backend, verbose)
 
     @app.command()
     def flush(
@@ -324,21 +165,195 @@ def register(app: typer.Typer) -> None:  # one function per command below
 
         With a netlimitd running for the namespace, it is asked to stand down: it removes its
         objects and stays down (no reloads, no repairs) until `netlimit resume` or a restart."""
-        base = _cli()
-        _need_root("flush")
-        _check_netns(netns)
-        if _daemon_flush(netns, socket_path, quiet):
-            return
-        choice = _choose(backend)
-        from .reconcile import flush as do_flush
+        flush_command(netns, quiet, backend, socket_path)
 
-        try:
-            res = do_flush(netns, backend=choice.key)
-        except Exception as exc:  # any backend's failure (netlink, iptables, pyroute2): exit 2 saying why
-            base.err(f"error: flush failed: {exc}")
-            raise typer.Exit(base.EXIT_FAILED) from None
-        if not quiet:
-            typer.echo(describe_flush(res, netns))
+
+def plan_command(file: Path, json_out: bool, live: bool, netns: str | None, backend: str | None) -> None:
+    """`netlimit plan` (registered by `register`)."""
+    base = _cli()
+    loaded = base.load_or_exit(file)
+    desired = _compile(loaded)
+    choice = _choose(backend, loaded.config)
+    _backend_warnings(loaded, choice.key)
+    for w in lockout_warnings(loaded, netns):
+        base.err(str(w))
+    if not live and netns is None:
+        from .render import plan_dict, plan_text
+
+        if json_out:
+            doc = plan_dict(desired, source=str(file), sha256=loaded.sha256, backend=choice.key)
+            doc["backend"], doc["backend_reason"] = choice.key, choice.why
+            typer.echo(json.dumps(doc, indent=2))
+        else:
+            text = plan_text(desired, source=str(file), sha256=loaded.sha256, backend=choice.key, why=choice.why)
+            typer.echo(text, nl=False)
+        return
+    _need_root("plan --live")
+    _check_netns(netns)
+    from .reconcile import ApplyError
+    from .reconcile import apply as do_apply
+
+    try:
+        res = do_apply(desired, netns, dry_run=True, backend=choice.key)
+    except ApplyError as exc:
+        base.err(f"error: {exc}")
+        raise typer.Exit(base.EXIT_FAILED) from None
+    lines = res.changes.lines()
+    if json_out:
+        typer.echo(
+            json.dumps(
+                {
+                    "file": str(file),
+                    "netns": netns,
+                    "backend": choice.key,
+                    "backend_reason": choice.why,
+                    "changed": bool(lines),
+                    "changes": lines,
+                    "counts": res.changes.counts(),
+                    "found": res.before.count(),
+                },
+                indent=2,
+            )
+        )
+        return
+    typer.echo(f"# backend: {choice.key} ({choice.why})")
+    where = f" in netns {netns}" if netns else ""
+    found = res.before.count()
+    if not lines:
+        typer.echo(f"no changes: the kernel{where} already matches {file} ({found} owned objects)")
+        return
+    typer.echo(f"# changes apply would make{where} (+ add, - remove, ~ reorder):")
+    for line in lines:
+        typer.echo(line)
+    c = res.changes.counts()
+    typer.echo(f"# {c['add']} to add, {c['remove']} to remove; nothing was changed")
+
+
+def apply_command(
+    file: Path,
+    netns: str | None,
+    json_out: bool,
+    quiet: bool,
+    confirm: float | None,
+    backend: str | None,
+    socket_path: str,
+    allow_lockout: bool,
+) -> None:
+    """`netlimit apply` (registered by `register`)."""
+    base = _cli()
+    loaded = base.load_or_exit(file)
+    desired = _compile(loaded)
+    _need_root("apply")
+    _check_netns(netns)
+    _lockout_guard(loaded, netns, confirm is not None or allow_lockout)
+    if _daemon_apply(file, netns, socket_path):
+        return
+    choice = _choose(backend, loaded.config)
+    from .reconcile import ApplyError
+    from .reconcile import apply as do_apply
+
+    note = backend_note(choice.key, netns)
+    if note and not quiet and not json_out:
+        base.err(note)
+    try:
+        res = do_apply(desired, netns, backend=choice.key)
+    except ApplyError as exc:
+        base.err(f"error: {exc}")
+        raise typer.Exit(base.EXIT_FAILED) from None
+    lines = res.changes.lines()
+    if json_out:
+        typer.echo(
+            json.dumps(
+                {
+                    "file": str(file),
+                    "netns": netns,
+                    "backend": choice.key,
+                    "changed": bool(lines),
+                    "changes": lines,
+                    "counts": res.changes.counts(),
+                    "found": res.before.count(),
+                    "timings_s": {k: round(v, 4) for k, v in res.timings.items()},
+                },
+                indent=2,
+            )
+        )
+        return
+    where = f" in netns {netns}" if netns else ""
+    found = res.before.count()
+    if not lines:
+        typer.echo(f"no changes: the kernel{where} already matches {file} ({found} owned objects)")
+        return
+    if not quiet:
+        for line in lines:
+            typer.echo(line)
+    c = res.changes.counts()
+    t = res.timings
+    layer = backend_of(choice.key).layer
+    typer.echo(
+        f"applied {file}{where}: {c['add']} added, {c['remove']} removed, adopting {found} owned objects "
+        f"found in the kernel, in {t.get('total', 0):.2f} s ({layer} {t.get('filter', 0):.2f} s, "
+        f"tc {t.get('tc', 0):.2f} s)"
+    )
+    if confirm is not None and (why := _not_confirmed(confirm)) is not None:
+        from .reconcile import restore
+
+        restore(res.before, netns)
+        base.err(f"{why}: the previous rules were restored")
+        raise typer.Exit(base.EXIT_FAILED)
+
+
+def list_command(netns: str | None, json_out: bool, file: Path | None, backend: str | None, verbose: bool) -> None:
+    """`netlimit list` (registered by `register`)."""
+    base = _cli()
+    loaded = base.load_or_exit(file) if file else None
+    desired = _compile(loaded) if loaded else None
+    _need_root("list")
+    _check_netns(netns)
+    choice = _choose(backend, loaded.config if loaded else None)
+    from .reconcile import ApplyError, list_owned
+
+    try:
+        rows = list_owned(netns, desired, backend=choice.key)
+    except ApplyError as exc:
+        base.err(f"error: {exc}")
+        raise typer.Exit(base.EXIT_FAILED) from None
+    from . import listing
+
+    rules = list(desired.summary) if desired is not None else listing.load(netns).get("rules", [])
+    lines = listing.rule_lines(rows, rules, choice.key) if rows else []
+    if json_out:
+        doc = {"netns": netns, "backend": choice.key, "backend_reason": choice.why, "rules": lines, "objects": rows}
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    typer.echo(f"backend: {choice.key} ({choice.why})")
+    if not rows:
+        typer.echo("netlimit owns nothing here" + (f" (netns {netns})" if netns else ""))
+        return
+    if verbose:
+        typer.echo(format_list(rows))
+        return
+    typer.echo(listing.format_lines(lines))
+    if not rules:
+        typer.echo("(what each rule matches: run `netlimit list --file FILE`; the last apply left no description)")
+
+
+def flush_command(netns: str | None, quiet: bool, backend: str | None, socket_path: str) -> None:
+    """`netlimit flush` (registered by `register`)."""
+    base = _cli()
+    _need_root("flush")
+    _check_netns(netns)
+    if _daemon_flush(netns, socket_path, quiet):
+        return
+    choice = _choose(backend)
+    from .reconcile import flush as do_flush
+
+    try:
+        res = do_flush(netns, backend=choice.key)
+    except Exception as exc:  # any backend's failure (netlink, iptables, pyroute2): exit 2 saying why
+        base.err(f"error: flush failed: {exc}")
+        raise typer.Exit(base.EXIT_FAILED) from None
+    if not quiet:
+        typer.echo(describe_flush(res, netns))
 
 
 def _socket_option():
@@ -438,9 +453,6 @@ def _lockout_guard(loaded, netns: str | None, allowed: bool) -> None:
         base.err(str(p))
 
 
-_LAYER_WORDS = {"nftables": "nftables", "restore": "iptables/ip6tables", "python-iptables": "iptables/ip6tables"}
-
-
 def describe_flush(res, netns: str | None) -> str:
     """What a flush removed, counted from the kernel read back after it."""
     removed = res.removed()
@@ -448,7 +460,9 @@ def describe_flush(res, netns: str | None) -> str:
     if not removed:
         return f"nothing to flush{where}"
     n_tc = removed.pop("tc", 0)
-    what = ", ".join(f"{n} {_LAYER_WORDS[k]} objects" for k, n in removed.items())
+    from .registry import backend
+
+    what = ", ".join(f"{n} {backend(k).kind} objects" for k, n in removed.items())
     return f"flushed{where}: {what or 'no packet-filter objects'}, {n_tc} tc objects; none remain"
 
 

@@ -16,7 +16,6 @@ from ..config import kernel_limits as kl
 from ..config.model import BandwidthRule, Config, NetworkRule
 from ..config.units import PortRange, Rate, format_bandwidth
 from ..config.validate import hashlimit_name
-from .compile_nft import compile_nft
 from .listing import summarize
 from .network_common import (
     HASHLIMIT_DEFAULT_MAX,
@@ -29,6 +28,7 @@ from .network_common import (
     log_prefix,
     short_name,
 )
+from .nft.compile import compile_nft
 from .objects import (
     CHAIN_FORWARD,
     CHAIN_INPUT,
@@ -312,7 +312,7 @@ def _escalate_chain_rules(rule: NetworkRule, family: int) -> list[IptRule]:
 def _deny_rules(config: Config, family: int, chain: str) -> list[IptRule]:
     """After exempt, before the bans: drop the file's static `deny:` list, one rule per
     prefix (overlaps merged)."""
-    from .compile_nft import deny_nets
+    from .nft.compile import deny_nets
 
     return [
         IptRule(
@@ -645,4 +645,5 @@ def compile_config(config: Config, hz: int | None = None) -> Desired:
         nft=compile_nft(config),
         ipsets=tuple(compile_ipsets(config)),
         summary=summarize(config),
+        config=config,
     )

@@ -1,6 +1,6 @@
 """The smallest edit between two sequences of keys: which live items go, which wanted
 ones come in, everything else stays where it is. Pure. Both packet-filter planners
-use it (iptables_plan.py over canonical rule specs, backends/nftables.py over rule
+use it (xtables/plan.py over canonical rule specs, nft/backend.py over rule
 fingerprints), so untouched rules keep their counters and state."""
 
 from __future__ import annotations

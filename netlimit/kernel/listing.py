@@ -27,6 +27,7 @@ from ..config.model import BandwidthRule, Config, NetworkRule
 from ..config.units import format_bandwidth, format_size
 from .netns import prune_state_files
 from .objects import Desired
+from .registry import backend as backend_of
 
 WIDTH = 120
 #: the widest each text column gets (the numbers take 7)
@@ -123,8 +124,8 @@ def summarize(config: Config) -> tuple[dict[str, Any], ...]:
 
 def tc_spelling(desired: Desired) -> dict[str, str]:
     """What diff compares of each planned tc object -> the plan's spelling of it."""
-    from .backends.tc import norm
     from .render import tc_command
+    from .tc.shaping import norm
 
     return {repr(norm(o)): tc_command(o) for o in desired.tc_objects}
 
@@ -203,7 +204,7 @@ def _line(name: str, d: dict[str, Any], a: dict[str, Any] | None, backend: str) 
         layers = a["layers"]
         layer = "iptables" if set(layers) <= {"iptables", "ip6tables"} else "+".join(layers)
     else:
-        layer = "tc" if d.get("kind") == "bandwidth" else ("nftables" if backend == "nftables" else "iptables")
+        layer = "tc" if d.get("kind") == "bandwidth" else backend_of(backend).layer
     entries: int | None = None
     if a is not None and a["tables"]:
         sizes = list(a["tables"].values())

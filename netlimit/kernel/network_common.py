@@ -1,5 +1,5 @@
 """What the two packet-filter compilers share (compile.py for iptables,
-compile_nft.py for nftables): the values iptables would otherwise pick itself
+nft/compile.py for nftables): the values iptables would otherwise pick itself
 (netlimit always sets them, so both backends limit alike), netlimit's names, and
 the one-line description of a network rule that `plan` prints. Pure."""
 

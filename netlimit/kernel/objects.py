@@ -2,7 +2,7 @@
 
 Everything the kernel backends install and everything `netlimit plan` prints
 is one of these objects, so plan and apply cannot disagree: render.py turns
-them into iptables-save / tc text, the backends (backends/) into
+them into iptables-save / tc text, the backends (nft/, xtables/, tc/) into
 iptables-restore input, libiptc and pyroute2 calls.
 
 Pure data, no kernel access, no heavy imports.
@@ -320,6 +320,9 @@ class Desired:
     notes: tuple[str, ...] = field(default=())
     #: each rule as `netlimit list` describes it (listing.summarize); not part of the kernel state
     summary: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
+    #: the config compiled (None for "nothing": flush): a backend family that compiles its own
+    #: objects reads it in its plan() (docs/architecture.md, How to add a kernel backend)
+    config: Any = field(default=None, compare=False, hash=False, repr=False)
 
     def family_rules(self, family: int) -> tuple[IptRule, ...]:
         return tuple(r for r in self.rules if r.family == family)

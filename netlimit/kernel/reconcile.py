@@ -9,7 +9,7 @@ The API a daemon calls (all kernel work runs in `netns` when given):
     flush(netns)                                  # remove everything netlimit owns
     rows    = list_owned(netns)                   # objects + counters, by rule
 
-Order of writes: the packet filter through its backend (netlimit/kernel/backends:
+Order of writes: the packet filter through its backend (netlimit/kernel/registry.py:
 one atomic commit per table), then tc. If any step fails, the filter and tc are
 put back to the state read at the start, and ApplyError names the rule and the
 kernel's answer.
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ApplyError
-from .backends import BACKEND_ENV, BACKENDS, FilterBackend, FilterPlan, FilterState, backend_name, get_backend, others
 from .netns import LockTimeout, kernel_lock, prune_state_files, run_in_netns, writer_lock
 from .objects import Desired
+from .registry import BACKEND_ENV, BACKENDS, FilterBackend, FilterPlan, FilterState, backend_name, get_backend, others
 
 if TYPE_CHECKING:
-    from .backends.tc import TcPlan, TcState
+    from .tc.shaping import TcPlan, TcState
 
 __all__ = [
     "BACKENDS",
@@ -107,7 +107,7 @@ class Changes:
 
 
 def _read(backend: FilterBackend, netns: str | None) -> State:
-    from .backends import tc
+    from .tc import shaping as tc
 
     st = State(netns, backend.read(), tc.read_state(), backend.key)
     for other in others(backend.key):
@@ -122,7 +122,7 @@ def _read(backend: FilterBackend, netns: str | None) -> State:
 
 
 def _diff(backend: FilterBackend, desired: Desired, state: State) -> Changes:
-    from .backends import tc
+    from .tc import shaping as tc
 
     cleanup = {k: get_backend(k).plan(Desired(), ost) for k, ost in state.others.items()}
     return Changes(backend.plan(desired, state.filter), tc.diff(desired.devices, state.tc), cleanup)
@@ -162,12 +162,12 @@ def apply(
     desired: Desired, netns: str | None = None, *, dry_run: bool = False, backend: str | None = None
 ) -> ApplyResult:
     """Make the kernel (in `netns`) equal to `desired`. Idempotent; rolls back on failure.
-    `backend`: 'nftables' | 'restore' | 'python-iptables' (default: see backends.choose).
+    `backend`: 'nftables' | 'restore' | 'python-iptables' (default: see registry.choose).
     Switching backends installs the new rules first, then removes the old ones."""
     chosen = get_backend(backend)
 
     def work() -> ApplyResult:
-        from .backends import tc
+        from .tc import shaping as tc
 
         t0 = time.monotonic()
         with kernel_lock(), writer_lock(netns) if not dry_run else _nolock():
@@ -272,7 +272,7 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> FlushResul
     chosen = get_backend(backend)
 
     def work() -> FlushResult:
-        from .backends import tc
+        from .tc import shaping as tc
 
         with kernel_lock(), writer_lock(netns):
             first: State | None = None
@@ -316,18 +316,18 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> FlushResul
 def prune_state() -> None:
     """Drop what /run/netlimit remembers about namespaces that no longer exist (tc rule
     names, nftables records): `ip netns del` leaves them behind, a flush clears them."""
-    from .backends.nftables import prune_records
+    from .registry import prune_state as prune_backends
 
     prune_state_files(NAMES_DIR, "tc-names-")
     prune_state_files(NAMES_DIR, "rules-")  # what `list` keeps of the last apply (listing.py)
-    prune_records()
+    prune_backends()  # nftables: its records of what it wrote
 
 
 # --- list -----------------------------------------------------------------------
 
 
 def _rows(backend: FilterBackend, st: State) -> list[dict[str, Any]]:
-    from .backends import tc
+    from .tc import shaping as tc
 
     rows = backend.rows(st.filter)
     for key, ost in st.others.items():
@@ -346,8 +346,8 @@ def _names_path(netns: str | None) -> str:
 
 def tc_names(desired: Desired) -> dict[str, str]:
     """tc objects carry no comment: map their keys (as in list rows) to rule names."""
-    from .backends.tc import row_key
     from .objects import TcClass, TcFilter
+    from .tc.shaping import row_key
 
     return {row_key(o): o.rule for o in desired.tc_objects if isinstance(o, (TcClass, TcFilter)) and o.rule}
 
@@ -433,7 +433,7 @@ def restore(state: State, netns: str | None = None) -> None:
     the confirm-or-roll-back of `apply --confirm`, and a daemon's undo."""
 
     def work() -> None:
-        from .backends import tc
+        from .tc import shaping as tc
 
         with kernel_lock(), writer_lock(netns):
             get_backend(state.backend).restore(state.filter)

@@ -30,6 +30,7 @@ from .objects import (
     TcQdisc,
     fmt_handle,
 )
+from .registry import backend as backend_of
 
 FAMILY_TOOL = {4: "iptables", 6: "ip6tables"}
 
@@ -215,9 +216,9 @@ def tc_text(desired: Desired, *, headers: bool = True) -> str:
 
 def plan_text(desired: Desired, *, source: str = "", sha256: str = "", backend: str = "restore", why: str = "") -> str:
     """The plan as `netlimit plan` prints it: the packet-filter part in the language of
-    `backend` ('nftables': the nft script; else iptables-restore input), then tc.
+    `backend` (its `plan_sections`: the nft script, iptables-restore input), then tc.
     `why`: how the backend was chosen (a header line)."""
-    nft = backend == "nftables"
+    chosen = backend_of(backend)
     out: list[str] = []
     head = "# netlimit plan"
     if source:
@@ -228,37 +229,12 @@ def plan_text(desired: Desired, *, source: str = "", sha256: str = "", backend: 
     if why:
         out.append(f"# backend: {backend} ({why})")
     n_tc = len(desired.tc_objects)
-    if nft:
-        t = desired.nft
-        n_filter = len(t.rules)
-        what = f"{n_filter} nftables rules, {len(t.sets)} sets, {len(t.chains)} chains"
-    else:
-        n_filter = len(desired.rules)
-        what = f"{n_filter} iptables/ip6tables rules, {len(desired.chains)} chains"
+    n_filter, what = chosen.plan_summary(desired)
     out.append(f"# {len(desired.rule_names)} rules -> {what}, {n_tc} tc objects ({', '.join(desired.notes)})")
     if not n_filter and not n_tc:
         out.append("# nothing to install: this file has no network or bandwidth rules")
         return "\n".join(out) + "\n"
-    if nft and n_filter:
-        out.append("")
-        out.append(
-            f"# --- nftables (table {NFT_FAMILY} {NFT_TABLE}, priority filter - 10; "
-            "paste into `nft -f -` where the table does not exist yet) ---"
-        )
-        out.append(nft_text(desired).rstrip("\n"))
-    if not nft and desired.ipsets:
-        out.append("")
-        out.append("# --- ipsets (the ban sets: paste into `ipset restore -exist` before the rules) ---")
-        out.extend(f"create {s.name} {s.type} {s.header}" for s in desired.ipsets)
-    for fam in () if nft else (4, 6):
-        text = iptables_save_text(desired, fam)
-        if text:
-            out.append("")
-            out.append(
-                f"# --- {FAMILY_TOOL[fam]} (legacy x_tables; paste into {FAMILY_TOOL[fam]}-legacy-restore "
-                f"--noflush) ---"
-            )
-            out.append(text.rstrip("\n"))
+    out.extend(chosen.plan_sections(desired))
     tct = tc_text(desired)
     if tct:
         out.append("")
@@ -357,19 +333,7 @@ def plan_dict(desired: Desired, *, source: str = "", sha256: str = "", backend: 
         "notes": list(desired.notes),
         "rules": list(desired.rule_names),
     }
-    if backend == "nftables":
-        out["backend"] = "nftables"
-        out["nftables"] = nft_dict(desired)
-    else:
-        out["iptables"] = {
-            "chains": [chain_dict(c) for c in desired.chains],
-            "rules": [rule_dict(r) for r in desired.rules],
-            "restore": {FAMILY_TOOL[f]: iptables_save_text(desired, f, headers=False) for f in (4, 6)},
-        }
-        if desired.ipsets:
-            out["ipsets"] = [
-                {"name": s.name, "type": s.type, "header": s.header, "rule": s.rule or None} for s in desired.ipsets
-            ]
+    out.update(backend_of(backend).plan_doc(desired))
     return out | {
         "tc": {
             "devices": [

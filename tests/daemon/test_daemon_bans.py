@@ -152,7 +152,7 @@ def test_a_ban_reaches_every_hosts_kernel_and_a_restart_loads_the_same_set(hosts
     want.add(N("203.0.113.0/24"))
     wait_for(lambda: set(kernel(hosts[1])) == want, 15, "the list reloaded after the restart")
     held = run_in_netns(
-        hosts[1], lambda: __import__("netlimit.kernel.backends.nfelements", fromlist=["x"]).read("netlimit", "bans4")
+        hosts[1], lambda: __import__("netlimit.kernel.nft.elements", fromlist=["x"]).read("netlimit", "bans4")
     )
     starts = [e.key for e in held if not e.end]
     assert len(starts) == len(set(starts)) == 3  # each prefix once

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from netlimit.kernel import reconcile
-from netlimit.kernel.backends import nfelements
 from netlimit.kernel.banset import ban_sets
 from netlimit.kernel.netns import run_in_netns
+from netlimit.kernel.nft import elements as nfelements
 
 pytestmark = pytest.mark.netns
 N = ipaddress.ip_network

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from netlimit.kernel.backends import nfnetlink
 from netlimit.kernel.netns import run_in_netns
+from netlimit.kernel.nft import netlink as nfnetlink
 
 pytestmark = pytest.mark.netns
 

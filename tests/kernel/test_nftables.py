@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from netlimit.config.validate import load_file, load_string
 from netlimit.kernel import reconcile, traffic
-from netlimit.kernel.backends import nfnetlink
-from netlimit.kernel.backends import nftables as nb
 from netlimit.kernel.compile import compile_config
+from netlimit.kernel.nft import backend as nb
+from netlimit.kernel.nft import netlink as nfnetlink
 from netlimit.kernel.objects import NftTable, rule_of_comment
 from netlimit.kernel.reconcile import ApplyError
 
@@ -256,12 +256,13 @@ network:
 
 
 def test_recent_warning_only_under_nftables():
-    from netlimit.config.validate import backend_warnings
+    from netlimit.kernel.registry import backend
 
     loaded = load_file(ROOT / "rules" / "ssh-bruteforce.yaml")
-    (w,) = backend_warnings(loaded, "nftables")
+    (w,) = backend("nftables").warnings(loaded)
     assert w.rule == "ssh-guard" and "recent" in w.message and w.line > 1
-    assert backend_warnings(loaded, "restore") == []
+    assert backend("restore").warnings(loaded) == []
+    assert backend("python-iptables").warnings(loaded) == []
 
 
 # --- against the real kernel ---------------------------------------------------------------------

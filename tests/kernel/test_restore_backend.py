@@ -12,12 +12,12 @@ import pytest
 
 from netlimit.config.validate import load_file, load_string
 from netlimit.kernel import reconcile, traffic
-from netlimit.kernel.backends import restore as restore_backend
 from netlimit.kernel.compile import compile_config
 from netlimit.kernel.objects import Match
 from netlimit.kernel.reconcile import ApplyError
 from netlimit.kernel.render import iptables_save_text, rule_spec
 from netlimit.kernel.savefmt import canon
+from netlimit.kernel.xtables import restore as restore_backend
 
 pytestmark = pytest.mark.netns
 

@@ -1,5 +1,5 @@
 """The restore backend's pure parts and the iptables planner both legacy backends share
-(netlimit/kernel/iptables_plan.py): canonical spelling, reading -save text, planning the
+(netlimit/kernel/xtables/plan.py): canonical spelling, reading -save text, planning the
 smallest edit, its steps as restore input, error mapping (no kernel, no root). The same
 against the real kernel: tests/kernel/test_restore_backend.py."""
 
@@ -9,12 +9,12 @@ import subprocess
 
 import pytest
 
-from netlimit.kernel import iptables_plan as ip
 from netlimit.kernel import reconcile
-from netlimit.kernel.backends import restore as rb
-from netlimit.kernel.iptables_plan import IptablesError
 from netlimit.kernel.objects import IptRule, Match
 from netlimit.kernel.savefmt import canon, parse_spec, split, unquote
+from netlimit.kernel.xtables import plan as ip
+from netlimit.kernel.xtables import restore as rb
+from netlimit.kernel.xtables.plan import IptablesError
 
 HL = (
     '-p udp -m comment --comment "netlimit:a" -m multiport --dports 5000 -m hashlimit --hashlimit-above {rate} '
@@ -270,7 +270,7 @@ def test_hashlimit_change_is_two_blocks_in_one_run(monkeypatch):
 
 
 def test_backend_choice(monkeypatch):
-    from netlimit.kernel import backends
+    from netlimit.kernel import registry as backends
 
     monkeypatch.delenv("NETLIMIT_BACKEND", raising=False)
     monkeypatch.setattr(rb, "binaries_missing", lambda families=(4, 6): [])

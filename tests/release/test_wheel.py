@@ -124,7 +124,7 @@ def test_missing_extras_are_named_in_one_line(core, tmp_path):
         "pip install 'netlimit[grpc]'"
     ), r.stderr
 
-    code = "from netlimit.kernel.backends import backend; print(backend('python-iptables').available())"
+    code = "from netlimit.kernel.registry import backend; print(backend('python-iptables').available())"
     r = _run([str(core / "bin/python"), "-c", code])
     assert r.returncode == 0, r.stderr
     assert "pip install 'netlimit[iptables]'" in r.stdout

@@ -40,9 +40,9 @@ import hashlib
 import ipaddress
 from collections.abc import Iterable
 
-from ..config.model import Config, NetworkRule
-from ..config.units import PortRange, Rate
-from .network_common import (
+from ...config.model import Config, NetworkRule
+from ...config.units import PortRange, Rate
+from ..network_common import (
     HASHLIMIT_DEFAULT_MAX,
     LOG_LIMIT_BURST,
     burst_of,
@@ -51,7 +51,7 @@ from .network_common import (
     expire_ms,
     log_prefix,
 )
-from .objects import (
+from ..objects import (
     COMMENT_BANS,
     COMMENT_DENY,
     COMMENT_EXEMPT,

@@ -21,8 +21,8 @@ the desired one:
 
 `commit_ops` / `pre_remove_ops` turn a plan into an ordered list of `Op`s (create,
 delete by number or by spec, insert, append, flush, delete chain) that a backend
-carries out one to one: as iptables-restore lines (backends/restore.py) or as
-libiptc calls (backends/libiptc.py). `FamilyPlan.changes` are the lines `plan
+carries out one to one: as iptables-restore lines (restore.py) or as
+libiptc calls (libiptc.py). `FamilyPlan.changes` are the lines `plan
 --live` and `apply` print.
 """
 
@@ -33,10 +33,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..errors import NetlimitError
-from .edit import edit
-from .objects import IptChain, IptRule
-from .render import rule_line, rule_spec
+from ...errors import NetlimitError
+from ..edit import edit
+from ..objects import IptChain, IptRule
+from ..render import rule_line, rule_spec
 
 BUILTINS = ("INPUT", "FORWARD", "OUTPUT")
 TABLE = "filter"

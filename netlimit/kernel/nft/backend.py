@@ -1,4 +1,4 @@
-"""nftables backend: the network rules as one table `inet netlimit` (compile_nft.py).
+"""nftables backend: the network rules as one table `inet netlimit` (nft/compile.py).
 
 Talking to the kernel:
 
@@ -9,7 +9,7 @@ Talking to the kernel:
   `nft` program is too. A text script is also exactly what `plan` prints and what
   an operator can paste, and nft's error names the failing line, which maps back
   to the rule.
-* read: nfnetlink.py, three netlink dumps (chains, sets, rules). `nft list` would
+* read: netlink.py, three netlink dumps (chains, sets, rules). `nft list` would
   also dump the elements of every set, one request per set: 0.28 s for a table of
   2,000 sets against a few ms here.
 
@@ -69,7 +69,8 @@ from ..objects import (
     rule_of_comment,
 )
 from ..render import nft_set_body
-from . import nfnetlink
+from . import netlink as nfnetlink
+from . import present
 
 NFT = "nft"
 TABLE = f"{NFT_FAMILY} {NFT_TABLE}"
@@ -449,6 +450,36 @@ class NftablesBackend:
     name = "nftables (table inet netlimit)"
     key = "nftables"
     count_bans = True  # rows(): count the ban list's interval sets (a dump of every element)
+    layer = kind = "nftables"
+    write_unit = "one nft transaction"
+    tools = ("nft",)
+
+    # --- what callers ask instead of comparing names (registry.FilterBackend) ---
+    def ban_sets(self):
+        from .bansets import NftBanSets
+
+        return NftBanSets()
+
+    def hot(self, rule_names: list[str]) -> list[dict[str, Any]]:
+        return present.hot_entries()
+
+    def plan_summary(self, desired: Desired) -> tuple[int, str]:
+        return present.plan_summary(desired)
+
+    def plan_sections(self, desired: Desired) -> list[str]:
+        return present.plan_sections(desired)
+
+    def plan_doc(self, desired: Desired) -> dict[str, Any]:
+        return present.plan_doc(desired)
+
+    def warnings(self, loaded: Any) -> list[Any]:
+        return present.warnings(loaded)
+
+    def note(self, netns: str | None) -> str | None:
+        return None
+
+    def prune_state(self) -> None:
+        prune_records()
 
     def available(self) -> str | None:
         if not shutil.which(NFT):
@@ -542,7 +573,7 @@ class NftablesBackend:
 
 def ban_set_sizes(names: list[str]) -> dict[str, int]:
     """Prefixes in each interval set (an interval is two elements: count its starts)."""
-    from . import nfelements
+    from . import elements as nfelements
 
     out: dict[str, int] = {}
     for n in names:

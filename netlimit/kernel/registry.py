@@ -1,35 +1,44 @@
-"""Kernel backends: how the compiled objects reach the kernel.
+"""The kernel backends by name: the one module that knows them (issue 30).
 
-Packet filter (one of, chosen by `choose`):
+Packet filter (one of, chosen by `choose`), each in its family's folder:
 
-* ``nftables`` (nftables.py): one table `inet netlimit`, written with `nft -f`,
-  read over netlink (nfnetlink.py); the default where the host's `iptables` is the
+* ``nftables`` (nft/): one table `inet netlimit`, written with `nft -f`,
+  read over netlink (nft/netlink.py); the default where the host's `iptables` is the
   nf_tables variant (Debian 12+, Ubuntu 22.04+, RHEL 9+, Fedora) or legacy
   x_tables are not usable;
-* ``restore`` (restore.py): iptables-legacy-save / -restore, one atomic restore
+* ``restore`` (xtables/restore.py): iptables-legacy-save / -restore, one atomic restore
   per family; the default on a legacy host where those programs are installed;
-* ``python-iptables`` (libiptc.py): the same legacy x_tables through libiptc.
+* ``python-iptables`` (xtables/libiptc.py): the same legacy x_tables through libiptc.
 
-The two legacy ones share xtables.py (the family loop, `list` rows) and the planner
-in netlimit/kernel/iptables_plan.py. Shaping: tc.py (pyroute2), whatever the filter
+The two legacy ones share xtables/backend.py (the family loop, `list` rows) and the
+planner xtables/plan.py. Shaping: tc/shaping.py (pyroute2), whatever the filter
 backend.
 
-A filter backend is the small interface `FilterBackend` below; reconcile.py
-uses nothing else. A state comes back to the backend that read it, and a plan to
-the backend that made it. Every call works in the calling thread's network
-namespace (netns.run_in_netns puts the thread there); callers hold
+A filter backend is the small interface `FilterBackend` below; reconcile.py and every
+other caller use nothing else, and no code outside a family's folder and this module
+compares a backend's name (tests/test_architecture.py): what differs between families
+is an attribute or method of the backend. A state comes back to the backend that read
+it, and a plan to the backend that made it. Every call works in the calling thread's
+network namespace (netns.run_in_netns puts the thread there); callers hold
 netns.kernel_lock(), and writers netns.writer_lock().
+
+A new backend is one folder plus one line in REGISTERED. This module imports no
+family (it names each by where it lives and loads it on first use), so the config
+model can read the names for its schema without importing the kernel.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ...errors import ApplyError
-from ..objects import Desired
+from ..errors import ApplyError
+
+if TYPE_CHECKING:
+    from .objects import Desired
 
 
 class FilterState(Protocol):
@@ -77,18 +86,74 @@ class FilterBackend(Protocol):
         """`list` rows for every owned object: rule, layer, object, packets, bytes, dropped."""
         ...
 
+    # --- what the rest of netlimit asks of a family instead of comparing its name ---
+    layer: str  # a rule's layer in `list` and apply's summary: "nftables", "iptables"
+    kind: str  # what flush says it removed: "nftables", "iptables/ip6tables"
+    write_unit: str  # how one apply writes, for the demo: "one nft transaction"
+    tools: tuple[str, ...]  # the programs the demo needs to see this backend's counters
 
-BACKENDS = ("nftables", "restore", "python-iptables")
+    def ban_sets(self) -> Any:
+        """The writer of the ban sets' elements (banset.BanSets)."""
+        ...
+
+    def hot(self, rule_names: list[str]) -> list[dict[str, Any]]:
+        """Per-source entries of the rules' kernel tables (hot.py): {rule, table, source, score, detail}."""
+        ...
+
+    def plan_summary(self, desired: Desired) -> tuple[int, str]:
+        """(packet-filter objects, "N nftables rules, ...") for `plan`'s header."""
+        ...
+
+    def plan_sections(self, desired: Desired) -> list[str]:
+        """`plan`'s packet-filter sections as text lines (render.plan_text)."""
+        ...
+
+    def plan_doc(self, desired: Desired) -> dict[str, Any]:
+        """`plan --json`'s packet-filter keys (render.plan_dict)."""
+        ...
+
+    def warnings(self, loaded: Any) -> list[Any]:
+        """What a file means differently under this backend (config Problems)."""
+        ...
+
+    def note(self, netns: str | None) -> str | None:
+        """A word for `apply` about where this backend's rules show up on this host."""
+        ...
+
+    def prune_state(self) -> None:
+        """Drop what /run/netlimit remembers for namespaces that no longer exist."""
+        ...
+
+
+@dataclass(frozen=True)
+class Registration:
+    key: str  # what --backend and `backend:` call it
+    where: str  # "module:Class" of its FilterBackend
+    aliases: tuple[str, ...] = ()
+    help: str = ""  # a few words for --backend's help
+
+
+#: every backend netlimit knows, in the order `--backend` lists them: one line each
+REGISTERED = (
+    Registration("nftables", "netlimit.kernel.nft.backend:NftablesBackend", ("nft",), "one table inet netlimit"),
+    Registration(
+        "restore",
+        "netlimit.kernel.xtables.restore:RestoreBackend",
+        ("iptables-restore", "iptables-legacy-restore"),
+        "iptables-legacy-save/-restore",
+    ),
+    Registration(
+        "python-iptables", "netlimit.kernel.xtables.libiptc:LibiptcBackend", ("iptc", "pyiptc", "libiptc"), "libiptc"
+    ),
+)
+
+
+BACKENDS = tuple(r.key for r in REGISTERED)
+NFT = "nftables"
 LEGACY = ("restore", "python-iptables")
+DEFAULT = NFT  # the ban sets' writer before any apply chose (daemon)
 BACKEND_ENV = "NETLIMIT_BACKEND"
-_ALIASES = {
-    "nft": "nftables",
-    "iptables-restore": "restore",
-    "iptables-legacy-restore": "restore",
-    "iptc": "python-iptables",
-    "pyiptc": "python-iptables",
-    "libiptc": "python-iptables",
-}
+_ALIASES = {a: r.key for r in REGISTERED for a in r.aliases}
 
 
 @dataclass(frozen=True)
@@ -122,11 +187,11 @@ def choose(name: str | None = None, configured: str | None = None) -> Choice:
 def _auto() -> Choice:
     variant, version = host_iptables_variant()
     legacy_why = legacy_unusable()
-    nft_ok = backend("nftables").available() is None
+    nft_ok = backend(NFT).available() is None
     if nft_ok and variant == "nf_tables":
-        return Choice("nftables", f"auto: this host's iptables is the nf_tables variant ({version})")
+        return Choice(NFT, f"auto: this host's iptables is the nf_tables variant ({version})")
     if nft_ok and legacy_why is not None:
-        return Choice("nftables", f"auto: legacy x_tables are not usable here ({legacy_why})")
+        return Choice(NFT, f"auto: legacy x_tables are not usable here ({legacy_why})")
     if legacy_why is None:
         if variant == "nf_tables":
             why = f"auto: nft is not installed (apt-get install nftables), so legacy x_tables ({version})"
@@ -143,9 +208,7 @@ def _auto() -> Choice:
 
 
 def _legacy_key() -> str:
-    from .restore import binaries_missing
-
-    return "python-iptables" if binaries_missing() else "restore"
+    return "python-iptables" if backend("restore").available() is not None else "restore"
 
 
 def legacy_unusable() -> str | None:
@@ -199,26 +262,39 @@ def get_backend(name: str | None = None, configured: str | None = None) -> Filte
     return backend(backend_name(name, configured))
 
 
-def backend(key: str) -> FilterBackend:
-    """The backend called `key` (one of BACKENDS)."""
-    if key == "nftables":
-        from .nftables import NftablesBackend
-
-        return NftablesBackend()
-    if key == "restore":
-        from .restore import RestoreBackend
-
-        return RestoreBackend()
-    from .libiptc import LibiptcBackend
-
-    return LibiptcBackend()
+def backend(key: str | None = None) -> FilterBackend:
+    """The backend called `key` (one of BACKENDS; None: DEFAULT)."""
+    key = key or DEFAULT
+    for r in REGISTERED:
+        if r.key == key:
+            module, cls = r.where.split(":")
+            return getattr(importlib.import_module(module), cls)()
+    raise ApplyError(f"unknown backend {key!r}: choose one of {', '.join(BACKENDS)}", None, rolled_back=False)
 
 
 def others(key: str) -> list[FilterBackend]:
     """The filter backends other than `key` whose objects netlimit removes once `key`
     holds the rules (switching between nftables and legacy x_tables): nftables for a
     legacy backend, the host's legacy backend for nftables; only where usable."""
-    if key == "nftables":
+    if key == NFT:
         return [backend(_legacy_key())] if legacy_unusable() is None else []
-    nft = backend("nftables")
+    if key not in LEGACY:
+        return []
+    nft = backend(NFT)
     return [nft] if nft.available() is None else []
+
+
+def prune_state() -> None:
+    """Every backend drops what it remembers of namespaces that no longer exist."""
+    for r in REGISTERED:
+        backend(r.key).prune_state()
+
+
+def help_text() -> str:
+    """--backend's help: the names, from REGISTERED."""
+    spelled = [f"{r.key} ({r.help})" if r.help else r.key for r in REGISTERED]
+    return (
+        f"How network rules reach the kernel: {', '.join(spelled)}. Default: ${BACKEND_ENV}, else the file's "
+        "`backend:`, else auto: nftables where this host's iptables is the nf_tables variant or legacy "
+        "x_tables are unusable, the legacy backend on a legacy host."
+    )

@@ -1,5 +1,5 @@
 """What the two legacy x_tables backends (restore.py, libiptc.py) share: the family
-loop around the planner (netlimit/kernel/iptables_plan.py), rollback, and `list`
+loop around the planner (xtables/plan.py), rollback, and `list`
 rows with the live hashlimit / recent table sizes from /proc.
 
 A backend subclass provides four per-family primitives: `family_unavailable`,
@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import ApplyError
-from ..iptables_plan import TOOL, FamilyPlan, FamilyState, Want, plan_back, plan_rules
 from ..netns import proc_net
 from ..objects import Desired, IptRule, rule_of_comment
 from ..render import rule_line
+from . import present
 from .ipset import IpsetPlan, LiveSet, read_sets, restore_sets, undo_before, write_after, write_before
 from .ipset import entries as ipset_entries
 from .ipset import missing as ipset_missing
 from .ipset import plan as plan_ipsets
+from .plan import TOOL, FamilyPlan, FamilyState, Want, plan_back, plan_rules
 
 FAMILIES = (4, 6)
 
@@ -57,6 +58,37 @@ class XtablesPlan:
 class XtablesBackend:
     key = ""
     name = ""
+    layer = "iptables"
+    kind = "iptables/ip6tables"
+    write_unit = "one commit per family"
+    tools = ("iptables-legacy",)
+
+    # --- what callers ask instead of comparing names (registry.FilterBackend) ---
+    def ban_sets(self):
+        from .ipset import IpsetBanSets
+
+        return IpsetBanSets()
+
+    def hot(self, rule_names: list[str]) -> list[dict[str, Any]]:
+        return present.hot_entries(rule_names)
+
+    def plan_summary(self, desired: Desired) -> tuple[int, str]:
+        return present.plan_summary(desired)
+
+    def plan_sections(self, desired: Desired) -> list[str]:
+        return present.plan_sections(desired)
+
+    def plan_doc(self, desired: Desired) -> dict[str, Any]:
+        return present.plan_doc(desired)
+
+    def warnings(self, loaded: Any) -> list[Any]:
+        return []
+
+    def note(self, netns: str | None) -> str | None:
+        return present.host_note(netns)
+
+    def prune_state(self) -> None:
+        pass
 
     # --- per-family primitives (the subclass) ---
     def family_unavailable(self, family: int) -> str | None:

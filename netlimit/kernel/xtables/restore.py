@@ -1,6 +1,6 @@
 """iptables / ip6tables backend through iptables-legacy-save and iptables-legacy-restore.
 
-The default backend when those programs are installed (backends.get_backend).
+The default backend when those programs are installed (registry.get_backend).
 Per family and apply it runs one `-save` (read) and one `-restore --noflush`
 (write; two when a hashlimit rule's settings change, see below), instead of
 one python-iptables call of 1-3 ms per rule.
@@ -19,7 +19,7 @@ a desired rule (render.rule_spec) is compared as canon(text) -- or as is, when
 plan's lines) is parsed only when asked for.
 
 Write: one restore input per family, applied atomically by the kernel (one
-table replace): the steps of the shared planner (netlimit/kernel/iptables_plan.py)
+table replace): the steps of the shared planner (netlimit/kernel/xtables/plan.py)
 as restore lines, so only the differences are written and untouched rules keep
 their counters. A hashlimit settings change is two `*filter ... COMMIT` blocks
 in the same run. Nothing to change: nothing is run.
@@ -45,7 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..gcpause import no_gc
-from ..iptables_plan import (
+from ..netns import proc_net, writer_lock_fds
+from ..objects import COMMENT_PREFIX, IptRule, owned_chain, owned_comment
+from ..savefmt import canon, parse_spec
+from .backend import XtablesBackend
+from .plan import (
     BUILTINS,
     TABLE,
     TOOL,
@@ -59,10 +63,6 @@ from ..iptables_plan import (
     pre_remove_ops,
     want_of,
 )
-from ..netns import proc_net, writer_lock_fds
-from ..objects import COMMENT_PREFIX, IptRule, owned_chain, owned_comment
-from ..savefmt import canon, parse_spec
-from .xtables import XtablesBackend
 
 SAVE = {4: "iptables-legacy-save", 6: "ip6tables-legacy-save"}
 RESTORE = {4: "iptables-legacy-restore", 6: "ip6tables-legacy-restore"}

@@ -1,6 +1,6 @@
 """iptables / ip6tables backend through python-iptables (libiptc, legacy x_tables).
 
-The fallback where iptables-legacy-restore is not installed (backends.get_backend).
+The fallback where iptables-legacy-restore is not installed (registry.get_backend).
 Loads libiptc: imported only when a command touches the kernel.
 
 Every function here works on the namespace of the *calling thread*; use
@@ -13,7 +13,7 @@ Comparison: a desired IptRule and a live rule are the same when their
 (libxtables' own save functions) — is equal. The desired side is built
 through exactly the objects `apply` installs, so there is one spelling.
 
-Write: the shared planner's steps (netlimit/kernel/iptables_plan.py) as libiptc
+Write: the shared planner's steps (netlimit/kernel/xtables/plan.py) as libiptc
 calls on one table handle, one commit per family (two for a hashlimit settings
 change); `table.autocommit = False`, or libiptc would swallow errors.
 """
@@ -23,7 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...errors import ApplyError
-from ..iptables_plan import (
+from ..netns import xtables_lock
+from ..objects import COMMENT_PREFIX, IptRule, Match, owned_chain, owned_comment, rule_of_comment
+from .backend import XtablesBackend
+from .plan import (
     BUILTINS,
     TABLE,
     TOOL,
@@ -37,9 +40,6 @@ from ..iptables_plan import (
     pre_remove_ops,
     want_of,
 )
-from ..netns import xtables_lock
-from ..objects import COMMENT_PREFIX, IptRule, Match, owned_chain, owned_comment, rule_of_comment
-from .xtables import XtablesBackend
 
 
 def _iptc():

@@ -14,7 +14,7 @@ address space); as nft does, an add also carries the interval end at address 0, 
 the kernel keeps as the set's lower bound. The kernel refuses overlapping intervals:
 callers hand in prefixes that do not overlap (netlimit.bans.index keeps them so).
 
-Works in the calling thread's network namespace, like nfnetlink.py.
+Works in the calling thread's network namespace, like netlink.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-from .nfnetlink import (
+from .netlink import (
     NETLINK_NETFILTER,
     NFNL_SUBSYS_NFTABLES,
     NFPROTO,
@@ -37,10 +37,10 @@ from .nfnetlink import (
     NLMSG_ERROR,
     NetlinkError,
     Socket,
-    _attr,
-    _cstr,
-    _list,
-    _walk,
+    attr,
+    attr_list,
+    cstr,
+    walk,
 )
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -62,16 +62,16 @@ ACK_TIMEOUT_S = 10.0
 
 
 def _nest(typ: int, payload: bytes) -> bytes:
-    return _attr(typ | NLA_F_NESTED, payload)
+    return attr(typ | NLA_F_NESTED, payload)
 
 
 def _elem(key: bytes, *, end: bool = False, timeout_ms: int | None = None) -> bytes:
     p = b""
     if end:
-        p += _attr(NFTA_SET_ELEM_FLAGS, struct.pack(">I", NFT_SET_ELEM_INTERVAL_END))
+        p += attr(NFTA_SET_ELEM_FLAGS, struct.pack(">I", NFT_SET_ELEM_INTERVAL_END))
     if timeout_ms is not None:
-        p += _attr(NFTA_SET_ELEM_TIMEOUT, struct.pack(">Q", timeout_ms))
-    return _nest(NFTA_LIST_ELEM, p + _nest(NFTA_SET_ELEM_KEY, _attr(NFTA_DATA_VALUE, key)))
+        p += attr(NFTA_SET_ELEM_TIMEOUT, struct.pack(">Q", timeout_ms))
+    return _nest(NFTA_LIST_ELEM, p + _nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, key)))
 
 
 def _interval(net: IPNetwork, timeout_ms: int | None) -> list[bytes]:
@@ -156,7 +156,7 @@ class Change:
 
 
 def _messages(ch: Change, family: int, seq0: int) -> list[bytes]:
-    head = _attr(NFTA_SET_ELEM_LIST_TABLE, _cstr(ch.table)) + _attr(NFTA_SET_ELEM_LIST_SET, _cstr(ch.set))
+    head = attr(NFTA_SET_ELEM_LIST_TABLE, cstr(ch.table)) + attr(NFTA_SET_ELEM_LIST_SET, cstr(ch.set))
     msgs: list[bytes] = []
     flags = NLM_F_REQUEST | NLM_F_ACK
 
@@ -262,7 +262,7 @@ class Element:
 
 def read(table: str, set_name: str, family: str = "inet") -> list[Element] | None:
     """Every element of the set, as the kernel holds it (None: no such set)."""
-    payload = _attr(NFTA_SET_ELEM_LIST_TABLE, _cstr(table)) + _attr(NFTA_SET_ELEM_LIST_SET, _cstr(set_name))
+    payload = attr(NFTA_SET_ELEM_LIST_TABLE, cstr(table)) + attr(NFTA_SET_ELEM_LIST_SET, cstr(set_name))
     with Socket() as nl:
         try:
             msgs = nl.request(NFT_MSG_GETSETELEM, NFPROTO[family], payload, dump=True)
@@ -272,16 +272,16 @@ def read(table: str, set_name: str, family: str = "inet") -> list[Element] | Non
             raise
     out: list[Element] = []
     for buf in msgs:
-        for typ, off, ln in _walk(buf, 0, len(buf)):
+        for typ, off, ln in walk(buf, 0, len(buf)):
             if typ != NFTA_SET_ELEM_LIST_ELEMENTS:
                 continue
-            for e in _list(buf[off : off + ln]):
+            for e in attr_list(buf[off : off + ln]):
                 key = b""
                 end = False
                 left: int | None = None
-                for t, o, n in _walk(e, 0, len(e)):
+                for t, o, n in walk(e, 0, len(e)):
                     if t == NFTA_SET_ELEM_KEY:
-                        for t2, o2, n2 in _walk(e, o, o + n):
+                        for t2, o2, n2 in walk(e, o, o + n):
                             if t2 & NLA_TYPE_MASK == NFTA_DATA_VALUE:
                                 key = e[o2 : o2 + n2]
                     elif t == NFTA_SET_ELEM_FLAGS and n == 4:
@@ -297,7 +297,7 @@ def count(table: str, set_name: str, family: str = "inet") -> int | None:
     """How many elements the set holds, an interval's start and end counted once (None:
     no such set): `list` and `status` ask it of a set of 100,000 bans, so it reads only
     each element's flags (read() builds every element: several times slower)."""
-    payload = _attr(NFTA_SET_ELEM_LIST_TABLE, _cstr(table)) + _attr(NFTA_SET_ELEM_LIST_SET, _cstr(set_name))
+    payload = attr(NFTA_SET_ELEM_LIST_TABLE, cstr(table)) + attr(NFTA_SET_ELEM_LIST_SET, cstr(set_name))
     with Socket() as nl:
         try:
             msgs = nl.request(NFT_MSG_GETSETELEM, NFPROTO[family], payload, dump=True)
@@ -308,7 +308,7 @@ def count(table: str, set_name: str, family: str = "inet") -> int | None:
     unpack = struct.unpack_from
     n = 0
     for buf in msgs:
-        for typ, off, ln in _walk(buf, 0, len(buf)):
+        for typ, off, ln in walk(buf, 0, len(buf)):
             if typ != NFTA_SET_ELEM_LIST_ELEMENTS:
                 continue
             i, end = off, off + ln

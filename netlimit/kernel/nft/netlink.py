@@ -8,7 +8,7 @@ handles, comments, counters, which sets a rule uses): 3 dumps, a few ms.
 Element counts (for `list`) are one more dump per set, asked only by `list`.
 
 Works in the calling thread's network namespace (the socket is opened there).
-Only reads; writes go through `nft -f` (backends/nftables.py).
+Only reads; writes go through `nft -f` (nft/backend.py).
 
 One generation: the three dumps are separate requests, and another tool (kube-proxy,
 a CrowdSec bouncer) may commit between them; each dump's NLM_F_DUMP_INTR only says
@@ -137,7 +137,7 @@ def _attrs(buf: bytes, start: int = 0, end: int | None = None) -> dict[int, byte
     return out
 
 
-def _list(buf: bytes) -> list[bytes]:
+def attr_list(buf: bytes) -> list[bytes]:
     """The payloads of a nested list (NFTA_LIST_ELEM ...)."""
     out = []
     i = 0
@@ -169,12 +169,12 @@ def _udata(b: bytes | None, want: int) -> str:
     return ""
 
 
-def _attr(typ: int, payload: bytes) -> bytes:
+def attr(typ: int, payload: bytes) -> bytes:
     ln = 4 + len(payload)
     return struct.pack("=HH", ln, typ) + payload + b"\0" * ((4 - ln % 4) % 4)
 
 
-def _cstr(s: str) -> bytes:
+def cstr(s: str) -> bytes:
     return s.encode() + b"\0"
 
 
@@ -314,7 +314,7 @@ def _expressions(buf: bytes) -> tuple[int, int, tuple[str, ...], bool]:
     packets = nbytes = 0
     sets: list[str] = []
     drops = False
-    for typ, off, alen in _walk(buf, 0, len(buf)):
+    for typ, off, alen in walk(buf, 0, len(buf)):
         if typ != NFTA_RULE_EXPRESSIONS:
             continue
         j, end = off, off + alen
@@ -324,7 +324,7 @@ def _expressions(buf: bytes) -> tuple[int, int, tuple[str, ...], bool]:
                 break
             name_len = unpack(buf, j + 4)[0]
             k = j + 4 + ((name_len + 3) & ~3)  # NFTA_EXPR_DATA
-            data = list(_walk(buf, k + 4, k + unpack(buf, k)[0])) if k + 4 <= j + ln else []
+            data = list(walk(buf, k + 4, k + unpack(buf, k)[0])) if k + 4 <= j + ln else []
             if buf.startswith(b"counter\0", j + 8):
                 for t, o, n in data:
                     if t == NFTA_COUNTER_PACKETS and n == 8:
@@ -342,16 +342,16 @@ def _expressions(buf: bytes) -> tuple[int, int, tuple[str, ...], bool]:
             elif buf.startswith(b"immediate\0", j + 8):
                 for t, o, n in data:
                     if t == NFTA_IMMEDIATE_DATA:
-                        for t2, o2, n2 in _walk(buf, o, o + n):
+                        for t2, o2, n2 in walk(buf, o, o + n):
                             if t2 == NFTA_DATA_VERDICT:
-                                for t3, o3, _n3 in _walk(buf, o2, o2 + n2):
+                                for t3, o3, _n3 in walk(buf, o2, o2 + n2):
                                     if t3 == NFTA_VERDICT_CODE:
                                         drops = drops or struct.unpack_from(">i", buf, o3)[0] == NF_DROP
             j += (ln + 3) & ~3
     return packets, nbytes, tuple(dict.fromkeys(sets)), drops
 
 
-def _walk(buf: bytes, start: int, end: int):
+def walk(buf: bytes, start: int, end: int):
     """(type, payload offset, payload length) of each attribute in [start, end)."""
     i = start
     while i + 4 <= end:
@@ -403,15 +403,15 @@ def _dump(nl: Socket, msg: int, family: int, payload: bytes) -> list[bytes]:
 
 def _read_once(nl: Socket, name: str, family: str) -> Table | None:
     fam = NFPROTO[family]
-    tname = _cstr(name)
+    tname = cstr(name)
     try:
-        nl.request(NFT_MSG_GETTABLE, fam, _attr(NFTA_TABLE_NAME, tname), dump=False)
+        nl.request(NFT_MSG_GETTABLE, fam, attr(NFTA_TABLE_NAME, tname), dump=False)
     except NetlinkError as exc:
         if exc.errno == errno.ENOENT:
             return None
         raise
     t = Table()
-    for buf in _dump(nl, NFT_MSG_GETCHAIN, fam, _attr(NFTA_CHAIN_TABLE, tname)):
+    for buf in _dump(nl, NFT_MSG_GETCHAIN, fam, attr(NFTA_CHAIN_TABLE, tname)):
         a = _attrs(buf)
         if _str(a.get(NFTA_CHAIN_TABLE)) != name:
             continue  # older kernels dump every table's chains
@@ -423,12 +423,12 @@ def _read_once(nl: Socket, name: str, family: str) -> Table | None:
             c.policy = "accept" if _be(a.get(NFTA_CHAIN_POLICY)) == 1 else "drop"
         t.chains[c.name] = c
         t.rules[c.name] = []
-    for buf in _dump(nl, NFT_MSG_GETSET, fam, _attr(NFTA_SET_TABLE, tname)):
+    for buf in _dump(nl, NFT_MSG_GETSET, fam, attr(NFTA_SET_TABLE, tname)):
         s = _set(buf, name)
         if s is not None:
             t.sets[s.name] = s
     rules = t.rules
-    for buf in _dump(nl, NFT_MSG_GETRULE, fam, _attr(NFTA_RULE_TABLE, tname)):
+    for buf in _dump(nl, NFT_MSG_GETRULE, fam, attr(NFTA_RULE_TABLE, tname)):
         r = _rule(buf)
         if r.table == name:
             lst = rules.get(r.chain)
@@ -444,7 +444,7 @@ def set_sizes(name: str, sets: list[str], family: str = "inet") -> dict[str, int
     out: dict[str, int] = {}
     with Socket() as nl:
         for s in sets:
-            payload = _attr(NFTA_SET_ELEM_LIST_TABLE, _cstr(name)) + _attr(NFTA_SET_ELEM_LIST_SET, _cstr(s))
+            payload = attr(NFTA_SET_ELEM_LIST_TABLE, cstr(name)) + attr(NFTA_SET_ELEM_LIST_SET, cstr(s))
             try:
                 msgs = nl.request(NFT_MSG_GETSETELEM, fam, payload, dump=True)
             except NetlinkError as exc:
@@ -454,6 +454,6 @@ def set_sizes(name: str, sets: list[str], family: str = "inet") -> dict[str, int
             n = 0
             for buf in msgs:
                 elems = _attrs(buf).get(NFTA_SET_ELEM_LIST_ELEMENTS)
-                n += len(_list(elems)) if elems else 0
+                n += len(attr_list(elems)) if elems else 0
             out[s] = n
     return out
