@@ -70,7 +70,7 @@ def test_every_exception_class_derives_from_netlimit_error():
 
 
 def test_rebased_classes_keep_the_builtin_bases_their_callers_catch():
-    from netlimit.kernel.backends.nfnetlink import NetlinkError
+    from netlimit.kernel.nft.netlink import NetlinkError
     from netlimit.limit.actions import BadAddress
     from netlimit.limit.stores.resp import RespConnectionError, RespProtocolError, RespTimeoutError
 
