@@ -21,9 +21,12 @@ Bans are never written for exempt addresses or trusted proxies (skipped, counted
 from __future__ import annotations
 
 import logging
+import os
+import select
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from ..bans.follow import Inbox, RedisFollower
@@ -43,6 +46,8 @@ RETRY_AFTER = 1.0
 KERNEL_POLL = 1.0
 #: every this many drift checks compares every prefix (the others compare counts)
 FULL_CHECK_EVERY = 10
+#: the longest netlimitd waits at start for the list to be in the kernel before READY=1
+READY_WAIT = 30.0
 #: distinct `rule` label values in the metrics (a list may carry any text; the rest: "other")
 MAX_RULE_LABELS = 100
 
@@ -76,6 +81,7 @@ class BanFollower:
         self.load_seconds = 0.0  # the last whole write of the sets
         self.list_timings: dict[str, Any] = {}  # the last whole list: read, index, kernel (ms)
         self.lists = 0  # whole lists received (start, reconnects)
+        self.ready_seconds = 0.0  # how long READY=1 waited for the first list (start)
         self.events = 0
         self.writes = 0
         self.write_errors = 0
@@ -138,6 +144,49 @@ class BanFollower:
     def close(self) -> None:
         if self.redis is not None:
             self.redis.stop()
+
+    @property
+    def loaded(self) -> bool:
+        """The list as the store had it at start is in the kernel (store: memory: the
+        kernel's own sets are the list, nothing to load)."""
+        return self.memory is not None or (self.lists >= 1 and self.kernel_known)
+
+    def wait_loaded(self, wake_fd: int, stop: Callable[[], bool], bound: float = READY_WAIT) -> bool:
+        """At start, before READY=1: run the main loop's ban work (the wake pipe `wake_fd`,
+        the retry timer) until the first list is in the kernel, at most `bound` seconds
+        or until `stop()` (a SIGTERM: the main loop handles it). False: not loaded (the
+        store does not answer, the kernel refused): the daemon is ready without it and
+        loads it when it can; the log says so."""
+        t0 = time.monotonic()
+        deadline = t0 + bound
+        while not self.loaded and not stop():
+            now = time.monotonic()
+            if now >= deadline:
+                log.warning(
+                    "bans: the list is not in the kernel %.0f s after start (%s); ready without it, "
+                    "it loads as soon as the store answers",
+                    bound,
+                    self.last_error or (self.redis.last_error if self.redis is not None else "") or "no answer yet",
+                )
+                return False
+            try:
+                wait = min(0.25, deadline - now)
+                if self.need_reload:
+                    wait = max(0.0, min(wait, self.retry_at - now))
+                ready, _, _ = select.select([wake_fd], [], [], wait)
+            except InterruptedError:
+                ready = []
+            if ready:
+                try:
+                    while os.read(wake_fd, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            self.on_wake()
+            if self.need_reload and time.monotonic() >= self.retry_at:
+                self.reload("retry")
+        self.ready_seconds = time.monotonic() - t0
+        return self.loaded
 
     # --- the main loop's calls -----------------------------------------------------------
 
@@ -446,6 +495,7 @@ class BanFollower:
             "lists": self.lists,
             "last_load_ms": round(self.load_seconds * 1000, 1),
             "last_list": self.list_timings,
+            "ready_wait_ms": round(self.ready_seconds * 1000, 1),
             "events": self.events,
             "writes": self.writes,
             "write_errors": self.write_errors,

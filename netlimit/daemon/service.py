@@ -308,6 +308,8 @@ class Daemon:
         if self.metrics and self.metrics_addr:
             self.metrics.serve(self.metrics_addr)
             log.info(f"metrics on http://{self.metrics_addr}/metrics")
+        if self.bans is not None:  # READY=1 means the ban list is in the kernel (docs/reliability.md)
+            self.bans.wait_loaded(self._wake_r, lambda: bool(self._pending & {signal.SIGTERM, signal.SIGINT}))
         log.info(f"running: {self.status.summary()}; status socket {self.socket_path}")
         self.notifier.ready(self.status.summary())
         return 0
