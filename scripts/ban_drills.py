@@ -18,8 +18,10 @@ latency  per trial a fresh client address floods HTTP on host A (GET /v1/check,
          IPv4 and IPv6 trials alternate. Goal: p99 <= 1 s.
 load     `--bans` prefixes (IPv4 /32 and /24, IPv6 /64 and /128, no two overlapping)
          written into a host's ban sets in one transaction (the kernel part of a load),
-         read back; then the same list in Redis and a daemon made to reconnect: read +
-         index + kernel, as the daemon reports them. Per backend.
+         read back; then the same list in Redis, a daemon restarted (the seconds from
+         its start to READY=1 and to all the bans in its kernel; goal <= 1.5 s for
+         100,000) and made to reconnect: read + index + kernel, as the daemon reports
+         them. Per backend.
 outage   a client banned for 4 s; Redis is killed: host B keeps dropping it, then lets
          it through again when its time is up (measured against the expiry); Redis comes
          back empty and the daemons follow it again.
@@ -175,6 +177,46 @@ class Fleet:
             stdout=subprocess.DEVNULL, stderr=log, env=env,
         )  # fmt: skip
         wait_for(lambda: (self.status(host) or {}).get("bans", {}).get("connected"), 30, f"daemon {host}", step=0.25)
+
+    def timed_start(self, host: str, n: int) -> dict:
+        """Start host's daemon under a NOTIFY_SOCKET of ours: seconds from its start to
+        READY=1 (sd_notify), and to its kernel holding all `n` bans (the sets counted
+        every 20 ms from here, whatever READY says: an older netlimitd sent READY before
+        the list was loaded)."""
+        path = str(self.tmp / f"notify-{host}.sock")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        rx.bind(path)
+        rx.settimeout(0.02)
+        sets = ban_sets(self.backend)
+        run_in_netns(self.ns[host], lambda: sets.replace({}))  # as after a reboot: the bans must be loaded
+        env = dict(os.environ, NETLIMIT_BACKEND=self.backend, NOTIFY_SOCKET=path)
+        log = open(self.tmp / f"daemon-{host}.log", "a")
+        try:
+            t0 = time.monotonic()
+            self.procs[f"daemon-{host}"] = subprocess.Popen(
+                [EXE, "daemon", "--config", str(self.config), "--netns", self.ns[host], "--resync", "30",
+                 "--socket", self.daemon_sock(host)],
+                stdout=subprocess.DEVNULL, stderr=log, env=env,
+            )  # fmt: skip
+            ready = loaded = None
+            deadline = t0 + 120
+            while (ready is None or loaded is None) and time.monotonic() < deadline:
+                try:
+                    if b"READY=1" in rx.recv(4096) and ready is None:
+                        ready = time.monotonic() - t0
+                except TimeoutError:
+                    pass
+                if loaded is None:
+                    with contextlib.suppress(Exception):  # the sets may not exist yet
+                        if (run_in_netns(self.ns[host], sets.count) or 0) >= n:
+                            loaded = time.monotonic() - t0
+        finally:
+            rx.close()
+        if ready is None or loaded is None:
+            raise TimeoutError(f"daemon {host}: READY after {ready} s, {n} bans in the kernel after {loaded} s")
+        return {"ready_s": round(ready, 3), "bans_in_kernel_s": round(loaded, 3)}
 
     def stop_daemon(self, host: str) -> None:
         p = self.procs.pop(f"daemon-{host}", None)
@@ -481,10 +523,12 @@ def load(f: Fleet, n: int) -> dict:
                 pipe.execute()
         pipe.execute()
         wait_for(lambda: len(f.kernel("b")) == n, 120, "the list in host B's kernel", step=0.5)
-        # a restart: the whole list read, indexed and written in one transaction
+        # a restart: the whole list read, indexed and written in one transaction; the time
+        # from the daemon's start to READY=1 and to the bans in its kernel (issue 35: <= 1.5 s)
         f.stop_daemon("b")
-        f.start_daemon("b")
+        started = f.timed_start("b", n)
         restart = wait_for(lambda: counter(f, "b", "lists") >= 1 and timings(f, "b"), 60, "the load", step=0.25)
+        restart = dict(restart, **started)
         restart_ok = len(f.kernel("b")) == n
         # a reconnect (Redis drops every subscriber): the list read again, the difference written
         before = wait_for(lambda: counter(f, "b", "lists") + 1, 30, "a status", step=0.25) - 1

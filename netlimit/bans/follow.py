@@ -142,7 +142,7 @@ class RedisFollower:
                     if time.monotonic() > deadline:
                         raise redis.exceptions.TimeoutError("no confirmation of SUBSCRIBE")
                 t0 = time.monotonic()
-                snap: Snapshot = lst.snapshot()
+                snap: Snapshot = lst.snapshot(lazy=True)  # the bans made by the main loop when it needs them
                 snap.received = time.monotonic()
                 snap.read_seconds = snap.received - t0
                 self.inbox.overflowed = False

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..bans.follow import Inbox, RedisFollower
 from ..bans.index import BanIndex, Delta
-from ..bans.model import Ban, IPNetwork, Protected, parse_target
+from ..bans.model import Ban, IPNetwork, Protected, network_of, parse_target
 from ..bans.store import BanEvent, MemoryBanList, Snapshot
 from ..logevery import LogEvery
 from .kernel_ops import KernelOps
@@ -82,6 +82,10 @@ class BanFollower:
         self.list_timings: dict[str, Any] = {}  # the last whole list: read, index, kernel (ms)
         self.lists = 0  # whole lists received (start, reconnects)
         self.ready_seconds = 0.0  # how long READY=1 waited for the first list (start)
+        self.first_loaded = False  # a whole list has been in the kernel since start
+        # a whole list written to the kernel from its prefixes alone, its index still to
+        # make: (the snapshot, when its handling began, what the kernel was given)
+        self._unindexed: tuple[Snapshot, float, dict[IPNetwork, float]] | None = None
         self.events = 0
         self.writes = 0
         self.write_errors = 0
@@ -149,7 +153,7 @@ class BanFollower:
     def loaded(self) -> bool:
         """The list as the store had it at start is in the kernel (store: memory: the
         kernel's own sets are the list, nothing to load)."""
-        return self.memory is not None or (self.lists >= 1 and self.kernel_known)
+        return self.memory is not None or self.first_loaded
 
     def wait_loaded(self, wake_fd: int, stop: Callable[[], bool], bound: float = READY_WAIT) -> bool:
         """At start, before READY=1: run the main loop's ban work (the wake pipe `wake_fd`,
@@ -192,6 +196,8 @@ class BanFollower:
 
     def next_timer(self) -> float:
         """When the main loop must call `tick` (monotonic)."""
+        if self._unindexed is not None:
+            return 0.0  # at once (tick makes the index)
         t = [self.next_poll if self.escalating else float("inf")]
         nd = self.index.next_deadline()
         if nd is not None:
@@ -207,6 +213,7 @@ class BanFollower:
             return
         delta = Delta()
         for kind, item in items:
+            self._settle()  # what follows a list written ahead of its index needs the index
             if kind == "snapshot":
                 self._snapshot(item)
                 delta = Delta()  # the reload wrote everything
@@ -218,6 +225,7 @@ class BanFollower:
         self._write(delta)
 
     def tick(self) -> None:
+        self._settle()
         now = self.clock()
         if self.need_reload and now >= self.retry_at:
             self.reload("retry")
@@ -241,6 +249,7 @@ class BanFollower:
         """Drift: compare the kernel's sets with the list; reload them when they differ.
         Most checks compare counts (on nftables a dump of every element, no more); every
         FULL_CHECK_EVERY-th one compares every prefix."""
+        self._settle()
         self.verifies += 1
         full = self.verifies % FULL_CHECK_EVERY == 1
         try:
@@ -287,6 +296,71 @@ class BanFollower:
 
     def _snapshot(self, snap: Snapshot) -> None:
         t0 = time.monotonic()
+        if not self.kernel_known and snap.prefixes is not None:
+            # a whole write (start, after an apply or a refusal): the kernel first, from the
+            # prefixes alone; the bans and their index are made after (_settle), so that a
+            # restart is ready with 100,000 bans in ~1 s instead of 3-4 (issue 35)
+            written = self._load_prefixes(snap.prefixes, self._since(snap.received))
+            if written is not None:
+                self._unindexed = (snap, t0, written)
+                self.first_loaded = True
+                return
+        self._index_snapshot(snap, t0)
+
+    def _load_prefixes(
+        self, prefixes: list[tuple[int, int, int, float]], waited: float
+    ) -> dict[IPNetwork, float] | None:
+        """Write the kernel's sets whole from (version, first, length, left) tuples: the
+        protected ones left out, the outermost only where the sets refuse overlaps, the
+        longest-lived max_entries. What was written (None: the kernel refused; the usual
+        path then retries)."""
+        allows = self.protected.allows
+        keep = []
+        for v, a, p, left in prefixes:
+            left -= waited
+            hi = a + (1 << ((32 if v == 4 else 128) - p)) - 1
+            if left > 0.05 and allows(v, a, hi):
+                keep.append((v, a, p, hi, left))
+        if len(keep) > self.max_entries:
+            keep = sorted(keep, key=lambda k: -k[4])[: self.max_entries]
+        if self.index.cover:  # by start, the shorter first: one nested in the last kept is hidden
+            keep.sort()
+            out: list[tuple[int, int, int, int, float]] = []
+            lastv, lasthi = 0, -1
+            for k in keep:
+                if k[0] == lastv and k[1] <= lasthi:
+                    continue
+                out.append(k)
+                lastv, lasthi = k[0], k[3]
+            keep = out
+        bans = {network_of(v, a, p): left for v, a, p, _hi, left in keep}
+        t0 = time.monotonic()
+        try:
+            self.kernel.bans_replace(bans)
+        except Exception as exc:
+            self._failed(f"loading {len(bans)} bans (list loaded)", exc)
+            return None
+        self.load_seconds = time.monotonic() - t0
+        self.loads += 1
+        self.need_reload = False
+        self.kernel_known = True
+        log.info("bans: %d in the kernel (list loaded, %.0f ms)", len(bans), self.load_seconds * 1000)
+        return bans
+
+    def _settle(self) -> None:
+        """Make the index of a list written ahead of it; write what differs from what
+        the kernel was given (nothing, unless the list held a prefix twice)."""
+        if self._unindexed is None:
+            return
+        snap, t0, written = self._unindexed
+        self._unindexed = None
+        t1 = time.monotonic()
+        self._index_snapshot(snap, t1, written=written)
+        self.list_timings["kernel_ms"] = round((t1 - t0) * 1000, 1)
+        self.list_timings["index_after_kernel"] = True  # READY=1 came before index_ms
+
+    def _index_snapshot(self, snap: Snapshot, t0: float, written: dict[IPNetwork, float] | None = None) -> None:
+        snap.materialize()
         before = set(self.index.bans)
         waited = self._since(snap.received)
         live = [(b, left - waited) for b, left in snap.bans if self._allowed(b)]
@@ -296,12 +370,17 @@ class BanFollower:
         delta = self.index.replace(live)
         t1 = time.monotonic()
         self.last_error = ""
-        if self.kernel_known:  # a reconnect: the kernel holds what we wrote; write the difference
+        if written is not None:  # the kernel holds `written`: only a difference to write
+            shown = self.index.shown
+            self._write(Delta({n: dl for n, dl in shown.items() if n not in written}, set(written) - set(shown)))
+            how = "whole"
+        elif self.kernel_known:  # a reconnect: the kernel holds what we wrote; write the difference
             self._write(delta)
             how = "changes"
         else:  # the first list since start, an apply or a refusal: the whole set, one transaction
             self.reload("list loaded")
             how = "whole"
+            self.first_loaded = self.first_loaded or self.kernel_known
         self.list_timings = {
             "bans": len(live),
             "read_ms": round(snap.read_seconds * 1000, 1),
@@ -332,6 +411,7 @@ class BanFollower:
 
     def reload(self, why: str) -> None:
         """Write the whole set (one transaction)."""
+        self._settle()
         now = self.clock()
         bans = {n: dl - now for n, dl in self.index.shown.items() if dl - now > 0.05}
         t0 = time.monotonic()

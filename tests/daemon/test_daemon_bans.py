@@ -277,6 +277,11 @@ def test_ready_means_the_whole_list_is_in_the_kernel(hosts, daemons, redis_serve
         held = set(kernel(hosts[0]))  # read at once: nothing is loaded after READY
         assert len(held) == 20_000 and held == want
         st = d.status()["bans"]
-        assert st["lists"] == 1 and st["last_list"]["kernel_write"] == "whole" and st["in_kernel"] == 20_000
+        assert (
+            st["lists"] == 1
+            and st["last_list"]["kernel_write"] == "whole"
+            and st["last_list"]["index_after_kernel"]
+            and st["in_kernel"] == 20_000
+        )
     finally:
         rx.close()
