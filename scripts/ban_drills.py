@@ -201,11 +201,13 @@ class Fleet:
                 stdout=subprocess.DEVNULL, stderr=log, env=env,
             )  # fmt: skip
             ready = loaded = None
+            at_ready = 0
             deadline = t0 + 120
             while (ready is None or loaded is None) and time.monotonic() < deadline:
                 try:
                     if b"READY=1" in rx.recv(4096) and ready is None:
                         ready = time.monotonic() - t0
+                        at_ready = run_in_netns(self.ns[host], sets.count) or 0
                 except TimeoutError:
                     pass
                 if loaded is None:
@@ -216,7 +218,7 @@ class Fleet:
             rx.close()
         if ready is None or loaded is None:
             raise TimeoutError(f"daemon {host}: READY after {ready} s, {n} bans in the kernel after {loaded} s")
-        return {"ready_s": round(ready, 3), "bans_in_kernel_s": round(loaded, 3)}
+        return {"ready_s": round(ready, 3), "bans_in_kernel_s": round(loaded, 3), "in_kernel_at_ready": at_ready}
 
     def stop_daemon(self, host: str) -> None:
         p = self.procs.pop(f"daemon-{host}", None)

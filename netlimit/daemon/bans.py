@@ -85,7 +85,7 @@ class BanFollower:
         self.first_loaded = False  # a whole list has been in the kernel since start
         # a whole list written to the kernel from its prefixes alone, its index still to
         # make: (the snapshot, when its handling began, what the kernel was given)
-        self._unindexed: tuple[Snapshot, float, dict[IPNetwork, float]] | None = None
+        self._unindexed: tuple[Snapshot, float, set[tuple[int, int, int]]] | None = None
         self.events = 0
         self.writes = 0
         self.write_errors = 0
@@ -309,7 +309,7 @@ class BanFollower:
 
     def _load_prefixes(
         self, prefixes: list[tuple[int, int, int, float]], waited: float
-    ) -> dict[IPNetwork, float] | None:
+    ) -> set[tuple[int, int, int]] | None:
         """Write the kernel's sets whole from (version, first, length, left) tuples: the
         protected ones left out, the outermost only where the sets refuse overlaps, the
         longest-lived max_entries. What was written (None: the kernel refused; the usual
@@ -323,8 +323,8 @@ class BanFollower:
                 keep.append((v, a, p, hi, left))
         if len(keep) > self.max_entries:
             keep = sorted(keep, key=lambda k: -k[4])[: self.max_entries]
+        keep.sort()  # ascending: the order the kernel's interval tree takes fastest
         if self.index.cover:  # by start, the shorter first: one nested in the last kept is hidden
-            keep.sort()
             out: list[tuple[int, int, int, int, float]] = []
             lastv, lasthi = 0, -1
             for k in keep:
@@ -333,19 +333,18 @@ class BanFollower:
                 out.append(k)
                 lastv, lasthi = k[0], k[3]
             keep = out
-        bans = {network_of(v, a, p): left for v, a, p, _hi, left in keep}
         t0 = time.monotonic()
         try:
-            self.kernel.bans_replace(bans)
+            self.kernel.bans_replace_prefixes([(v, a, p, left) for v, a, p, _hi, left in keep])
         except Exception as exc:
-            self._failed(f"loading {len(bans)} bans (list loaded)", exc)
+            self._failed(f"loading {len(keep)} bans (list loaded)", exc)
             return None
         self.load_seconds = time.monotonic() - t0
         self.loads += 1
         self.need_reload = False
         self.kernel_known = True
-        log.info("bans: %d in the kernel (list loaded, %.0f ms)", len(bans), self.load_seconds * 1000)
-        return bans
+        log.info("bans: %d in the kernel (list loaded, %.0f ms)", len(keep), self.load_seconds * 1000)
+        return {(v, a, p) for v, a, p, _hi, _left in keep}
 
     def _settle(self) -> None:
         """Make the index of a list written ahead of it; write what differs from what
@@ -359,7 +358,7 @@ class BanFollower:
         self.list_timings["kernel_ms"] = round((t1 - t0) * 1000, 1)
         self.list_timings["index_after_kernel"] = True  # READY=1 came before index_ms
 
-    def _index_snapshot(self, snap: Snapshot, t0: float, written: dict[IPNetwork, float] | None = None) -> None:
+    def _index_snapshot(self, snap: Snapshot, t0: float, written: set[tuple[int, int, int]] | None = None) -> None:
         snap.materialize()
         before = set(self.index.bans)
         waited = self._since(snap.received)
@@ -371,8 +370,9 @@ class BanFollower:
         t1 = time.monotonic()
         self.last_error = ""
         if written is not None:  # the kernel holds `written`: only a difference to write
-            shown = self.index.shown
-            self._write(Delta({n: dl for n, dl in shown.items() if n not in written}, set(written) - set(shown)))
+            shown = {(n.version, int(n.network_address), n.prefixlen): n for n in self.index.shown}
+            add = {n: self.index.shown[n] for k, n in shown.items() if k not in written}
+            self._write(Delta(add, {network_of(*k) for k in written if k not in shown}))
             how = "whole"
         elif self.kernel_known:  # a reconnect: the kernel holds what we wrote; write the difference
             self._write(delta)

@@ -124,6 +124,38 @@ class NftBanSets:
         return out
 
 
+def replace_prefixes(sets: BanSets, prefixes: list[tuple[int, int, int, float]]) -> None:
+    """sets.replace() from (version, first address, prefix length, seconds left) tuples
+    in ascending order, none inside another where the sets refuse overlaps: on nftables
+    the elements are made from the integers (no network objects: a restart writes
+    100,000 of them before READY=1, issue 35)."""
+    if not isinstance(sets, NftBanSets):
+        from ..bans.model import network_of
+
+        sets.replace({network_of(v, a, p): left for v, a, p, left in prefixes})
+        return
+    from .backends import nfelements
+
+    changes = []
+    for f, width in ((4, 4), (6, 16)):
+        head, tail, key = nfelements._FIXED[width]
+        bits = 8 * width
+        top = 1 << bits
+        els = [nfelements._elem(bytes(width), end=True)]  # the set's lower bound, as nft writes it
+        add = els.append
+        for v, a, p, left in prefixes:
+            if v != f:
+                continue
+            add(head + nfelements._timeout_ms(left).to_bytes(8, "big") + key + a.to_bytes(width, "big"))
+            after = a + (1 << (bits - p))
+            if after < top:
+                add(tail + key + after.to_bytes(width, "big"))
+        changes.append(
+            nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, flush=True, elements=els if len(els) > 1 else None)
+        )
+    nfelements.write(changes, NFT_FAMILY)
+
+
 def ban_sets(backend: str) -> BanSets:
     """The ban sets of a packet-filter backend (its key, backends.BACKENDS)."""
     if backend == "nftables":

@@ -149,10 +149,11 @@ class Change:
     flush: bool = False
     add: dict[IPNetwork, float] | None = None
     delete: list[IPNetwork] | None = None
+    elements: list[bytes] | None = None  # elements to add, made by the caller (banset.py), in order
 
     @property
     def empty(self) -> bool:
-        return not self.flush and not self.add and not self.delete
+        return not self.flush and not self.add and not self.delete and not self.elements
 
 
 def _messages(ch: Change, family: int, seq0: int) -> list[bytes]:
@@ -184,6 +185,8 @@ def _messages(ch: Change, family: int, seq0: int) -> list[bytes]:
         else:
             adds.extend(_elem(net.network_address.packed, timeout_ms=_timeout_ms(left)) for net, left in ch.add.items())
         emit(NFT_MSG_NEWSETELEM, adds, NLM_F_CREATE)
+    if ch.elements:
+        emit(NFT_MSG_NEWSETELEM, ch.elements, NLM_F_CREATE)
     return msgs
 
 
