@@ -148,7 +148,7 @@ class RedisFollower:
                 self.inbox.overflowed = False
                 self.inbox.put("snapshot", snap)
                 if not self.connected:
-                    log.info("ban list: following %s (%d bans)", self.url, len(snap.bans))
+                    log.info("ban list: following %s (%d bans)", self.url, len(snap.bans or snap.prefixes or []))
                 self.connected = True
                 self.connects += 1
                 self.last_error = ""

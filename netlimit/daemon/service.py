@@ -304,12 +304,14 @@ class Daemon:
         self._adopt(loaded)
         self._bans_follow(loaded.config)
         self._status_srv = open_status_socket(self.socket_path, self)
+        if self.bans is not None:  # READY=1 means the ban list is in the kernel (docs/reliability.md)
+            # before the nft watch: the kernel makes no notification of 100,000 elements
+            # nobody listens to (and the watch would read them all in Python)
+            self.bans.wait_loaded(self._wake_r, lambda: bool(self._pending & {signal.SIGTERM, signal.SIGINT}))
         self._start_nft_watch()
         if self.metrics and self.metrics_addr:
             self.metrics.serve(self.metrics_addr)
             log.info(f"metrics on http://{self.metrics_addr}/metrics")
-        if self.bans is not None:  # READY=1 means the ban list is in the kernel (docs/reliability.md)
-            self.bans.wait_loaded(self._wake_r, lambda: bool(self._pending & {signal.SIGTERM, signal.SIGINT}))
         log.info(f"running: {self.status.summary()}; status socket {self.socket_path}")
         self.notifier.ready(self.status.summary())
         return 0
