@@ -22,6 +22,10 @@ load     `--bans` prefixes (IPv4 /32 and /24, IPv6 /64 and /128, no two overlapp
          its start to READY=1 and to all the bans in its kernel; goal <= 1.5 s for
          100,000) and made to reconnect: read + index + kernel, as the daemon reports
          them. Per backend.
+ready    `--bans` prefixes straight into Redis, host B's daemon restarted with its sets
+         emptied: seconds from its start to READY=1 (and the bans in its kernel then:
+         all of them, the promise) and to all of them in its kernel (goal <= 1.5 s for
+         100,000, issue 35; docs/reliability.md).
 outage   a client banned for 4 s; Redis is killed: host B keeps dropping it, then lets
          it through again when its time is up (measured against the expiry); Redis comes
          back empty and the daemons follow it again.
@@ -565,6 +569,37 @@ def load(f: Fleet, n: int) -> dict:
     }
 
 
+# --- ready: a restart's time to READY=1 with the list in the kernel ------------------------------
+
+
+def ready(f: Fleet, n: int) -> dict:
+    """`n` bans written straight into Redis (no channel messages: the daemons do not see
+    them), host B's daemon restarted with its sets emptied (as after a reboot): seconds
+    from its start to READY=1, the bans its kernel holds then, and to all of them."""
+    lst = f.redis()
+    try:
+        lst.flush()
+        z, d, _c, _ch = keys("netlimit")
+        secs, _us = lst.r.time()
+        exp = (int(secs) + 3600) * 1000
+        pipe = lst.r.pipeline(transaction=False)
+        details = '{"rule":"","reason":"ready drill","by":"drill","added":0,"origin":"manual"}'
+        for i, net in enumerate(many_bans(n, seed=13)):
+            pipe.zadd(z, {str(net): exp})
+            pipe.hset(d, str(net), details)
+            if i % 5000 == 4999:
+                pipe.execute()
+        pipe.execute()
+        f.stop_daemon("b")
+        out = f.timed_start("b", n)
+        wait_for(lambda: counter(f, "b", "lists") >= 1, 60, "the index after READY", step=0.25)
+        lst.flush()
+        wait_for(lambda: not f.kernel("b"), 60, "the flush in host B's kernel", step=0.25)
+    finally:
+        lst.close()
+    return dict(out, bans=n, goal_s=1.5, ok=out["in_kernel_at_ready"] == n)
+
+
 # --- outage: Redis down ----------------------------------------------------------------------------
 
 
@@ -633,7 +668,7 @@ def restart(f: Fleet, n: int) -> dict:
 
 def run(backend: str, args) -> dict:
     out: dict = {"backend": backend}
-    only = set(args.only.split(",")) if args.only else {"latency", "load", "outage", "restart"}
+    only = set(args.only.split(",")) if args.only else {"latency", "load", "ready", "outage", "restart"}
     with fleet(backend, max(args.trials, 2) + 2, max(args.bans, 1000) + 10) as f:
         if "latency" in only:
             out["latency"] = latency(f, args.trials)
@@ -641,6 +676,9 @@ def run(backend: str, args) -> dict:
         if "load" in only:
             out["load"] = load(f, args.bans)
             print(f"[{backend}] load: {json.dumps(out['load'])}")
+        if "ready" in only:
+            out["ready"] = ready(f, args.bans)
+            print(f"[{backend}] ready: {json.dumps(out['ready'])}")
         if "outage" in only:
             out["outage"] = outage(f)
             print(f"[{backend}] outage: {json.dumps(out['outage'])}")
@@ -655,7 +693,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--bans", type=int, default=100_000)
     ap.add_argument("--backend", choices=("nftables", "restore", "both"), default="both")
-    ap.add_argument("--only", default="", help="comma-separated: latency,load,outage,restart")
+    ap.add_argument("--only", default="", help="comma-separated: latency,load,ready,outage,restart")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if os.geteuid() != 0:
