@@ -116,6 +116,8 @@ class BanFollower:
             for r in config.network
             if r.escalate is not None and r.escalate.repeat is not None
         }
+        if self.redis is not None and not self.first_loaded and self.lists == 0:
+            self.index.cover = self.kernel.ban_sets_cover()  # started before the first apply chose the backend
         if config.ban_store != self.store_url:
             log.warning("bans.store changed to %s: it takes effect when netlimitd restarts", config.ban_store)
 

@@ -299,6 +299,9 @@ class Daemon:
         if self.metrics_addr:
             self.metrics = Metrics(self.kernel, self.status)
         self._lockout_warn(loaded, "start")
+        if loaded.config.bans_on and loaded.config.ban_store != "memory":
+            # the list's read (a thread) goes on while the first apply runs (issue 35)
+            self._bans_follow(loaded.config)
         if not self._apply(loaded, "start"):
             return 2
         self._adopt(loaded)
