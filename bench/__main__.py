@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .common import REPO, Mode, Section
 
-SECTIONS = ("inproc", "redis", "cluster", "http", "memory", "kernel", "accuracy", "simulate")
+SECTIONS = ("inproc", "redis", "cluster", "http", "memory", "kernel", "accuracy", "simulate", "bans")
 MODULES = {
     "inproc": "inproc",
     "redis": "redis_bench",
@@ -36,6 +36,7 @@ MODULES = {
     "kernel": "kernel_apply",
     "accuracy": "accuracy",
     "simulate": "simulate_bench",
+    "bans": "ban_restart",
 }
 
 

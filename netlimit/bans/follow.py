@@ -142,13 +142,13 @@ class RedisFollower:
                     if time.monotonic() > deadline:
                         raise redis.exceptions.TimeoutError("no confirmation of SUBSCRIBE")
                 t0 = time.monotonic()
-                snap: Snapshot = lst.snapshot()
+                snap: Snapshot = lst.snapshot(lazy=True)  # the bans made by the main loop when it needs them
                 snap.received = time.monotonic()
                 snap.read_seconds = snap.received - t0
                 self.inbox.overflowed = False
                 self.inbox.put("snapshot", snap)
                 if not self.connected:
-                    log.info("ban list: following %s (%d bans)", self.url, len(snap.bans))
+                    log.info("ban list: following %s (%d bans)", self.url, len(snap.bans or snap.prefixes or []))
                 self.connected = True
                 self.connects += 1
                 self.last_error = ""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .model import Ban, IPNetwork, parse_target
+from .model import Ban, IPNetwork, parse_target, prefix_ints
 from .store import AddResult, BanEvent, Snapshot
 
 ADD_LUA = """
@@ -228,6 +228,27 @@ def _snapshot_reply(res: Any) -> Snapshot:
     return _snapshot((secs, usecs), _pairs(members), dict(_pairs(details)), dict(_pairs(counters)))
 
 
+def _snapshot_raw(res: Any) -> Snapshot:
+    """SNAPSHOT_LUA's reply with only the prefixes and times left made now (integers:
+    what a kernel write needs); the Ban objects (details parsed) when materialized."""
+    secs, usecs, members, details, counters = res
+    now_ms = int(secs) * 1000 + int(usecs) // 1000
+    flat = list(members or [])
+    out: list[tuple[int, int, int, float]] = []
+    add = out.append
+    for m, score in zip(flat[0::2], flat[1::2]):
+        left = (float(score) - now_ms) / 1000
+        if left <= 0:
+            continue
+        p = prefix_ints(m.decode("ascii", "replace") if isinstance(m, bytes) else str(m))
+        if p is not None:
+            add((p[0], p[1], p[2], left))
+    snap = _snapshot((secs, usecs), [], {}, dict(_pairs(counters)))  # the counters
+    snap.prefixes = out
+    snap.build = lambda: _snapshot((secs, usecs), _pairs(flat), dict(_pairs(details)), {}).bans
+    return snap
+
+
 def _snapshot(now_reply: Any, members: Any, details: Any, counters: Any) -> Snapshot:
     secs, usecs = now_reply
     now_ms = int(secs) * 1000 + int(usecs) // 1000
@@ -324,10 +345,12 @@ class RedisBanList:
     def flush(self) -> int:
         return int(self._flush(keys=[self.zkey, self.dkey, self.rkey, self.rtkey], args=[self.channel]))
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, *, lazy: bool = False) -> Snapshot:
         """The whole list, read atomically by one script (TIME, the set, the details, the
-        counters: one slot in a cluster, so no MULTI across nodes)."""
-        return _snapshot_reply(self._snap(keys=[self.zkey, self.dkey, self.nkey]))
+        counters: one slot in a cluster, so no MULTI across nodes). `lazy`: the bans are
+        made by Snapshot.materialize(), only `prefixes` now (netlimitd's start)."""
+        res = self._snap(keys=[self.zkey, self.dkey, self.nkey])
+        return _snapshot_raw(res) if lazy else _snapshot_reply(res)
 
     def close(self) -> None:
         self.r.close()

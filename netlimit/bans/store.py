@@ -37,6 +37,15 @@ class Snapshot:
     evicted: int = 0  # the holder's count of bans dropped for max_entries
     read_seconds: float = 0.0  # how long reading it took (a follower's figure)
     received: float = 0.0  # when a follower had it (monotonic; 0: unknown): time left counts from there
+    # a follower's read may leave `bans` to be made later (materialize) and carry first only
+    # what a kernel write needs: (version, first address, prefix length, seconds left)
+    prefixes: list[tuple[int, int, int, float]] | None = None
+    build: Callable[[], list[tuple[Ban, float]]] | None = None
+
+    def materialize(self) -> None:
+        """Make `bans` if the read left them for later."""
+        if self.build is not None:
+            self.bans, self.build = self.build(), None
 
 
 @dataclass

@@ -21,14 +21,17 @@ Bans are never written for exempt addresses or trusted proxies (skipped, counted
 from __future__ import annotations
 
 import logging
+import os
+import select
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from ..bans.follow import Inbox, RedisFollower
 from ..bans.index import BanIndex, Delta
-from ..bans.model import Ban, IPNetwork, Protected, parse_target
+from ..bans.model import Ban, IPNetwork, Protected, network_of, parse_target
 from ..bans.store import BanEvent, MemoryBanList, Snapshot
 from ..logevery import LogEvery
 from .kernel_ops import KernelOps
@@ -43,6 +46,8 @@ RETRY_AFTER = 1.0
 KERNEL_POLL = 1.0
 #: every this many drift checks compares every prefix (the others compare counts)
 FULL_CHECK_EVERY = 10
+#: the longest netlimitd waits at start for the list to be in the kernel before READY=1
+READY_WAIT = 30.0
 #: distinct `rule` label values in the metrics (a list may carry any text; the rest: "other")
 MAX_RULE_LABELS = 100
 
@@ -76,6 +81,11 @@ class BanFollower:
         self.load_seconds = 0.0  # the last whole write of the sets
         self.list_timings: dict[str, Any] = {}  # the last whole list: read, index, kernel (ms)
         self.lists = 0  # whole lists received (start, reconnects)
+        self.ready_seconds = 0.0  # how long READY=1 waited for the first list (start)
+        self.first_loaded = False  # a whole list has been in the kernel since start
+        # a whole list written to the kernel from its prefixes alone, its index still to
+        # make: (the snapshot, when its handling began, what the kernel was given)
+        self._unindexed: tuple[Snapshot, float, set[tuple[int, int, int]]] | None = None
         self.events = 0
         self.writes = 0
         self.write_errors = 0
@@ -106,6 +116,8 @@ class BanFollower:
             for r in config.network
             if r.escalate is not None and r.escalate.repeat is not None
         }
+        if self.redis is not None and not self.first_loaded and self.lists == 0:
+            self.index.cover = self.kernel.ban_sets_cover()  # started before the first apply chose the backend
         if config.ban_store != self.store_url:
             log.warning("bans.store changed to %s: it takes effect when netlimitd restarts", config.ban_store)
 
@@ -139,10 +151,55 @@ class BanFollower:
         if self.redis is not None:
             self.redis.stop()
 
+    @property
+    def loaded(self) -> bool:
+        """The list as the store had it at start is in the kernel (store: memory: the
+        kernel's own sets are the list, nothing to load)."""
+        return self.memory is not None or self.first_loaded
+
+    def wait_loaded(self, wake_fd: int, stop: Callable[[], bool], bound: float = READY_WAIT) -> bool:
+        """At start, before READY=1: run the main loop's ban work (the wake pipe `wake_fd`,
+        the retry timer) until the first list is in the kernel, at most `bound` seconds
+        or until `stop()` (a SIGTERM: the main loop handles it). False: not loaded (the
+        store does not answer, the kernel refused): the daemon is ready without it and
+        loads it when it can; the log says so."""
+        t0 = time.monotonic()
+        deadline = t0 + bound
+        while not self.loaded and not stop():
+            now = time.monotonic()
+            if now >= deadline:
+                log.warning(
+                    "bans: the list is not in the kernel %.0f s after start (%s); ready without it, "
+                    "it loads as soon as the store answers",
+                    bound,
+                    self.last_error or (self.redis.last_error if self.redis is not None else "") or "no answer yet",
+                )
+                return False
+            try:
+                wait = min(0.25, deadline - now)
+                if self.need_reload:
+                    wait = max(0.0, min(wait, self.retry_at - now))
+                ready, _, _ = select.select([wake_fd], [], [], wait)
+            except InterruptedError:
+                ready = []
+            if ready:
+                try:
+                    while os.read(wake_fd, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            self.on_wake()
+            if self.need_reload and time.monotonic() >= self.retry_at:
+                self.reload("retry")
+        self.ready_seconds = time.monotonic() - t0
+        return self.loaded
+
     # --- the main loop's calls -----------------------------------------------------------
 
     def next_timer(self) -> float:
         """When the main loop must call `tick` (monotonic)."""
+        if self._unindexed is not None:
+            return 0.0  # at once (tick makes the index)
         t = [self.next_poll if self.escalating else float("inf")]
         nd = self.index.next_deadline()
         if nd is not None:
@@ -158,6 +215,7 @@ class BanFollower:
             return
         delta = Delta()
         for kind, item in items:
+            self._settle()  # what follows a list written ahead of its index needs the index
             if kind == "snapshot":
                 self._snapshot(item)
                 delta = Delta()  # the reload wrote everything
@@ -169,6 +227,7 @@ class BanFollower:
         self._write(delta)
 
     def tick(self) -> None:
+        self._settle()
         now = self.clock()
         if self.need_reload and now >= self.retry_at:
             self.reload("retry")
@@ -192,6 +251,7 @@ class BanFollower:
         """Drift: compare the kernel's sets with the list; reload them when they differ.
         Most checks compare counts (on nftables a dump of every element, no more); every
         FULL_CHECK_EVERY-th one compares every prefix."""
+        self._settle()
         self.verifies += 1
         full = self.verifies % FULL_CHECK_EVERY == 1
         try:
@@ -238,6 +298,70 @@ class BanFollower:
 
     def _snapshot(self, snap: Snapshot) -> None:
         t0 = time.monotonic()
+        if not self.kernel_known and snap.prefixes is not None:
+            # a whole write (start, after an apply or a refusal): the kernel first, from the
+            # prefixes alone; the bans and their index are made after (_settle), so that a
+            # restart is ready with 100,000 bans in ~1 s instead of 3-4 (issue 35)
+            written = self._load_prefixes(snap.prefixes, self._since(snap.received))
+            if written is not None:
+                self._unindexed = (snap, t0, written)
+                self.first_loaded = True
+                return
+        self._index_snapshot(snap, t0)
+
+    def _load_prefixes(
+        self, prefixes: list[tuple[int, int, int, float]], waited: float
+    ) -> set[tuple[int, int, int]] | None:
+        """Write the kernel's sets whole from (version, first, length, left) tuples: the
+        protected ones left out, the outermost only where the sets refuse overlaps, the
+        longest-lived max_entries. What was written (None: the kernel refused; the usual
+        path then retries)."""
+        allows = self.protected.allows
+        keep = []
+        for v, a, p, left in prefixes:
+            left -= waited
+            hi = a + (1 << ((32 if v == 4 else 128) - p)) - 1
+            if left > 0.05 and allows(v, a, hi):
+                keep.append((v, a, p, hi, left))
+        if len(keep) > self.max_entries:
+            keep = sorted(keep, key=lambda k: -k[4])[: self.max_entries]
+        keep.sort()  # ascending: the order the kernel's interval tree takes fastest
+        if self.index.cover:  # by start, the shorter first: one nested in the last kept is hidden
+            out: list[tuple[int, int, int, int, float]] = []
+            lastv, lasthi = 0, -1
+            for k in keep:
+                if k[0] == lastv and k[1] <= lasthi:
+                    continue
+                out.append(k)
+                lastv, lasthi = k[0], k[3]
+            keep = out
+        t0 = time.monotonic()
+        try:
+            self.kernel.bans_replace_prefixes([(v, a, p, left) for v, a, p, _hi, left in keep])
+        except Exception as exc:
+            self._failed(f"loading {len(keep)} bans (list loaded)", exc)
+            return None
+        self.load_seconds = time.monotonic() - t0
+        self.loads += 1
+        self.need_reload = False
+        self.kernel_known = True
+        log.info("bans: %d in the kernel (list loaded, %.0f ms)", len(keep), self.load_seconds * 1000)
+        return {(v, a, p) for v, a, p, _hi, _left in keep}
+
+    def _settle(self) -> None:
+        """Make the index of a list written ahead of it; write what differs from what
+        the kernel was given (nothing, unless the list held a prefix twice)."""
+        if self._unindexed is None:
+            return
+        snap, t0, written = self._unindexed
+        self._unindexed = None
+        t1 = time.monotonic()
+        self._index_snapshot(snap, t1, written=written)
+        self.list_timings["kernel_ms"] = round((t1 - t0) * 1000, 1)
+        self.list_timings["index_after_kernel"] = True  # READY=1 came before index_ms
+
+    def _index_snapshot(self, snap: Snapshot, t0: float, written: set[tuple[int, int, int]] | None = None) -> None:
+        snap.materialize()
         before = set(self.index.bans)
         waited = self._since(snap.received)
         live = [(b, left - waited) for b, left in snap.bans if self._allowed(b)]
@@ -247,12 +371,18 @@ class BanFollower:
         delta = self.index.replace(live)
         t1 = time.monotonic()
         self.last_error = ""
-        if self.kernel_known:  # a reconnect: the kernel holds what we wrote; write the difference
+        if written is not None:  # the kernel holds `written`: only a difference to write
+            shown = {(n.version, int(n.network_address), n.prefixlen): n for n in self.index.shown}
+            add = {n: self.index.shown[n] for k, n in shown.items() if k not in written}
+            self._write(Delta(add, {network_of(*k) for k in written if k not in shown}))
+            how = "whole"
+        elif self.kernel_known:  # a reconnect: the kernel holds what we wrote; write the difference
             self._write(delta)
             how = "changes"
         else:  # the first list since start, an apply or a refusal: the whole set, one transaction
             self.reload("list loaded")
             how = "whole"
+            self.first_loaded = self.first_loaded or self.kernel_known
         self.list_timings = {
             "bans": len(live),
             "read_ms": round(snap.read_seconds * 1000, 1),
@@ -283,6 +413,7 @@ class BanFollower:
 
     def reload(self, why: str) -> None:
         """Write the whole set (one transaction)."""
+        self._settle()
         now = self.clock()
         bans = {n: dl - now for n, dl in self.index.shown.items() if dl - now > 0.05}
         t0 = time.monotonic()
@@ -446,6 +577,7 @@ class BanFollower:
             "lists": self.lists,
             "last_load_ms": round(self.load_seconds * 1000, 1),
             "last_list": self.list_timings,
+            "ready_wait_ms": round(self.ready_seconds * 1000, 1),
             "events": self.events,
             "writes": self.writes,
             "write_errors": self.write_errors,

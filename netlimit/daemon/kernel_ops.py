@@ -117,6 +117,11 @@ class KernelOps:
     def bans_replace(self, bans) -> None:
         self._bans(lambda s, b: s.replace(b), bans)
 
+    def bans_replace_prefixes(self, prefixes) -> None:
+        from ..kernel.banset import replace_prefixes
+
+        self._bans(replace_prefixes, prefixes)
+
     def bans_change(self, add, remove) -> None:
         self._bans(lambda s, a, r: s.change(a, r), add, remove)
 

@@ -299,11 +299,18 @@ class Daemon:
         if self.metrics_addr:
             self.metrics = Metrics(self.kernel, self.status)
         self._lockout_warn(loaded, "start")
+        if loaded.config.bans_on and loaded.config.ban_store != "memory":
+            # the list's read (a thread) goes on while the first apply runs (issue 35)
+            self._bans_follow(loaded.config)
         if not self._apply(loaded, "start"):
             return 2
         self._adopt(loaded)
         self._bans_follow(loaded.config)
         self._status_srv = open_status_socket(self.socket_path, self)
+        if self.bans is not None:  # READY=1 means the ban list is in the kernel (docs/reliability.md)
+            # before the nft watch: the kernel makes no notification of 100,000 elements
+            # nobody listens to (and the watch would read them all in Python)
+            self.bans.wait_loaded(self._wake_r, lambda: bool(self._pending & {signal.SIGTERM, signal.SIGINT}))
         self._start_nft_watch()
         if self.metrics and self.metrics_addr:
             self.metrics.serve(self.metrics_addr)

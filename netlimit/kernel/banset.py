@@ -73,3 +73,22 @@ def ban_sets(backend: str | None) -> BanSets:
     from .registry import backend as backend_of
 
     return backend_of(backend).ban_sets()
+
+
+def replace_prefixes(sets: BanSets, prefixes: list[tuple[int, int, int, float]]) -> None:
+    """sets.replace() from (version, first address, prefix length, seconds left) tuples
+    in ascending order, none inside another where the sets refuse overlaps.  A backend
+    whose sets can take the integers as they are (nftables: the elements are made from
+    them, no network objects -- a restart writes 100,000 of them before READY=1, issue 35)
+    has `replace_prefixes`; the others get networks."""
+    fast = getattr(sets, "replace_prefixes", None)
+    if fast is not None:
+        fast(prefixes)
+        return
+    sets.replace({_network(v, a, p): left for v, a, p, left in prefixes})
+
+
+def _network(version: int, first: int, plen: int) -> IPNetwork:
+    if version == 4:
+        return ipaddress.IPv4Network((first, plen))
+    return ipaddress.IPv6Network((first, plen))

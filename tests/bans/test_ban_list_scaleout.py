@@ -78,9 +78,10 @@ def test_the_list_survives_a_sentinel_failover(tmp_path, prefix):
             s.primary.kill()  # SIGKILL
             sink.items.clear()
             items = sink.wait_for(
-                lambda it: any(k == "snapshot" and v.bans for k, v in it), 30, "the whole list from the new primary"
+                lambda it: any(k == "snapshot" and v.prefixes for k, v in it), 30, "the whole list from the new primary"
             )
-            snap = next(v for k, v in items if k == "snapshot" and v.bans)
+            snap = next(v for k, v in items if k == "snapshot" and v.prefixes)
+            snap.materialize()  # a follower's list: its bans made when the main loop needs them
             assert [str(b.net) for b, _ in snap.bans] == ["203.0.113.0/24"]
             assert lst.add(N("198.51.100.0/24"), 60).added  # writes go to the promoted primary
         finally:

@@ -61,3 +61,34 @@ def test_bans_from_the_store_use_it():
     b = Ban.from_store(b"198.51.100.0/24", 100.0, '{"rule":"r","origin":"http"}')
     assert b is not None and b.net == ipaddress.ip_network("198.51.100.0/24") and b.rule == "r"
     assert Ban.from_store("198.51.100.1/24", 100.0, None) is None  # host bits: not a prefix
+
+
+def _same_ints(text: str) -> None:
+    """model.prefix_ints (a restart's kernel write, issue 35) describes what fast_network
+    makes, or is None where it raises; network_of makes that network back."""
+    try:
+        want = fast_network(text)
+    except ValueError:
+        assert model.prefix_ints(text) is None
+        return
+    got = model.prefix_ints(text)
+    assert got == (want.version, int(want.network_address), want.prefixlen)
+    back = model.network_of(*got)  # a scope (fe80::1%eth0) is not the kernel's: the address is
+    assert back == want or ("%" in text and str(back) == str(want).replace(f"%{want.network_address.scope_id}", ""))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.ip_addresses(), st.integers(0, 128), st.text(alphabet="0123456789abcdef.:/x% -+", max_size=24))
+def test_prefix_ints_are_fast_network_s(addr, plen, text):
+    plen = min(plen, addr.max_prefixlen)
+    _same_ints(str(ipaddress.ip_network(f"{addr}/{plen}", strict=False)))
+    _same_ints(f"{addr}/{plen}")
+    _same_ints(str(addr))
+    _same_ints(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["1.2.3.4/33", "1.2.3.4/+8", "01.2.3.4/32", "::1/129", "fe80::1%eth0/128", "0.0.0.0/0"]
+)
+def test_prefix_ints_of_odd_texts(text):
+    _same_ints(text)

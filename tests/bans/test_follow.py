@@ -48,6 +48,8 @@ def test_snapshot_then_changes_then_a_restart_of_redis(redis_factory, prefix):
     try:
         items = sink.wait_for(lambda it: "snapshot" in kinds(it), what="the first snapshot")
         snap = items[0][1]
+        assert snap.bans == [] and snap.prefixes == [(4, 0xCB007100, 24, pytest.approx(600, abs=5))]
+        snap.materialize()  # the main loop's: the bans, their details parsed, only when needed
         assert [str(b.net) for b, _ in snap.bans] == ["203.0.113.0/24"] and f.connected
         lst.add(N("198.51.100.7/32"), 60, rule="r")
         items = sink.wait_for(lambda it: "event" in kinds(it), what="the add")
@@ -63,6 +65,7 @@ def test_snapshot_then_changes_then_a_restart_of_redis(redis_factory, prefix):
         n0 = len(sink.items)
         items = sink.wait_for(lambda it: "snapshot" in kinds(it[n0:]), timeout=15, what="the reload")
         snap = next(x for k, x in items[n0:] if k == "snapshot")
+        snap.materialize()
         assert "2001:db8::/64" in {str(b.net) for b, _ in snap.bans}
         lst2.close()
     finally:

@@ -39,5 +39,7 @@ def test_the_drills_hold_at_a_small_scale(tmp_path):
         # a restart writes the whole set in one transaction, a reconnect only the difference
         assert r["load"]["daemon_restart"]["kernel_write"] == "whole", r["load"]
         assert r["load"]["daemon_reconnect"]["kernel_write"] == "changes", r["load"]
+        # READY=1 after a restart comes with the whole list in the kernel (issue 35)
+        assert r["ready"]["in_kernel_at_ready"] == 2000 and r["ready"]["ok"], r["ready"]
         assert r["outage"]["held_while_redis_down"] and r["outage"]["ok"], r["outage"]
         assert r["restart"] == {"bans": 2000, "same_set": True, "duplicates": 0, "ok": True}

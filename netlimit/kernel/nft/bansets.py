@@ -54,3 +54,26 @@ class NftBanSets:
                     if el.left_ms is not None and el.left_ms > 0:
                         out.append((name, net, el.left_ms / 1000))
         return out
+
+    def replace_prefixes(self, prefixes: list[tuple[int, int, int, float]]) -> None:
+        """replace() from (version, first address, prefix length, seconds left), ascending and
+        none inside another: the elements are made from the integers, byte for byte what
+        `add=` makes (banset.replace_prefixes)."""
+        changes = []
+        for f, width in ((4, 4), (6, 16)):
+            head, tail, key = nfelements.FIXED[width]
+            bits = 8 * width
+            top = 1 << bits
+            els = [nfelements.elem(bytes(width), end=True)]  # the set's lower bound, as nft writes it
+            add = els.append
+            for v, a, p, left in prefixes:
+                if v != f:
+                    continue
+                add(head + nfelements.to_timeout_ms(left).to_bytes(8, "big") + key + a.to_bytes(width, "big"))
+                after = a + (1 << (bits - p))
+                if after < top:
+                    add(tail + key + after.to_bytes(width, "big"))
+            changes.append(
+                nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, flush=True, elements=els if len(els) > 1 else None)
+            )
+        nfelements.write(changes, NFT_FAMILY)

@@ -65,7 +65,7 @@ def _nest(typ: int, payload: bytes) -> bytes:
     return attr(typ | NLA_F_NESTED, payload)
 
 
-def _elem(key: bytes, *, end: bool = False, timeout_ms: int | None = None) -> bytes:
+def elem(key: bytes, *, end: bool = False, timeout_ms: int | None = None) -> bytes:
     p = b""
     if end:
         p += attr(NFTA_SET_ELEM_FLAGS, struct.pack(">I", NFT_SET_ELEM_INTERVAL_END))
@@ -78,10 +78,10 @@ def _interval(net: IPNetwork, timeout_ms: int | None) -> list[bytes]:
     """The elements of one prefix in an interval set: its start, and its end unless the
     prefix reaches the top of the address space."""
     start = net.network_address.packed
-    out = [_elem(start, timeout_ms=timeout_ms)]
+    out = [elem(start, timeout_ms=timeout_ms)]
     after = int(net.broadcast_address) + 1
     if after < (1 << net.max_prefixlen):
-        out.append(_elem(after.to_bytes(len(start), "big"), end=True))
+        out.append(elem(after.to_bytes(len(start), "big"), end=True))
     return out
 
 
@@ -101,7 +101,7 @@ def _fixed(width: int) -> tuple[bytes, bytes, bytes]:
     return start, end, key
 
 
-_FIXED = {4: _fixed(4), 16: _fixed(16)}
+FIXED = {4: _fixed(4), 16: _fixed(16)}
 
 
 def _intervals(nets: dict[IPNetwork, float]) -> list[bytes]:
@@ -111,15 +111,15 @@ def _intervals(nets: dict[IPNetwork, float]) -> list[bytes]:
     for net, left in nets.items():
         start = net.network_address.packed
         width = len(start)
-        head, tail, key = _FIXED[width]
-        add(head + _timeout_ms(left).to_bytes(8, "big") + key + start)
+        head, tail, key = FIXED[width]
+        add(head + to_timeout_ms(left).to_bytes(8, "big") + key + start)
         after = int.from_bytes(start, "big") + (1 << (8 * width - net.prefixlen))
         if after < 1 << (8 * width):
             add(tail + key + after.to_bytes(width, "big"))
     return out
 
 
-def _timeout_ms(seconds: float) -> int:
+def to_timeout_ms(seconds: float) -> int:
     return max(1, min(MAX_TIMEOUT_MS, int(seconds * 1000)))
 
 
@@ -149,10 +149,11 @@ class Change:
     flush: bool = False
     add: dict[IPNetwork, float] | None = None
     delete: list[IPNetwork] | None = None
+    elements: list[bytes] | None = None  # elements to add, made by the caller (banset.py), in order
 
     @property
     def empty(self) -> bool:
-        return not self.flush and not self.add and not self.delete
+        return not self.flush and not self.add and not self.delete and not self.elements
 
 
 def _messages(ch: Change, family: int, seq0: int) -> list[bytes]:
@@ -172,18 +173,22 @@ def _messages(ch: Change, family: int, seq0: int) -> list[bytes]:
     if ch.delete:
         dels: list[bytes] = []
         for net in sorted(ch.delete, key=_order):
-            dels.extend(_interval(net, None) if ch.interval else [_elem(net.network_address.packed)])
+            dels.extend(_interval(net, None) if ch.interval else [elem(net.network_address.packed)])
         emit(NFT_MSG_DELSETELEM, dels)
     if ch.add:
         adds: list[bytes] = []
         if ch.interval:
             width = 4 if next(iter(ch.add)).version == 4 else 16
-            adds.append(_elem(bytes(width), end=True))  # the set's lower bound, as nft writes it
+            adds.append(elem(bytes(width), end=True))  # the set's lower bound, as nft writes it
         if ch.interval:
             adds.extend(_intervals(dict(sorted(ch.add.items(), key=lambda x: _order(x[0])))))
         else:
-            adds.extend(_elem(net.network_address.packed, timeout_ms=_timeout_ms(left)) for net, left in ch.add.items())
+            adds.extend(
+                elem(net.network_address.packed, timeout_ms=to_timeout_ms(left)) for net, left in ch.add.items()
+            )
         emit(NFT_MSG_NEWSETELEM, adds, NLM_F_CREATE)
+    if ch.elements:
+        emit(NFT_MSG_NEWSETELEM, ch.elements, NLM_F_CREATE)
     return msgs
 
 
