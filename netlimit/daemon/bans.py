@@ -338,7 +338,7 @@ class BanFollower:
         t0 = time.monotonic()
         try:
             self.kernel.bans_replace_prefixes([(v, a, p, left) for v, a, p, _hi, left in keep])
-        except Exception as exc:
+        except Exception as exc:  # the daemon outlives any refused write: counted, then a full reload
             self._failed(f"loading {len(keep)} bans (list loaded)", exc)
             return None
         self.load_seconds = time.monotonic() - t0
