@@ -30,10 +30,13 @@ import pytest
 import yaml
 from sidecar_proc import Sidecar, get_metrics, wait_until
 
-from netlimit.config.validate import load_file
+from netlimit.config.validate import load_file, load_string
+from netlimit.errors import ConfigError
 from netlimit.simulate.run import replay
 
 RULES = Path(__file__).resolve().parents[2] / "rules"
+#: Lyft's own config files (envoyproxy/ratelimit's tests and examples, vendored)
+UPSTREAM = Path(__file__).resolve().parents[1] / "rls" / "upstream"
 CLIENTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 #: requests per (client, path, headers): past every capped limit and burst
 REPEAT = 7
@@ -148,11 +151,46 @@ def _examples() -> list[tuple[str, dict]]:
         if f.name in LYFT_ACTIONS:
             doc["http"]["actions"] = LYFT_ACTIONS[f.name]
         out.append((f.name, doc))
+    out += _upstream()
     out.append(("replaces-by-netlimit-name", REPLACES_BY_NETLIMIT_NAME))
     out.append(("replaces-by-lyft-name", REPLACES_BY_LYFT_NAME))
     out.append(("quota-descriptors", QUOTAS))
     out.append(("http-quota-mode", _with_http(QUOTAS, quota_mode=True)))
     out.append(("http-shadow-mode", _with_http(QUOTAS, shadow_mode=True)))
+    return out
+
+
+def _chains(descs: list, above: list[str]) -> list[list[str]]:
+    """One action list per node of a Lyft descriptor tree: the generic entries that
+    reach it from the root (a key-only node gets the value "any", which it matches)."""
+    out = []
+    for d in descs or []:
+        if not isinstance(d, dict) or not d.get("key"):
+            continue
+        chain = [*above, f"generic:{d['key']}={d.get('value') or 'any'}"]
+        out.append(chain)
+        out += _chains(d.get("descriptors") or [], chain)
+    return out
+
+
+def _upstream() -> list[tuple[str, dict]]:
+    """Every Lyft config file in the vendored upstream tests that netlimit loads, with
+    actions that send every descriptor its tree names (Envoy would send them)."""
+    out = []
+    for f in sorted(UPSTREAM.rglob("*.yaml")):
+        try:
+            lyft = yaml.safe_load(f.read_text())
+        except yaml.YAMLError:  # bad_yaml.yaml
+            continue
+        if not isinstance(lyft, dict) or not isinstance(lyft.get("descriptors"), list):
+            continue
+        doc = {"version": 1, "http": {**lyft, "actions": _chains(lyft["descriptors"], [])}}
+        try:
+            load_string(yaml.safe_dump(doc, sort_keys=False))
+        except ConfigError:  # the upstream tests' invalid files (bad_*, duplicate_*, ...): nothing to replay
+            continue
+        out.append((f"lyft:{f.relative_to(UPSTREAM)}", doc))
+    assert len(out) >= 8, [n for n, _ in out]  # the parity run covers Lyft's own files, not none of them
     return out
 
 
