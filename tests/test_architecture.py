@@ -447,3 +447,56 @@ def test_the_name_check_sees_what_it_should():
         'z = k == "tc" or layer == "iptables"\n'
     )
     assert sorted(_name_compares(tree, names)) == [1, 2, 3, 5]
+
+
+# --- rooms a person can read (issue 30 item 6) ------------------------------------------
+
+MAX_FILE_LINES = 800
+MAX_FUNCTION_LINES = 100
+
+
+def _own_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines without the functions and classes defined inside it (each is
+    measured on its own)."""
+    inner = [
+        c for c in ast.walk(fn) if c is not fn and isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    ]
+    # nested definitions inside nested ones are inside the outer nested one's span: count the outermost only
+    spans = sorted((c.lineno, c.end_lineno or c.lineno) for c in inner)
+    covered, last = 0, 0
+    for a, b in spans:
+        if a > last:
+            covered += b - a + 1
+            last = b
+        elif b > last:
+            covered += b - last
+            last = b
+    return (fn.end_lineno or fn.lineno) - fn.lineno + 1 - covered
+
+
+def test_no_file_over_800_lines_and_no_function_over_100_lines_of_its_own():
+    big, long = [], []
+    for p in sorted(PKG.rglob("*.py")):
+        if "_pb2" in p.name:  # generated protobuf
+            continue
+        text = p.read_text()
+        rel = p.relative_to(PKG.parent)
+        if (n := len(text.splitlines())) > MAX_FILE_LINES:
+            big.append(f"{rel}: {n} lines")
+        for node in ast.walk(ast.parse(text)):
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and (n := _own_lines(node)) > MAX_FUNCTION_LINES
+            ):
+                long.append(f"{rel}:{node.lineno} {node.name}: {n} lines")
+    assert not big and not long, (
+        f"split along the seams (files <= {MAX_FILE_LINES} lines, functions <= {MAX_FUNCTION_LINES} of their own):\n"
+        + "\n".join(big + long)
+    )
+
+
+def test_the_length_check_sees_what_it_should():
+    src = "def f():\n" + "    x = 1\n" * 120 + "    def g():\n" + "        y = 2\n" * 50 + "    return x\n"
+    fn = ast.parse(src).body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    assert _own_lines(fn) == 1 + 120 + 1  # def line, its body, return; g's 51 lines are g's own
