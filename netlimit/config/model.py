@@ -610,6 +610,35 @@ class BansConfig(Strict):
         return v
 
 
+# --- ingress stage -------------------------------------------------------------
+
+
+class IngressConfig(Strict):
+    """Match deny and the bans in an nftables ingress hook chain on these interfaces,
+    before conntrack and routing (docs/xdp.md, "Stages"); nftables backend only."""
+
+    interfaces: list[str] = Field(
+        min_length=1,
+        max_length=256,
+        description="interfaces whose arriving packets meet deny and the bans at the ingress hook, e.g. [eth0]; "
+        "loopback is never hooked; packets arriving on other interfaces still meet them in the input chain",
+    )
+
+    @field_validator("interfaces")
+    @classmethod
+    def _ifaces(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", name) or name in (".", ".."):
+                raise ValueError(
+                    f"interface {name!r} is not a valid Linux interface name (1-15 characters, no '/' or spaces)"
+                )
+            if name == "lo":
+                raise ValueError("interface 'lo': loopback traffic is local and is never hooked at ingress")
+        if len(set(v)) != len(v):
+            raise ValueError("an interface is listed twice")
+        return v
+
+
 # --- the file ------------------------------------------------------------------
 
 
@@ -629,6 +658,11 @@ class Config(Strict):
     bandwidth: list[BandwidthRule] = Field(default_factory=list, description="L3/L4 shaping (tc)")
     http: HttpConfig | None = Field(None, description="L7 sidecar rules")
     bans: BansConfig | None = Field(None, description="the shared ban list (README: Escalation and bans)")
+    ingress: IngressConfig | None = Field(
+        None,
+        description="nftables: also match deny and the bans in an ingress hook chain on these interfaces, "
+        "before conntrack (docs/xdp.md, Stages); without it they are matched in the input chain only",
+    )
     on_stop: Literal["flush", "keep"] = Field(
         "flush", description="daemon stop: remove rules (flush) or leave them in place (keep)"
     )

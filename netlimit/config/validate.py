@@ -232,3 +232,16 @@ def recent_bucket_warnings(loaded: Loaded) -> list[Problem]:
                 )
             )
     return loaded.decode(out)
+
+
+def ingress_ignored_warnings(loaded: Loaded) -> list[Problem]:
+    """`ingress:` under a legacy x_tables backend (its backend asks: FilterBackend.warnings):
+    x_tables have no ingress hook, so deny and the bans stay in INPUT."""
+    if loaded.config.ingress is None:
+        return []
+    line, col = loaded.position("ingress")
+    msg = (
+        "warning: ingress: needs the nftables backend (x_tables have no ingress hook); "
+        "deny and the bans are matched in INPUT"
+    )
+    return loaded.decode([Problem(loaded.path, line, col, "ingress", msg)])

@@ -28,6 +28,7 @@ from .network_common import (
     log_prefix,
     short_name,
 )
+from .nft import ingress as nft_ingress
 from .nft.compile import compile_nft
 from .objects import (
     CHAIN_FORWARD,
@@ -629,10 +630,14 @@ def compile_bandwidth(config: Config, hz: int) -> list[Device]:
 # --- the whole file -------------------------------------------------------------
 
 
-def compile_config(config: Config, hz: int | None = None) -> Desired:
-    """Compile a validated config into the objects netlimit installs."""
+def compile_config(config: Config, hz: int | None = None, ingress_problem: str | None = nft_ingress.PROBE) -> Desired:
+    """Compile a validated config into the objects netlimit installs. `ingress_problem`:
+    why the host has no nftables ingress hook (None: it has one); by default the host is
+    asked, only when the file has an `ingress:` section."""
     if hz is None:
         hz = kl.host_limits().hz
+    if ingress_problem == nft_ingress.PROBE:
+        ingress_problem = nft_ingress.hook_problem() if config.ingress is not None else None
     chains, rules = compile_network(config)
     devices = compile_bandwidth(config, hz)
     names = tuple(r.name for r in config.network) + tuple(b.name for b in config.bandwidth)
@@ -642,7 +647,7 @@ def compile_config(config: Config, hz: int | None = None) -> Desired:
         devices=tuple(devices),
         rule_names=names,
         notes=(f"HZ={hz}",),
-        nft=compile_nft(config),
+        nft=compile_nft(config, ingress_problem),
         ipsets=tuple(compile_ipsets(config)),
         summary=summarize(config),
         config=config,

@@ -155,6 +155,12 @@ NFT_FAMILY = "inet"
 NFT_TABLE = "netlimit"
 NFT_PRIORITY = -10  # nft spells it "filter - 10"
 NFT_CHAINS = {"input": "input", "forward": "forward"}  # base chain -> hook
+# The `ingress:` stage (docs/xdp.md, "Stages"): one base chain `ingress` on the inet
+# family's ingress hook (kernel >= 5.10, nft >= 1.0.1) for the listed devices, holding
+# exempt, deny and the bans before the IP stack (no conntrack, no routing yet). Its
+# priority runs it before any other ingress chain of the namespace at the default 0.
+NFT_INGRESS_CHAIN = "ingress"
+NFT_INGRESS_PRIORITY = -500
 NFT_RULE_CHAIN_PREFIX = "rule-"  # each network rule's own chain: rule-<name>, jumped to in file order
 NFT_TAG_LEN = 12  # hex digits of the fingerprint in every comment
 # The ban list every netlimitd follows (netlimit.bans): one interval set per family whose
@@ -169,18 +175,23 @@ NFT_OVER_CHAIN_PREFIX = "over-"  # over-<rule>: what an escalating rule does wit
 
 @dataclass(frozen=True)
 class NftChain:
-    """A base chain ("input", "forward": hook set) or a rule's own chain (hook None)."""
+    """A base chain ("input", "forward", "ingress": hook set) or a rule's own chain (hook
+    None); an ingress chain names its devices."""
 
     name: str
     hook: str | None = None
     priority: int = NFT_PRIORITY
     policy: str = "accept"
+    devices: tuple[str, ...] = ()
 
     @property
     def spec(self) -> str:
         if self.hook is None:
             return ""
-        return f"type filter hook {self.hook} priority {self.priority}; policy {self.policy};"
+        devs = ""
+        if self.devices:
+            devs = " devices = { " + ", ".join(f'"{d}"' for d in self.devices) + " }"
+        return f"type filter hook {self.hook}{devs} priority {self.priority}; policy {self.policy};"
 
 
 @dataclass(frozen=True)
@@ -222,6 +233,8 @@ class NftTable:
     chains: tuple[NftChain, ...] = ()
     sets: tuple[NftSet, ...] = ()
     rules: tuple[NftRule, ...] = ()
+    #: where deny and the bans are matched, for `plan` (not part of the kernel state)
+    stage: str = field(default="", compare=False, hash=False)
 
     @property
     def empty(self) -> bool:

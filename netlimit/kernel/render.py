@@ -304,7 +304,11 @@ def nft_dict(desired: Desired) -> dict[str, Any]:
     t = desired.nft
     return {
         "table": f"{NFT_FAMILY} {NFT_TABLE}",
-        "chains": [{"name": c.name, "hook": c.hook, "priority": c.priority, "policy": c.policy} for c in t.chains],
+        "chains": [
+            {"name": c.name, "hook": c.hook, "priority": c.priority, "policy": c.policy}
+            | ({"devices": list(c.devices)} if c.devices else {})
+            for c in t.chains
+        ],
         "sets": [
             {"name": s.name, "rule": s.rule or None, "spec": s.spec, "elements": list(s.elements), "comment": s.comment}
             for s in t.sets

@@ -59,6 +59,7 @@ from ..objects import (
     NFT_BAN_SETS,
     NFT_DENY_SETS,
     NFT_FAMILY,
+    NFT_INGRESS_CHAIN,
     NFT_RULE_CHAIN_PREFIX,
     NFT_TABLE,
     Desired,
@@ -258,7 +259,13 @@ class NftPlan:
 def _same_chain(want: NftChain, live: nfnetlink.Chain) -> bool:
     if want.hook is None:
         return live.hook is None
-    return (live.type, live.hook, live.priority, live.policy) == ("filter", want.hook, want.priority, want.policy)
+    return (live.type, live.hook, live.priority, live.policy, live.devices) == (
+        "filter",
+        want.hook,
+        want.priority,
+        want.policy,
+        tuple(sorted(want.devices)),
+    )
 
 
 def _chain_decl(c: NftChain) -> str:
@@ -557,7 +564,8 @@ class NftablesBackend:
                     continue  # a jump to a rule's chain: its rules have the counters
                 row: dict[str, Any] = {
                     "rule": rule_of_comment(r.comment) if r.comment.startswith(COMMENT_PREFIX) else "(not netlimit's)",
-                    "layer": "nftables",
+                    # the ingress stage's rows say so: `list` shows `ingress+nftables`
+                    "layer": "ingress" if chain == NFT_INGRESS_CHAIN else "nftables",
                     "object": f"{chain}: {_shown(r, state)}",
                     "chain": chain,
                     "packets": r.packets,
@@ -591,7 +599,7 @@ def _table_of(state: NftState) -> tuple[NftTable, NftTable, list[str]]:
     known = state.known
     unknown: list[str] = []
     chains = tuple(
-        NftChain(c.name, c.hook, c.priority or 0, c.policy or "accept") if c.hook else NftChain(c.name)
+        NftChain(c.name, c.hook, c.priority or 0, c.policy or "accept", c.devices) if c.hook else NftChain(c.name)
         for c in t.chains.values()
     )
     sets: list[NftSet] = []

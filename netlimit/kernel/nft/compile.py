@@ -59,6 +59,8 @@ from ..objects import (
     NFT_CHAINS,
     NFT_DENY_SETS,
     NFT_ESCALATE_PREFIX,
+    NFT_INGRESS_CHAIN,
+    NFT_INGRESS_PRIORITY,
     NFT_KERNEL_BAN_PREFIX,
     NFT_OVER_CHAIN_PREFIX,
     NFT_RULE_CHAIN_PREFIX,
@@ -297,12 +299,30 @@ def deny_nets(config: Config, family: int) -> list:
     return list(ipaddress.collapse_addresses(nets))
 
 
-def compile_nft(config: Config) -> NftTable:
+def _ingress(config: Config, problem: str | None) -> tuple[list[NftChain], str]:
+    """The `ingress:` stage's chain (none when the file has no such section, nothing to
+    match there, or the host lacks the hook: `problem`) and where deny and the bans are
+    matched, in words, for `plan`."""
+    if config.ingress is None or not (config.deny or config.bans_on):
+        return [], ""  # the input chain, as ever (plan shows nothing new)
+    devs = ", ".join(config.ingress.interfaces)
+    if problem is not None:
+        return [], f"deny and bans: input chain (the ingress hook is unavailable: {problem})"
+    chain = NftChain(NFT_INGRESS_CHAIN, "ingress", NFT_INGRESS_PRIORITY, devices=tuple(config.ingress.interfaces))
+    return [chain], (
+        f"deny and bans: ingress hook on {devs} (priority {NFT_INGRESS_PRIORITY}, before conntrack), "
+        "then the input chain for packets of other interfaces"
+    )
+
+
+def compile_nft(config: Config, ingress_problem: str | None = None) -> NftTable:
     """The table for `config`'s exempt list and network rules (empty: no chains).
 
-    Order: the base chains (exempt rules, then one jump per network rule in file
-    order), then each rule's chain (IPv4 before IPv6, as the iptables chains read);
-    sets in the same order."""
+    Order: the base chains (the `ingress:` stage's chain first when there is one: exempt,
+    deny and bans only; then input and forward: exempt, deny, bans, then one jump per
+    network rule in file order), then each rule's chain (IPv4 before IPv6, as the
+    iptables chains read); sets in the same order. `ingress_problem`: why the host
+    cannot run the ingress hook (deny and bans then stay in the input chain alone)."""
     texts = {r.name: r.comment for r in config.network if r.comment}
     out = _Rules(texts)
     jumps: dict[str, list[str]] = {"input": [], "forward": []}  # base chain -> rule chains, in file order
@@ -329,6 +349,8 @@ def compile_nft(config: Config) -> NftTable:
         bases = [NftChain(c, NFT_CHAINS[c]) for c in ("input", "forward") if jumps[c]]
     if not bases:
         return NftTable()
+    ingress, stage = _ingress(config, ingress_problem)
+    bases = ingress + bases  # the ingress chain holds no jumps (no conntrack there: no limits)
     head = _Rules(texts)
     for family in (4, 6):
         nets = tuple(str(n) for n in config.exempt if n.version == family)
@@ -360,8 +382,11 @@ def compile_nft(config: Config) -> NftTable:
                 head.rule(c.name, family, "", body, [bans], f"banned by rule {bans.rule}", owner=COMMENT_BANS)
     notes = {r.name: describe_network(r) for r in config.network}
     for c in bases:
-        for name in jumps[c.name]:
+        for name in jumps.get(c.name, ()):
             head.rule(c.name, 0, name, f"jump {NFT_RULE_CHAIN_PREFIX}{name}", [], notes[name])
     return NftTable(
-        chains=tuple(bases + rule_chains), sets=tuple(head.sets + out.sets), rules=tuple(head.rules + out.rules)
+        chains=tuple(bases + rule_chains),
+        sets=tuple(head.sets + out.sets),
+        rules=tuple(head.rules + out.rules),
+        stage=stage,
     )

@@ -38,13 +38,13 @@ NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR = 0x1, 0x4, 0x300, 0x10
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLA_TYPE_MASK = 0x3FFF
 NFPROTO = {"inet": 1, "ip": 2, "ip6": 10}
-HOOKS = {0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting"}
+HOOKS = {0: "prerouting", 1: "input", 2: "forward", 3: "output", 4: "postrouting", 5: "ingress"}
 
 # attribute numbers (linux/netfilter/nf_tables.h)
 NFTA_TABLE_NAME = 1
 NFTA_CHAIN_TABLE, NFTA_CHAIN_HANDLE, NFTA_CHAIN_NAME, NFTA_CHAIN_HOOK = 1, 2, 3, 4
 NFTA_CHAIN_POLICY, NFTA_CHAIN_TYPE = 5, 7
-NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY = 1, 2
+NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY, NFTA_HOOK_DEV, NFTA_HOOK_DEVS = 1, 2, 3, 4
 NFTA_SET_TABLE, NFTA_SET_NAME, NFTA_SET_FLAGS, NFTA_SET_USERDATA, NFTA_SET_HANDLE = 1, 2, 3, 13, 16
 NFT_SET_ANONYMOUS = 0x1
 NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_HANDLE, NFTA_RULE_EXPRESSIONS, NFTA_RULE_USERDATA = 1, 2, 3, 4, 7
@@ -71,6 +71,7 @@ class Chain:
     hook: str | None = None  # None: a regular chain
     priority: int | None = None
     policy: str | None = None
+    devices: tuple[str, ...] = ()  # an ingress chain's devices, sorted
 
 
 @dataclass(slots=True)
@@ -148,6 +149,22 @@ def attr_list(buf: bytes) -> list[bytes]:
         out.append(buf[i + 4 : i + ln])
         i += (ln + 3) & ~3
     return out
+
+
+def _devices(hook: dict[int, bytes]) -> tuple[str, ...]:
+    """An ingress chain's devices: one NFTA_HOOK_DEV, or a list of names in NFTA_HOOK_DEVS."""
+    if NFTA_HOOK_DEV in hook:
+        return (_str(hook[NFTA_HOOK_DEV]),)
+    devs = hook.get(NFTA_HOOK_DEVS)
+    names: list[str] = []
+    i = 0
+    while devs and i + 4 <= len(devs):
+        ln = struct.unpack_from("=H", devs, i)[0]
+        if ln < 4:
+            break
+        names.append(_str(devs[i + 4 : i + ln]))
+        i += (ln + 3) & ~3
+    return tuple(sorted(names))
 
 
 def _str(b: bytes | None) -> str:
@@ -421,6 +438,7 @@ def _read_once(nl: Socket, name: str, family: str) -> Table | None:
             c.hook = HOOKS.get(_be(h.get(NFTA_HOOK_HOOKNUM)), str(_be(h.get(NFTA_HOOK_HOOKNUM))))
             c.priority = struct.unpack(">i", h.get(NFTA_HOOK_PRIORITY, b"\0\0\0\0"))[0]
             c.policy = "accept" if _be(a.get(NFTA_CHAIN_POLICY)) == 1 else "drop"
+            c.devices = _devices(h)
         t.chains[c.name] = c
         t.rules[c.name] = []
     for buf in _dump(nl, NFT_MSG_GETSET, fam, attr(NFTA_SET_TABLE, tname)):

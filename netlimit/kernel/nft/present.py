@@ -25,12 +25,16 @@ def plan_sections(desired: Desired) -> list[str]:
         "",
         f"# --- nftables (table {NFT_FAMILY} {NFT_TABLE}, priority filter - 10; "
         "paste into `nft -f -` where the table does not exist yet) ---",
+        *([f"# {desired.nft.stage}"] if desired.nft.stage else []),
         nft_text(desired).rstrip("\n"),
     ]
 
 
 def plan_doc(desired: Desired) -> dict[str, Any]:
-    return {"backend": "nftables", "nftables": nft_dict(desired)}
+    doc: dict[str, Any] = {"backend": "nftables", "nftables": nft_dict(desired)}
+    if desired.nft.stage:
+        doc["stage"] = desired.nft.stage
+    return doc
 
 
 def warnings(loaded: Any) -> list[Any]:

@@ -82,7 +82,9 @@ class XtablesBackend:
         return present.plan_doc(desired)
 
     def warnings(self, loaded: Any) -> list[Any]:
-        return []
+        from ...config.validate import ingress_ignored_warnings
+
+        return ingress_ignored_warnings(loaded)
 
     def note(self, netns: str | None) -> str | None:
         return present.host_note(netns)
