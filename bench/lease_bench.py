@@ -58,11 +58,11 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
     from limits.aio import strategies as lstrat
     from limits.aio.storage import RedisStorage as LimitsRedis
 
-    from netlimit.limit.algorithms import Limit
+    from netlimit.limit.algorithms import FIXED_WINDOW, Limit
     from netlimit.limit.stores import LeasedRedisStore, RedisStore
 
     url = f"redis://127.0.0.1:{port}/0"
-    lim = Limit("fixed_window", LIMIT, PERIOD, name=f"bench-{uuid.uuid4().hex[:6]}")
+    lim = Limit(FIXED_WINDOW, LIMIT, PERIOD, name=f"bench-{uuid.uuid4().hex[:6]}")
     leased = LeasedRedisStore(url, key_prefix="nlL")
     plain = RedisStore(url, key_prefix="nlP")
     lstore = LimitsRedis(f"async+redis://127.0.0.1:{port}", implementation="redispy")

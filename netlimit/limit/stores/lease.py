@@ -134,6 +134,8 @@ class LeasedRedisStore(RedisStore):
         self._tick_start = monotonic()
         self._tick_end = self._tick_start + TICK
         self._sweeping: asyncio.Task | None = None
+        #: the keys whose lease call is under way (other decisions on them wait for it)
+        self._inflight: dict[str, asyncio.Future] = {}
 
     # -- the local rate ---------------------------------------------------------
 
@@ -207,11 +209,16 @@ class LeasedRedisStore(RedisStore):
         counts_denied = LEASING.get(limit.algorithm)
         if counts_denied is None or limit._dynamic or cost <= 0 or not self._lean or limit._deny0:
             return await self.hit(key, limit, cost)
+        k = limit._ns + key
+        while (fut := self._inflight.get(k)) is not None:  # a renewal of this key is under way: one at a time
+            await asyncio.shield(fut)
+            d = self.from_lease(key, limit, cost)
+            if d is not None:
+                return d
         st = self.lease_stats
         st.decisions += 1
         st.round_trips += 1
         now = monotonic()
-        k = limit._ns + key
         old = self._leases.pop(k, None)
         if old is None:
             self._seen(k, now)
@@ -227,7 +234,12 @@ class LeasedRedisStore(RedisStore):
             return await self.hit(key, limit, cost)
         extra = min(math.ceil(rate * LEASE_DEMAND), max(1, math.floor(limit.limit * LEASE_FRACTION))) if hot else 0
         sent = monotonic()
-        res = await self._lease_call(key, limit, cost, extra, back, bw)
+        fut = self._inflight[k] = asyncio.get_running_loop().create_future()
+        try:
+            res = await self._lease_call(key, limit, cost, extra, back, bw)
+        finally:
+            del self._inflight[k]
+            fut.set_result(None)
         try:
             allowed, lim, remaining = res[0] == 1, int(res[1]), int(res[2])
             retry_after, reset = float(res[3]), float(res[4])
