@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 
 from netlimit.config.validate import load_string
 from netlimit.limit import stores
-from netlimit.limit.algorithms import Limit
+from netlimit.limit.algorithms import FIXED_WINDOW, LEAKY_BUCKET, TOKEN_BUCKET, Limit
 from netlimit.limit.limiter import SRC_LOCAL, SRC_STORE, Limiter
 from netlimit.limit.metrics import Metrics
 from netlimit.limit.request import CheckRequest
@@ -92,7 +92,9 @@ def test_one_hot_key_never_over_and_few_round_trips(redis_server):
     assert st.granted > 0 and st.local > 0
 
 
-def _run_workers(url: str, n: int, limit: int, period: float, total_rate: float, dur: float) -> dict[int, list[int]]:
+def _run_workers(
+    url: str, n: int, limit: int, period: float, total_rate: float, dur: float, alg: str = FIXED_WINDOW
+) -> dict[int, list[int]]:
     p = prefix()
     start = time.time() + 1.5  # every process imported and connected before it
     env = dict(os.environ)
@@ -280,3 +282,42 @@ def test_concurrent_clients_on_one_hot_key_share_one_renewal(redis_server):
     print(f"64 clients: {n} decisions, admitted per window {dict(adm)}, {st}")
     assert adm and max(adm.values()) <= limit, adm
     assert st.granted > 0 and st.round_trips <= n // 4, st
+
+
+def test_buckets_lease_and_never_admit_more_than_the_bucket_allows(redis_server):
+    """token_bucket and leaky_bucket (no delay), one hot key far above its rate: the
+    admissions of the run are at most burst + rate x its duration (the bucket's own
+    bound), and most decisions make no round trip."""
+
+    async def one(alg: str):
+        lim = Limit(alg, 1000, 1.0, burst=200, name=f"hot-{alg}")
+        store = LeasedRedisStore(redis_server.url, key_prefix=prefix(), timeout_ms=1000)
+        admitted = n = 0
+        t0 = time.monotonic()
+        end = t0 + 1.5
+        try:
+            while time.monotonic() < end:
+                d = await decide(store, "k", lim)
+                n += 1
+                admitted += d.allowed
+        finally:
+            el = time.monotonic() - t0
+            await store.close()
+        return admitted, n, el, store.lease_stats
+
+    for alg in (TOKEN_BUCKET, LEAKY_BUCKET):
+        admitted, n, el, st = asyncio.run(one(alg))
+        print(f"{alg}: {admitted} admitted of {n} in {el:.2f}s, {st}")
+        assert admitted <= 200 + 1000 * el, (alg, admitted, el)
+        assert admitted >= 200 and st.granted > 0 and st.local > 0, (alg, st)
+
+
+def test_four_processes_token_bucket_at_twice_the_rate(redis_server):
+    total = _run_workers(redis_server.url, 4, 1000, 1.0, 2000.0, 3.0, TOKEN_BUCKET)
+    admitted = sum(b for _, b in total.values())
+    attempts = sum(a for a, _ in total.values())
+    print(f"token bucket, 4 processes at 2x: {admitted} admitted of {attempts}")
+    # the bucket starts full (burst = limit = 1000) and refills 1000/s; the workers
+    # run 3 s (plus scheduling: a second more at most is allowed for)
+    assert admitted <= 1000 + 1000 * 4.0, admitted
+    assert attempts > admitted

@@ -3,11 +3,12 @@ locally from quota reserved in Redis beforehand, still exact.
 
 A key is *hot* in this sidecar when its own recent local rate is at least
 :data:`HOT_RATE` decisions per second (counted over the last one to two
-:data:`TICK`).  For a hot key of a leasing algorithm (the two fixed windows) the
-store makes one atomic Lua call (``lua/fixed_window_lease.lua``) that decides the
-hit exactly as today's script does and, when it is admitted, **reserves** up to
-``extra`` more units of the window: they are added to the window's shared count
-like admitted hits.  The next hits on the key are answered from that
+:data:`TICK`).  For a hot key of a leasing algorithm (the two fixed windows,
+the token bucket, the leaky bucket without ``delay``) the store makes one atomic
+Lua call (``lua/fixed_window_lease.lua``, ``lua/bucket_lease.lua``) that decides
+the hit exactly as today's script does and, when it is admitted, **reserves** up
+to ``extra`` more units: they are added to the window's shared count (taken from
+the bucket) like admitted hits.  The next hits on the key are answered from that
 reservation in this process, without a round trip, until it is used up, it
 expires (:data:`LEASE_TTL`) or the window ends.  The unused part goes back to the
 window's count on the next call for the key (the same Lua call, before it
@@ -48,7 +49,7 @@ from time import monotonic
 from typing import Any
 
 from ...errors import StoreError
-from ..algorithms import FIXED_WINDOW, FIXED_WINDOW_ADMITTED, Decision, Limit
+from ..algorithms import FIXED_WINDOW, FIXED_WINDOW_ADMITTED, LEAKY_BUCKET, TOKEN_BUCKET, Decision, Limit
 from ..algorithms.base import _INF, _new
 from .base import hash_key
 from .cluster import key_slot
@@ -73,8 +74,15 @@ MAX_LEASES = 10_000
 MAX_TRACKED = 65_536
 #: most leases given back per sweep (the rest wait for the next tick)
 MAX_RETURNS = 256
-#: the leasing algorithms, and whether each counts denied hits (Lyft's fixed window)
-LEASING = {FIXED_WINDOW: True, FIXED_WINDOW_ADMITTED: False}
+#: the leasing algorithms: (their lease script, a denial lasts to the window's end
+#: (Lyft's counting saturates the window), they have windows); a leaky bucket with
+#: ``delay`` (queue mode) does not lease
+LEASING = {
+    FIXED_WINDOW: ("fixed_window_lease.lua", True, True),
+    FIXED_WINDOW_ADMITTED: ("fixed_window_lease.lua", False, True),
+    TOKEN_BUCKET: ("bucket_lease.lua", False, False),
+    LEAKY_BUCKET: ("bucket_lease.lua", False, False),
+}
 
 
 @dataclass(slots=True)
@@ -84,9 +92,10 @@ class Lease:
     w: int  # the window it was reserved in (index, as the script computes it)
     left: int  # units not used yet
     until: float  # monotonic: used before this (min(window end, sent + LEASE_TTL))
-    wend: float  # monotonic: the window's end, seen conservatively (sent + reset)
+    wend: float  # monotonic: the window's end, seen conservatively (sent + reset); inf for a bucket
     remaining: int  # the window's remaining after the reservation (reported)
-    denied: bool = False  # the window is over (Lyft's count saturated): deny to wend
+    resets: float  # monotonic: when the reported reset comes (the window's end, a bucket's refill)
+    denied: bool = False  # a remembered denial: hits above `remaining` are denied until `until`
 
 
 @dataclass(slots=True)
@@ -112,10 +121,11 @@ def lease_lua(limit: Limit) -> tuple[str, bytes]:
     s = _LEASE_LUA.get(limit._sig)
     if s is None:
         head = limit_lua(limit).split("\n", 1)[0]
+        script, counts_denied, _ = LEASING[limit.algorithm]
         lua = resources.files(__package__).joinpath("lua")
         prelude = lua.joinpath("_prelude.lua").read_text("utf-8")
-        body = lua.joinpath("fixed_window_lease.lua").read_text("utf-8")
-        src = f"{head}\n{prelude}local counts_denied = {'true' if LEASING[limit.algorithm] else 'false'}\n{body}"
+        body = lua.joinpath(script).read_text("utf-8")
+        src = f"{head}\n{prelude}local counts_denied = {'true' if counts_denied else 'false'}\n{body}"
         s = _LEASE_LUA[limit._sig] = (src, hashlib.sha1(src.encode("utf-8")).hexdigest().encode())
     return s
 
@@ -185,12 +195,15 @@ class LeasedRedisStore(RedisStore):
         lim = limit.limit
         d = _new(Decision)
         d.limit = lim
-        d.reset = ls.wend - now
+        d.reset = ls.resets - now if ls.resets > now else 0.0
         d.delay = 0.0
         if ls.denied:
+            if cost <= ls.remaining:  # a smaller hit may pass: ask Redis
+                return None
             d.allowed = False
-            d.remaining = 0
-            d.retry_after = _INF if cost > lim else d.reset
+            d.limit = limit._cap
+            d.remaining = ls.remaining
+            d.retry_after = _INF if cost > limit._cap else d.reset
         elif ls.left >= cost:
             ls.left -= cost
             d.allowed = True
@@ -206,9 +219,10 @@ class LeasedRedisStore(RedisStore):
         """A decision of a rule that leases, when :meth:`from_lease` had none: a
         cold key (or one not leasing) goes the one-trip way; a hot one renews its
         lease, giving back the previous one's rest in the same call."""
-        counts_denied = LEASING.get(limit.algorithm)
-        if counts_denied is None or limit._dynamic or cost <= 0 or not self._lean or limit._deny0:
+        how = LEASING.get(limit.algorithm)
+        if how is None or limit._dynamic or limit.delay or cost <= 0 or not self._lean or limit._deny0:
             return await self.hit(key, limit, cost)
+        _, counts_denied, windowed = how
         k = limit._ns + key
         while (fut := self._inflight.get(k)) is not None:  # a renewal of this key is under way: one at a time
             await asyncio.shield(fut)
@@ -232,7 +246,7 @@ class LeasedRedisStore(RedisStore):
         hot = rate >= HOT_RATE and (old is not None or len(self._leases) < MAX_LEASES)
         if not hot and not back:
             return await self.hit(key, limit, cost)
-        extra = min(math.ceil(rate * LEASE_DEMAND), max(1, math.floor(limit.limit * LEASE_FRACTION))) if hot else 0
+        extra = min(math.ceil(rate * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION))) if hot else 0
         sent = monotonic()
         fut = self._inflight[k] = asyncio.get_running_loop().create_future()
         try:
@@ -249,9 +263,9 @@ class LeasedRedisStore(RedisStore):
         st.returned_units += given
         if back > given:  # the window was over (or had moved on): nothing to give back to
             st.expired_units += back - given
-        wend = sent + reset
+        wend = sent + reset if windowed else math.inf
         if allowed and grant > 0:
-            ls = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining)
+            ls = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset)
             other = self._leases.get(k)  # a concurrent call's lease meanwhile
             if other is not None and other.w == w and not other.denied:
                 ls.left += other.left
@@ -261,8 +275,12 @@ class LeasedRedisStore(RedisStore):
             self._leases[k] = ls
             st.granted += 1
             st.granted_units += grant
-        elif not allowed and counts_denied and hot and k not in self._leases:
-            self._leases[k] = Lease(w, 0, wend, wend, 0, True)  # saturated until the window ends
+        elif not allowed and hot and k not in self._leases and retry_after < math.inf:
+            # a denial answers this key's bigger hits for a while: Lyft's window is saturated to its
+            # end; elsewhere for the retry time, at most LEASE_TTL (a give-back elsewhere may free
+            # quota sooner: an early denial, never an admission too many)
+            until = wend if counts_denied else sent + min(retry_after, LEASE_TTL)
+            self._leases[k] = Lease(w, 0, until, wend, remaining, sent + retry_after, True)
         return Decision(allowed, lim, remaining, 0.0 if allowed else retry_after, reset)
 
     def held(self) -> int:
