@@ -321,3 +321,38 @@ def test_four_processes_token_bucket_at_twice_the_rate(redis_server):
     # run 3 s (plus scheduling: a second more at most is allowed for)
     assert admitted <= 1000 + 1000 * 4.0, admitted
     assert attempts > admitted
+
+
+def test_leases_on_a_redis_cluster(redis_cluster):
+    """The same lease calls through a 3-primary cluster (the key's slot owner; no
+    failover here): never over the limit, exactly the limit in full windows, few
+    round trips, for four hot keys (on the primaries owning their slots)."""
+    limit, period = 500, 0.5
+    lim = Limit(FIXED_WINDOW, limit, period, name="hot-cluster")
+
+    async def main():
+        store = LeasedRedisStore(redis_cluster.url, key_prefix=prefix(), timeout_ms=2000)
+        await store.start()
+        adm: Counter[tuple[str, int]] = Counter()
+        n = 0
+        end = time.monotonic() + 1.6
+        try:
+            while time.monotonic() < end:
+                for key in ("a", "b", "c", "d"):
+                    d = await decide(store, key, lim)
+                    n += 1
+                    if d.allowed:
+                        adm[(key, window_of(d, period))] += 1
+        finally:
+            await store.close()
+        return adm, n, store.lease_stats
+
+    adm, n, st = asyncio.run(main())
+    print(f"cluster: {n} decisions, {st.round_trips} round trips, admitted {dict(adm)}")
+    assert adm and max(adm.values()) <= limit, adm
+    for key in ("a", "b", "c", "d"):
+        ws = sorted(w for k, w in adm if k == key)
+        assert len(ws) >= 3, adm
+        for w in ws[1:-1]:
+            assert adm[(key, w)] == limit, (key, w, adm)
+    assert st.round_trips <= 0.05 * n, st
