@@ -484,8 +484,8 @@ class HttpConfig(Strict):
     leases: bool = Field(
         False,
         description="Redis: a key this sidecar sees hot reserves a little of its window's quota and is decided "
-        "locally from it, still exact (fixed_window, token_bucket, leaky_bucket without delay; "
-        "docs/performance.md, Leased quota); takes effect at restart",
+        "locally from it, still exact (fixed_window, sliding_window_counter, token_bucket, leaky_bucket without "
+        "delay; docs/performance.md, Leased quota); takes effect at restart",
     )
     max_keys: int = Field(
         100_000,

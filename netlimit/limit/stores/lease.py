@@ -4,8 +4,8 @@ locally from quota reserved in Redis beforehand, still exact.
 A key is *hot* in this sidecar when its own recent local rate is at least
 :data:`HOT_RATE` decisions per second (counted over the last one to two
 :data:`TICK`).  For a hot key of a leasing algorithm (the two fixed windows,
-the token bucket, the leaky bucket without ``delay``) the store makes one atomic
-Lua call (``lua/fixed_window_lease.lua``, ``lua/bucket_lease.lua``) that decides
+the sliding window counter, the token bucket, the leaky bucket without ``delay``)
+the store makes one atomic Lua call (``lua/*_lease.lua``) that decides
 the hit exactly as today's script does and, when it is admitted, **reserves** up
 to ``extra`` more units: they are added to the window's shared count (taken from
 the bucket) like admitted hits.  The next hits on the key are answered from that
@@ -49,7 +49,15 @@ from time import monotonic
 from typing import Any
 
 from ...errors import StoreError
-from ..algorithms import FIXED_WINDOW, FIXED_WINDOW_ADMITTED, LEAKY_BUCKET, TOKEN_BUCKET, Decision, Limit
+from ..algorithms import (
+    FIXED_WINDOW,
+    FIXED_WINDOW_ADMITTED,
+    LEAKY_BUCKET,
+    SLIDING_WINDOW_COUNTER,
+    TOKEN_BUCKET,
+    Decision,
+    Limit,
+)
 from ..algorithms.base import _INF, _new
 from .base import hash_key
 from .cluster import key_slot
@@ -82,6 +90,7 @@ LEASING = {
     FIXED_WINDOW_ADMITTED: ("fixed_window_lease.lua", False, True),
     TOKEN_BUCKET: ("bucket_lease.lua", False, False),
     LEAKY_BUCKET: ("bucket_lease.lua", False, False),
+    SLIDING_WINDOW_COUNTER: ("sliding_window_counter_lease.lua", False, True),
 }
 
 
@@ -258,12 +267,14 @@ class LeasedRedisStore(RedisStore):
             allowed, lim, remaining = res[0] == 1, int(res[1]), int(res[2])
             retry_after, reset = float(res[3]), float(res[4])
             grant, w, given = int(res[6]), int(res[7]), int(res[8])
+            # the window's end: the reply's 10th field where reset is not it (the sliding counter)
+            ends = float(res[9]) if len(res) > 9 else reset
         except (TypeError, ValueError, IndexError) as e:
             raise StoreError(f"redis lease for {key!r}: unexpected reply {res!r:.200}") from e
         st.returned_units += given
         if back > given:  # the window was over (or had moved on): nothing to give back to
             st.expired_units += back - given
-        wend = sent + reset if windowed else math.inf
+        wend = sent + ends if windowed else math.inf
         if allowed and grant > 0:
             ls = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset)
             other = self._leases.get(k)  # a concurrent call's lease meanwhile
