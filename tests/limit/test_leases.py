@@ -384,3 +384,29 @@ def test_sliding_window_counter_leases_and_stays_within_each_window(redis_server
     print(f"sliding_window_counter: {n} decisions, admitted per window {dict(adm)}, {st}")
     assert adm and max(adm.values()) <= limit, adm
     assert st.granted > 0 and st.round_trips <= 0.05 * n, st
+
+
+def test_a_lease_reports_what_the_store_reports(redis_server):
+    """Decisions from a lease carry the limit the store reports (the burst for a
+    bucket), a remaining never above the store's last answer, and a reset > 0."""
+    lim = Limit(TOKEN_BUCKET, 1000, 1.0, burst=300, name="hot-report")
+
+    async def main():
+        store = LeasedRedisStore(redis_server.url, key_prefix=prefix(), timeout_ms=1000)
+        try:
+            last = None
+            local = []
+            for _ in range(400):
+                d = store.from_lease("k", lim, 1)
+                if d is None:
+                    last = await store.hit_leasing("k", lim, 1)
+                elif d.allowed and last is not None:
+                    local.append((d, last))
+            return local
+        finally:
+            await store.close()
+
+    local = asyncio.run(main())
+    assert local
+    for d, last in local:
+        assert d.limit == 300 and d.remaining <= last.remaining and d.reset >= 0

@@ -201,16 +201,14 @@ class LeasedRedisStore(RedisStore):
         if now >= ls.until:
             return None
         st = self.lease_stats
-        lim = limit.limit
         d = _new(Decision)
-        d.limit = lim
+        d.limit = limit._cap  # the limit (windows), the burst (buckets)
         d.reset = ls.resets - now if ls.resets > now else 0.0
         d.delay = 0.0
         if ls.denied:
             if cost <= ls.remaining:  # a smaller hit may pass: ask Redis
                 return None
             d.allowed = False
-            d.limit = limit._cap
             d.remaining = ls.remaining
             d.retry_after = _INF if cost > limit._cap else d.reset
         elif ls.left >= cost:
