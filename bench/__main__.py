@@ -26,10 +26,11 @@ from pathlib import Path
 
 from .common import REPO, Mode, Section
 
-SECTIONS = ("inproc", "redis", "cluster", "http", "memory", "kernel", "accuracy", "simulate", "bans")
+SECTIONS = ("inproc", "redis", "leases", "cluster", "http", "memory", "kernel", "accuracy", "simulate", "bans")
 MODULES = {
     "inproc": "inproc",
     "redis": "redis_bench",
+    "leases": "lease_bench",
     "cluster": "cluster_bench",
     "http": "http_bench",
     "memory": "memory",

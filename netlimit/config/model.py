@@ -307,6 +307,11 @@ class Descriptor(LyftText):
         description="memory store: most states (client keys) this rule keeps; default: its share of "
         "http.max_keys (docs/security.md, Budgets and overrides)",
     )
+    lease: bool = Field(
+        True,
+        description="http.leases: off keeps this descriptor on one Redis round trip per decision, hot or not "
+        "(docs/performance.md, Leased quota)",
+    )
     unlimited: bool = False
     shadow_mode: bool = False
     quota_mode: bool = Field(
@@ -476,6 +481,12 @@ class HttpConfig(Strict):
         "local", description="when Redis is slow or down: allow (open), decide locally (local), or deny (closed)"
     )
     store_timeout_ms: int = Field(50, ge=1, le=60000, description="per-call Redis timeout")
+    leases: bool = Field(
+        False,
+        description="Redis: a key this sidecar sees hot reserves a little of its window's quota and is decided "
+        "locally from it, still exact (fixed_window, sliding_window_counter, token_bucket, leaky_bucket without "
+        "delay; docs/performance.md, Leased quota); takes effect at restart",
+    )
     max_keys: int = Field(
         100_000,
         ge=1,

@@ -178,6 +178,8 @@ class Limiter:
         self._breaker = Breaker(None)
         self._breakers: dict[Any, Breaker] = {}
         self._breaker_of: Callable[[str, Limit], Any] | None = getattr(store, "breaker_of", None)
+        #: http.leases: the store that leases quota for hot keys (stores/lease.py), else None
+        self._leasing: Any = store if hasattr(store, "from_lease") else None
         self._fail_log = LogEvery(log_interval, clock)
         self._rule_log = LogEvery(log_interval, clock)
         self._evict_log = LogEvery(log_interval, clock)
@@ -542,6 +544,11 @@ class Limiter:
             kb = self._key_budgets.get(rule)
             if kb is not None and not kb.admit(key, self._clock()):
                 return self._over_key_budget(key, rule, limit, cost, kb)
+        leasing = self._leasing if rule.lease else None
+        if leasing is not None:  # a hot key's lease answers without the store (and while it is down)
+            dec = leasing.from_lease(key, limit, cost)
+            if dec is not None:
+                return dec, SRC_STORE
         part = self._breaker_of
         b = self._breaker if part is None else self._part(part(key, limit))
         probe = False
@@ -550,7 +557,10 @@ class Limiter:
                 return self._fallback(key, limit, cost, b)
             b.probing = probe = True
         try:
-            dec = await self.store.hit(key, limit, cost)
+            if leasing is not None:
+                dec = await leasing.hit_leasing(key, limit, cost)
+            else:
+                dec = await self.store.hit(key, limit, cost)
         except Exception as exc:  # a StoreError, or a store's bug
             if trips(exc):  # the store (or this part of it) is sick: open its breaker
                 self._failed(exc, b)

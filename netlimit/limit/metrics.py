@@ -25,7 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 
 from .limiter import Limiter
 from .rules import OTHER, RuleStats
-from .stores import RedisStore
+from .stores import LeasedRedisStore, RedisStore
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
@@ -172,6 +172,8 @@ def _store_families(lim: Limiter):
     )
     if isinstance(lim.store, RedisStore):
         yield from _topology(lim.store)
+    if isinstance(lim.store, LeasedRedisStore):
+        yield from _leases(lim.store)
     h = st.latency
     buckets = []
     acc = 0
@@ -243,3 +245,30 @@ def _topology(store: RedisStore):
         if n.get("reachable") is not None:
             g.add_metric([n["address"], n["role"]], 1 if n["reachable"] else 0)
     yield g
+
+
+def _leases(store: LeasedRedisStore):
+    """http.leases (stores/lease.py): leases, the quota they hold, round trips per decision."""
+    ls = store.lease_stats
+    yield CounterMetricFamily("netlimit_http_leases_granted", "Leases of quota reserved for hot keys", value=ls.granted)
+    f = CounterMetricFamily(
+        "netlimit_http_lease_units",
+        "Units of quota leased (granted), given back unused (returned), or unused when the window ended "
+        "or the give-back failed (expired: never admitted, so never over the limit)",
+        labels=["what"],
+    )
+    f.add_metric(["granted"], ls.granted_units)
+    f.add_metric(["returned"], ls.returned_units)
+    f.add_metric(["expired"], ls.expired_units)
+    yield f
+    yield GaugeMetricFamily(
+        "netlimit_http_lease_held_units", "Units reserved in leases and not used yet", value=store.held()
+    )
+    yield CounterMetricFamily(
+        "netlimit_http_lease_decisions", "Decisions of the rules that lease (cost >= 1)", value=ls.decisions
+    )
+    yield CounterMetricFamily(
+        "netlimit_http_lease_round_trips",
+        "Redis calls those decisions made (round trips per decision = this / decisions)",
+        value=ls.round_trips,
+    )

@@ -153,6 +153,8 @@ class Rule:
     detailed: bool = False
     #: the descriptor's own ``max_keys`` (memory store budget), None: a share of http.max_keys
     max_keys: int | None = None
+    #: http.leases: False for a descriptor with ``lease: off`` (always the one-trip path)
+    lease: bool = True
 
     @property
     def description(self) -> str:
@@ -503,6 +505,7 @@ def _make_rule(
         steps=steps if by_value else None,
         detailed=d.detailed_metric,
         max_keys=d.max_keys,
+        lease=d.lease,
     )
     if d.unlimited:
         return Rule(

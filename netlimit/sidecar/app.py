@@ -50,7 +50,7 @@ from ..limit.actions import ActionPlan, BadAddress
 from ..limit.limiter import Limiter
 from ..limit.metrics import FrontStats, Metrics
 from ..limit.rules import from_loaded
-from ..limit.stores import MemoryStore, RedisStore
+from ..limit.stores import LeasedRedisStore, MemoryStore, RedisStore
 from ..logs import problem_fields
 from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
@@ -98,7 +98,8 @@ class Sidecar:
                 line, col = loaded.position("http", "storage") if redis_url is None else (0, 0)
                 where = self.config_path if redis_url is None else "--redis"
                 raise ConfigError([Problem(where, line, col, "http", f"storage {self.storage!r}: {problem}")])
-            store = RedisStore(self.storage, timeout_ms=http.store_timeout_ms, max_key_length=http.max_key_length)
+            kind = LeasedRedisStore if http.leases else RedisStore
+            store = kind(self.storage, timeout_ms=http.store_timeout_ms, max_key_length=http.max_key_length)
         self.limiter = Limiter(
             rules,
             store,

@@ -4,7 +4,8 @@ implement :class:`Store` and decide identically for identical inputs."""
 
 from ...errors import StoreError
 from .base import Store, hash_key
+from .lease import LeasedRedisStore
 from .memory import MemoryStore
 from .redis import RedisStore, limit_lua, load_lua
 
-__all__ = ["MemoryStore", "RedisStore", "Store", "StoreError", "hash_key", "limit_lua", "load_lua"]
+__all__ = ["LeasedRedisStore", "MemoryStore", "RedisStore", "Store", "StoreError", "hash_key", "limit_lua", "load_lua"]

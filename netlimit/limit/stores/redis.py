@@ -566,13 +566,21 @@ class RedisStore:
         raise RespConnectionError("redis: no server")  # not reached: a single server is always known
 
     async def _slow(
-        self, err: RespError | None, node: RespClient | None, limit: Limit, data: bytes, rkey: bytes, t0: float
+        self,
+        err: RespError | None,
+        node: RespClient | None,
+        limit: Limit,
+        data: bytes,
+        rkey: bytes,
+        t0: float,
+        src: str | None = None,
     ) -> Any:
         """A decision whose command did not simply answer (``err``; None: no node
         was known for the key).  At most _MAX_TRIES more commands, all within the
         call's timeout:
 
-        * NOSCRIPT: SCRIPT LOAD and the command again, pipelined on that node;
+        * NOSCRIPT: SCRIPT LOAD (``src``, default the limit's script) and the
+          command again, pipelined on that node;
         * MOVED: the slot's new owner is remembered (the map refreshed in the
           background) and the command goes there; from a single-server URL this
           turns the store into a cluster one (:meth:`_follow_cluster`);
@@ -617,7 +625,9 @@ class RedisStore:
                 raise RespTimeoutError(f"no time left for {limit.algorithm} after: {err}")
             futs = []
             if load:
-                futs.append(node.execute_command(b"SCRIPT", b"LOAD", limit_lua(limit), timeout=budget))
+                futs.append(
+                    node.execute_command(b"SCRIPT", b"LOAD", limit_lua(limit) if src is None else src, timeout=budget)
+                )
             if asking:
                 futs.append(node.send_packed(_ASKING, budget))
             futs.append(node.send_packed(data, budget))

@@ -1,0 +1,382 @@
+"""Leased quota on the Redis store (``http.leases: on``): hot keys decided
+locally from quota reserved in Redis beforehand, still exact.
+
+A key is *hot* in this sidecar when its own recent local rate is at least
+:data:`HOT_RATE` decisions per second (counted over the last one to two
+:data:`TICK`).  For a hot key of a leasing algorithm (the two fixed windows,
+the sliding window counter, the token bucket, the leaky bucket without ``delay``)
+the store makes one atomic Lua call (``lua/*_lease.lua``) that decides
+the hit exactly as today's script does and, when it is admitted, **reserves** up
+to ``extra`` more units: they are added to the window's shared count (taken from
+the bucket) like admitted hits.  The next hits on the key are answered from that
+reservation in this process, without a round trip, until it is used up, it
+expires (:data:`LEASE_TTL`) or the window ends.  The unused part goes back to the
+window's count on the next call for the key (the same Lua call, before it
+decides) or, for a key no longer asked about, from a sweep every tick; it is
+given back only when the window is still the one it was reserved in (and not
+over the limit: Lyft's counting keeps a window that denied once over to its
+end).
+
+Exactness: a unit is counted in Redis before it is admitted anywhere, and a
+lease is used only before the end of its window as seen from this host (its
+deadline is the window's ``reset`` from the moment the call was *sent*, earlier
+than or at the server's end), so the admissions of a window never exceed its
+limit, across any number of sidecars.  Giving back only lowers the count by
+units that were never admitted.  The price is early denials: quota reserved by
+one sidecar and unused is not available to another until it comes back.  A
+lease holds at most the key's next :data:`LEASE_DEMAND` seconds of local demand
+and at most :data:`LEASE_FRACTION` of the limit, so with N sidecars the quota held
+unused is at most ``N * LEASE_FRACTION`` of the limit at any time.
+
+A denial of Lyft's fixed window saturates the window's count until its end, so
+a hot key's denial is remembered to the window's end and answered locally too.
+
+Cold keys (and rules with ``lease: off``, limit overrides, cost-0 probes, other
+algorithms, the redis-py client) keep exactly the one-round-trip path of
+:class:`RedisStore`.  Redis down mid-lease: what is in hand is answered to its
+end (it was reserved), then the limiter's ``on_store_failure`` applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+from importlib import resources
+from time import monotonic
+from typing import Any
+
+from ...errors import StoreError
+from ..algorithms import (
+    FIXED_WINDOW,
+    FIXED_WINDOW_ADMITTED,
+    LEAKY_BUCKET,
+    SLIDING_WINDOW_COUNTER,
+    TOKEN_BUCKET,
+    Decision,
+    Limit,
+)
+from ..algorithms.base import _INF, _new
+from .base import hash_key
+from .cluster import key_slot
+from .redis import _STORE_FAILURES, RedisStore, _evalsha_frame, limit_lua
+from .resp import RespError
+
+log = logging.getLogger("netlimit.limit")
+
+#: decisions per second on one key, in this sidecar, from which the key leases
+HOT_RATE = 50.0
+#: the rate is counted per tick (this long), over the current and the previous one
+TICK = 0.1
+#: a lease covers this many seconds of the key's local demand...
+LEASE_DEMAND = 0.020
+#: ...and at most this fraction of the limit (per sidecar and key)
+LEASE_FRACTION = 0.05
+#: a lease unused for this long is given back (or at its window's end, if sooner)
+LEASE_TTL = 0.1
+#: most leases (keys) held at once; a key beyond is decided as a cold one
+MAX_LEASES = 10_000
+#: most keys whose rate is counted per tick; a key beyond is a cold one
+MAX_TRACKED = 65_536
+#: most leases given back per sweep (the rest wait for the next tick)
+MAX_RETURNS = 256
+#: the leasing algorithms: (their lease script, a denial lasts to the window's end
+#: (Lyft's counting saturates the window), they have windows); a leaky bucket with
+#: ``delay`` (queue mode) does not lease
+LEASING = {
+    FIXED_WINDOW: ("fixed_window_lease.lua", True, True),
+    FIXED_WINDOW_ADMITTED: ("fixed_window_lease.lua", False, True),
+    TOKEN_BUCKET: ("bucket_lease.lua", False, False),
+    LEAKY_BUCKET: ("bucket_lease.lua", False, False),
+    SLIDING_WINDOW_COUNTER: ("sliding_window_counter_lease.lua", False, True),
+}
+
+
+@dataclass(slots=True)
+class Lease:
+    """Quota of one key reserved in window ``w`` and not used yet."""
+
+    w: int  # the window it was reserved in (index, as the script computes it)
+    left: int  # units not used yet
+    until: float  # monotonic: used before this (min(window end, sent + LEASE_TTL))
+    wend: float  # monotonic: the window's end, seen conservatively (sent + reset); inf for a bucket
+    remaining: int  # the window's remaining after the reservation (reported)
+    resets: float  # monotonic: when the reported reset comes (the window's end, a bucket's refill)
+    denied: bool = False  # a remembered denial: hits above `remaining` are denied until `until`
+
+
+@dataclass(slots=True)
+class LeaseStats:
+    """Counters of the leasing path (netlimit/limit/metrics.py)."""
+
+    decisions: int = 0  # decisions of leasing rules (cost >= 1)
+    round_trips: int = 0  # the Redis calls they made
+    local: int = 0  # answered from a lease (or a remembered denial), no round trip
+    granted: int = 0  # leases granted
+    granted_units: int = 0
+    returned_units: int = 0  # unused units given back to their window
+    expired_units: int = 0  # unused units whose window ended first (nothing to give back)
+    return_errors: int = 0  # give-backs that failed (the units stay counted: safe)
+
+
+_LEASE_LUA: dict[str, tuple[str, bytes]] = {}
+
+
+def lease_lua(limit: Limit) -> tuple[str, bytes]:
+    """The lease script of ``limit`` (the limit's constants line, the prelude,
+    ``counts_denied``, fixed_window_lease.lua) and its SHA1."""
+    s = _LEASE_LUA.get(limit._sig)
+    if s is None:
+        head = limit_lua(limit).split("\n", 1)[0]
+        script, counts_denied, _ = LEASING[limit.algorithm]
+        lua = resources.files(__package__).joinpath("lua")
+        prelude = lua.joinpath("_prelude.lua").read_text("utf-8")
+        body = lua.joinpath(script).read_text("utf-8")
+        src = f"{head}\n{prelude}local counts_denied = {'true' if counts_denied else 'false'}\n{body}"
+        s = _LEASE_LUA[limit._sig] = (src, hashlib.sha1(src.encode("utf-8")).hexdigest().encode())
+    return s
+
+
+class LeasedRedisStore(RedisStore):
+    """A :class:`RedisStore` that leases quota for hot keys (module doc).  The
+    limiter calls :meth:`from_lease` first (no coroutine), then
+    :meth:`hit_leasing` for a rule that leases; :meth:`hit` is today's path."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lease_stats = LeaseStats()
+        self._leases: dict[str, Lease] = {}
+        self._cur: dict[str, int] = {}
+        self._prev: dict[str, int] = {}
+        self._tick_start = monotonic()
+        self._tick_end = self._tick_start + TICK
+        self._sweeping: asyncio.Task | None = None
+        #: the keys whose lease call is under way (other decisions on them wait for it)
+        self._inflight: dict[str, asyncio.Future] = {}
+
+    # -- the local rate ---------------------------------------------------------
+
+    def _seen(self, k: str, now: float) -> None:
+        if now >= self._tick_end:
+            self._roll(now)
+        cur = self._cur
+        n = cur.get(k)
+        if n is None:
+            if len(cur) >= MAX_TRACKED:
+                return
+            n = 0
+        cur[k] = n + 1
+
+    def _rate(self, k: str, now: float) -> float:
+        """Decisions per second on ``k`` over the previous tick and this one."""
+        return (self._prev.get(k, 0) + self._cur.get(k, 0)) / (TICK + (now - self._tick_start))
+
+    def _roll(self, now: float) -> None:
+        self._prev = self._cur if now - self._tick_end < TICK else {}
+        self._cur = {}
+        self._tick_start = now
+        self._tick_end = now + TICK
+        if self._leases and (self._sweeping is None or self._sweeping.done()):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called outside a loop (tests of the rate alone): no sweep
+                return
+            self._sweeping = loop.create_task(self._sweep(now))
+
+    # -- the decision -------------------------------------------------------------
+
+    def from_lease(self, key: str, limit: Limit, cost: int) -> Decision | None:
+        """The decision from the key's lease, or None (no usable lease: call
+        :meth:`hit_leasing`)."""
+        if not self._leases:
+            return None
+        k = limit._ns + key
+        ls = self._leases.get(k)
+        if ls is None or cost <= 0:
+            return None
+        now = monotonic()
+        self._seen(k, now)
+        if now >= ls.until:
+            return None
+        st = self.lease_stats
+        d = _new(Decision)
+        d.limit = limit._cap  # the limit (windows), the burst (buckets)
+        d.reset = ls.resets - now if ls.resets > now else 0.0
+        d.delay = 0.0
+        if ls.denied:
+            if cost <= ls.remaining:  # a smaller hit may pass: ask Redis
+                return None
+            d.allowed = False
+            d.remaining = ls.remaining
+            d.retry_after = _INF if cost > limit._cap else d.reset
+        elif ls.left >= cost:
+            ls.left -= cost
+            d.allowed = True
+            d.remaining = ls.remaining
+            d.retry_after = 0.0
+        else:
+            return None
+        st.decisions += 1
+        st.local += 1
+        return d
+
+    async def hit_leasing(self, key: str, limit: Limit, cost: int = 1) -> Decision:
+        """A decision of a rule that leases, when :meth:`from_lease` had none: a
+        cold key (or one not leasing) goes the one-trip way; a hot one renews its
+        lease, giving back the previous one's rest in the same call."""
+        how = LEASING.get(limit.algorithm)
+        if how is None or limit._dynamic or limit.delay or cost <= 0 or not self._lean or limit._deny0:
+            return await self.hit(key, limit, cost)
+        _, counts_denied, windowed = how
+        k = limit._ns + key
+        while (fut := self._inflight.get(k)) is not None:  # a renewal of this key is under way: one at a time
+            await asyncio.shield(fut)
+            d = self.from_lease(key, limit, cost)
+            if d is not None:
+                return d
+        st = self.lease_stats
+        st.decisions += 1
+        st.round_trips += 1
+        now = monotonic()
+        old = self._leases.pop(k, None)
+        if old is None:
+            self._seen(k, now)
+        rate = self._rate(k, now)
+        back, bw = 0, -1
+        if old is not None and not old.denied and old.left:
+            if now < old.wend:
+                back, bw = old.left, old.w
+            else:
+                st.expired_units += old.left
+        hot = rate >= HOT_RATE and (old is not None or len(self._leases) < MAX_LEASES)
+        if not hot and not back:
+            return await self.hit(key, limit, cost)
+        extra = min(math.ceil(rate * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION))) if hot else 0
+        sent = monotonic()
+        fut = self._inflight[k] = asyncio.get_running_loop().create_future()
+        try:
+            res = await self._lease_call(key, limit, cost, extra, back, bw)
+        finally:
+            del self._inflight[k]
+            fut.set_result(None)
+        try:
+            allowed, lim, remaining = res[0] == 1, int(res[1]), int(res[2])
+            retry_after, reset = float(res[3]), float(res[4])
+            grant, w, given = int(res[6]), int(res[7]), int(res[8])
+            # the window's end: the reply's 10th field where reset is not it (the sliding counter)
+            ends = float(res[9]) if len(res) > 9 else reset
+        except (TypeError, ValueError, IndexError) as e:
+            raise StoreError(f"redis lease for {key!r}: unexpected reply {res!r:.200}") from e
+        st.returned_units += given
+        if back > given:  # the window was over (or had moved on): nothing to give back to
+            st.expired_units += back - given
+        wend = sent + ends if windowed else math.inf
+        if allowed and grant > 0:
+            ls = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset)
+            other = self._leases.get(k)  # a concurrent call's lease meanwhile
+            if other is not None and other.w == w and not other.denied:
+                ls.left += other.left
+                ls.until = max(ls.until, other.until)
+            elif other is not None and other.left:
+                st.expired_units += other.left
+            self._leases[k] = ls
+            st.granted += 1
+            st.granted_units += grant
+        elif not allowed and hot and k not in self._leases and retry_after < math.inf:
+            # a denial answers this key's bigger hits for a while: Lyft's window is saturated to its
+            # end; elsewhere for the retry time, at most LEASE_TTL (a give-back elsewhere may free
+            # quota sooner: an early denial, never an admission too many)
+            until = wend if counts_denied else sent + min(retry_after, LEASE_TTL)
+            self._leases[k] = Lease(w, 0, until, wend, remaining, sent + retry_after, True)
+        return Decision(allowed, lim, remaining, 0.0 if allowed else retry_after, reset)
+
+    def held(self) -> int:
+        """Units reserved in leases and not used yet (the metric's gauge)."""
+        now = monotonic()
+        return sum(ls.left for ls in self._leases.values() if now < ls.wend)
+
+    # -- Redis -----------------------------------------------------------------------
+
+    async def _lease_call(self, key: str, limit: Limit, cost: int, extra: int, back: int, bw: int) -> Any:
+        """One EVALSHA of the lease script on the key's server (NOSCRIPT and
+        redirects as :meth:`RedisStore._slow` handles them)."""
+        src, sha = lease_lua(limit)
+        argv = (b"%d" % cost, b"", b"0", b"%d" % extra, b"%d" % back, b"%d" % bw)
+        head = f"{self._prefix}:{{{limit._sig}:"
+        rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}").encode(
+            "utf-8", "surrogatepass"
+        )
+        frame = _evalsha_frame(sha, argv)
+        data = b"%b$%d\r\n%b\r\n%b" % (frame[0], len(rkey), rkey, frame[1])
+        if self._slots is not None:
+            node = self._slots[key_slot(rkey)]
+        elif self._sentinel is not None:
+            node = self._sentinel.primary
+        else:
+            node = self._node
+        t0 = monotonic()
+        try:
+            if node is None:
+                return await self._slow(None, node, limit, data, rkey, t0, src)
+            try:
+                return await node.send_packed(data)
+            except RespError as e:
+                return await self._slow(e, node, limit, data, rkey, t0, src)
+        except _STORE_FAILURES as e:
+            raise StoreError(f"redis lease {limit.algorithm} for {key!r}: {e!r}") from e
+
+    async def _sweep(self, now: float, everything: bool = False) -> None:
+        """Give back the unused part of the leases past their time (all of them
+        with ``everything``), at most MAX_RETURNS per sweep."""
+        st = self.lease_stats
+        due = [(k, ls) for k, ls in self._leases.items() if everything or now >= ls.until]
+        calls = []
+        for k, ls in due[:MAX_RETURNS] if not everything else due:
+            if self._leases.get(k) is not ls:
+                continue
+            del self._leases[k]
+            if ls.denied or not ls.left:
+                continue
+            if now >= ls.wend:
+                st.expired_units += ls.left
+                continue
+            limit, key = _limit_key(k)
+            if limit is None:
+                st.expired_units += ls.left
+                continue
+            calls.append((ls, self._lease_call(key, limit, 0, 0, ls.left, ls.w)))
+        if not calls:
+            return
+        outs = await asyncio.gather(*(c for _, c in calls), return_exceptions=True)
+        for (ls, _), out in zip(calls, outs):
+            st.round_trips += 1
+            if isinstance(out, StoreError):  # the units stay counted in their window: fewer admitted, never more
+                st.return_errors += 1
+                continue
+            if isinstance(out, BaseException):
+                raise out
+            try:
+                given = int(out[8])
+            except (TypeError, ValueError, IndexError):
+                st.return_errors += 1
+                continue
+            st.returned_units += given
+            st.expired_units += ls.left - given
+
+    async def close(self) -> None:
+        """Give back every lease (best effort, within the store's timeout), then close."""
+        if self._sweeping is not None and not self._sweeping.done():
+            await asyncio.gather(self._sweeping, return_exceptions=True)
+        if self._leases:
+            await self._sweep(monotonic(), everything=True)
+        await super().close()
+
+
+def _limit_key(k: str) -> tuple[Limit | None, str]:
+    """The Limit and key of a lease's dict key (``Limit._ns`` + key)."""
+    from ..algorithms.base import _LIMIT_BY_NS
+
+    ns, _, key = k.partition(":")
+    return _LIMIT_BY_NS.get(ns + ":"), key

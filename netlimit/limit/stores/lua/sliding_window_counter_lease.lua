@@ -1,0 +1,95 @@
+-- Leased quota for the sliding window counter (stores/lease.py); mirrors
+-- sliding_window_counter.lua, in one atomic call that
+--   1. gives back ARGV[5] unused units of this sidecar's previous lease, reserved in
+--      window ARGV[6], from the current count when that window is still the current one;
+--   2. decides a hit of ARGV[1] (cost) exactly as sliding_window_counter.lua does;
+--   3. when the hit is admitted, reserves up to ARGV[4] more units in the current
+--      window's count (within the same bound as admissions: hold).
+-- A unit reserved in window w counts in w whenever it is spent before w ends, and
+-- the previous window's weight only falls as w goes on: spending it later admits
+-- nothing the algorithm would not.
+-- Returns {allowed, limit, remaining, retry_after, reset, delay, granted, window,
+-- given_back, seconds to the window's end} (floats as '%.17g' strings).
+-- (stores/redis.py limit_lua and _prelude.lua define lim, period, fmt, save, now, key, cost)
+
+local extra = tonumber(ARGV[4]) or 0
+local back = tonumber(ARGV[5]) or 0
+local bw = tonumber(ARGV[6])
+
+local w = math.floor(now / period)
+local prev, curr = 0, 0
+local same = false
+local v = redis.call('GET', key)
+if v then
+  local a, b, c = string.match(v, '^(%S+) (%S+) (%S+)$')
+  local sw = tonumber(a)
+  if sw >= w then
+    w = sw
+    prev = tonumber(b)
+    curr = tonumber(c)
+    same = true
+  elseif sw == w - 1 then
+    prev = tonumber(c)
+  end
+end
+local given = 0
+if back > 0 and same and bw == w then
+  given = back
+  if given > curr then given = curr end
+  curr = curr - given
+end
+local ws = w * period
+local elapsed = now - ws
+if elapsed < 0 then elapsed = 0 end
+local x = prev * (1 - elapsed / period) -- the previous window's weighted share
+-- hold = the largest integer with x + hold <= lim (same comparison as admission)
+local hold = math.floor(lim - x)
+if x + (hold + 1) <= lim then
+  hold = hold + 1
+elseif x + hold > lim then
+  hold = hold - 1
+end
+local n = curr + cost
+
+local function reset_of(p, c)
+  if c > 0 then return (w + 2) * period - now end
+  if p > 0 then return (w + 1) * period - now end
+  return 0
+end
+
+if cost > lim or n > hold then
+  local retry
+  if cost > lim then
+    retry = math.huge
+  else
+    local room = lim - cost - curr
+    local t
+    if room >= 0 and prev > 0 then
+      t = ws + period * (1 - room / prev)
+    else
+      room = lim - cost
+      if curr <= room then
+        t = ws + period
+      else
+        t = ws + period + period * (1 - room / curr)
+      end
+    end
+    retry = t - now
+    if retry < 0 then retry = 0 end
+  end
+  local remaining = hold - curr
+  if remaining < 0 then remaining = 0 end
+  if given > 0 then
+    save(string.format('%d %d %d', w, prev, curr), (w + 2) * period - now, same)
+  end
+  return {0, lim, remaining, fmt(retry), fmt(reset_of(prev, curr)), '0', 0, w, given, fmt((w + 1) * period - now)}
+end
+local grant = hold - n
+if grant > extra then grant = extra end
+if grant < 0 then grant = 0 end
+n = n + grant
+local reset = (w + 2) * period - now
+if cost > 0 or grant > 0 or given > 0 then
+  save(string.format('%d %d %d', w, prev, n), reset, same)
+end
+return {1, lim, hold - n, '0', fmt(reset), '0', grant, w, given, fmt((w + 1) * period - now)}
