@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from netlimit.kernel.xdp import PIN_ROOT, XdpPath, leftovers
+from netlimit.kernel.xdp import XdpPath, leftovers
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -55,8 +55,9 @@ def xdp(topo):
 
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_pinned():
-    """After the XDP tests /sys/fs/bpf/netlimit holds nothing of ours (and no directory)."""
+    """After the XDP tests /sys/fs/bpf/netlimit holds nothing of ours.  Only ours: another
+    run on the same machine (a second checkout's tests) pins under its own namespaces'
+    names, and its pins are its own to remove (the before-stop check looks at all)."""
     yield
     mine = [p for p in leftovers() if f"/ns-nlt-{os.getpid()}-" in p]
     assert not mine, f"left pinned: {mine}"
-    assert not leftovers(), f"{PIN_ROOT} is not empty: {leftovers()}"
