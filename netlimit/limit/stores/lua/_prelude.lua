@@ -53,6 +53,19 @@ end
 -- (pack, a power of two set by store.limit_lua so that (cap + 1) * pack <= 2^53)
 -- the one integer remaining * pack + reset in microseconds (rounded), which
 -- Redis passes on exactly and store._decode splits with divmod.
+-- The fixed windows' stored state (fixed_window.lua, fixed_window_admitted.lua and their
+-- lease script): the current window's index, its count and whether the key holds this
+-- window ("<window index> <count>"); a later stored window wins (the clock stepped back).
+local function window_state()
+  local w = math.floor(now / period)
+  local v = redis.call('GET', key)
+  if v then
+    local a, b = string.match(v, '^(%S+) (%S+)$')
+    local sw = tonumber(a)
+    if sw >= w then return sw, tonumber(b), true end
+  end
+  return w, 0, false
+end
 local function admit(remaining, reset)
   if pack then
     local r = math.floor(reset * 1000000 + 0.5)

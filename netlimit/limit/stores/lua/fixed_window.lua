@@ -5,19 +5,7 @@
 -- (stores/redis.py limit_lua and _prelude.lua define lim, period, cap, fmt, save, admit, now,
 -- key, cost, dry)
 
-local w = math.floor(now / period)
-local count = 0
-local same = false
-local v = redis.call('GET', key)
-if v then
-  local a, b = string.match(v, '^(%S+) (%S+)$')
-  local sw = tonumber(a)
-  if sw >= w then -- same window (or the clock stepped back: keep the later one)
-    w = sw
-    count = tonumber(b)
-    same = true
-  end
-end
+local w, count, same = window_state() -- _prelude.lua
 local reset = (w + 1) * period - now
 local new = count + cost
 if new > lim then

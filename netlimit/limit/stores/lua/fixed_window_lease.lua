@@ -16,19 +16,7 @@
 local extra = tonumber(ARGV[4]) or 0
 local back = tonumber(ARGV[5]) or 0
 local bw = tonumber(ARGV[6])
-local w = math.floor(now / period)
-local count = 0
-local same = false
-local v = redis.call('GET', key)
-if v then
-  local a, b = string.match(v, '^(%S+) (%S+)$')
-  local sw = tonumber(a)
-  if sw >= w then -- same window (or the clock stepped back: keep the later one)
-    w = sw
-    count = tonumber(b)
-    same = true
-  end
-end
+local w, count, same = window_state() -- _prelude.lua
 local given = 0
 if back > 0 and same and bw == w and count <= lim then
   given = back
