@@ -258,6 +258,9 @@ def apply(
 
         save_names(netns, desired)
         listing.save(netns, desired)
+        from .xdp import prune_stale
+
+        prune_stale()  # where listing.save prunes the state files of namespaces that are gone
     return result
 
 
