@@ -185,6 +185,7 @@ def apply(
 
     def work() -> ApplyResult:
         from .tc import shaping as tc
+        from .xdp.stage import restore as xdp_restore
         from .xdp.stage import write as xdp_write
 
         t0 = time.monotonic()
@@ -198,7 +199,7 @@ def apply(
                 return res
             if changes.xdp is not None and changes.xdp.refused:  # before any write: nothing changes
                 raise ApplyError(f"xdp: {changes.xdp.refused}; nothing was changed", None, rolled_back=True)
-            filter_touched = tc_touched = False
+            filter_touched = tc_touched = xdp_touched = False
             cleaned: list[str] = []
             try:
                 if not changes.filter.empty:
@@ -217,6 +218,7 @@ def apply(
                 res.timings["tc"] = time.monotonic() - t1
                 if changes.xdp is not None and not changes.xdp.empty:
                     t2 = time.monotonic()
+                    xdp_touched = True
                     xdp_write(changes.xdp)  # last: attach/replace is atomic per interface
                     res.timings["xdp"] = time.monotonic() - t2
             except Exception as exc:  # any failure mid-write rolls back, then becomes an ApplyError
@@ -237,6 +239,11 @@ def apply(
                         tc.restore(state.tc)
                     except Exception as rexc:  # pragma: no cover - reported, not hidden
                         problems.append(f"restoring tc failed: {rexc}")
+                if xdp_touched:
+                    try:
+                        xdp_restore(state.xdp)
+                    except Exception as rexc:  # pragma: no cover - reported, not hidden
+                        problems.append(f"restoring xdp failed: {rexc}")
                 msg = str(exc)
                 if rule and f"'{rule}'" not in msg:
                     msg = f"rule {rule!r}: {msg}"
@@ -472,11 +479,13 @@ def restore(state: State, netns: str | None = None) -> None:
 
     def work() -> None:
         from .tc import shaping as tc
+        from .xdp.stage import restore as xdp_restore
 
         with kernel_lock(), writer_lock(netns):
             get_backend(state.backend).restore(state.filter)
             for key, ost in state.others.items():
                 get_backend(key).restore(ost)
             tc.restore(state.tc)
+            xdp_restore(state.xdp)
 
     run_in_netns(netns, work)

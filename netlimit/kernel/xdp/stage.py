@@ -222,6 +222,14 @@ def flush(netns: str | None) -> list[str]:
         return path.flush()
 
 
+def restore(state: XdpState | None) -> None:
+    """Roll back to `state` as far as XDP allows: where nothing of netlimit's was there,
+    detach and unpin what an apply added. An older program, rule table or lists that
+    were replaced are not put back (the pinned maps kept the bans and buckets)."""
+    if state is not None and state.empty:
+        flush(state.netns)
+
+
 # --- plan text and list rows ----------------------------------------------------------
 
 

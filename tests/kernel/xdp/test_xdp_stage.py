@@ -159,3 +159,17 @@ def test_removing_xdp_from_the_file_detaches_and_unpins(topo, stage):
     cli("apply", "--netns", topo.srv, str(plain))
     assert "prog/xdp" not in xdp_on(topo)
     assert not os.path.exists(pin_dir_for(topo.srv))
+
+
+def test_a_failed_xdp_write_rolls_everything_back(topo, stage):
+    """An interface that does not exist fails the XDP write after the filter was written:
+    the table is removed again and the program loaded for it is unpinned."""
+    bad = stage.with_name("bad.yaml")
+    bad.write_text(stage.read_text().replace(f"interfaces: [{topo.srv_if}]", "interfaces: [nope0]"))
+    p = cli("apply", "--netns", topo.srv, str(bad), check=False)
+    assert p.returncode != 0
+    assert "interface nope0" in p.stderr and "no such interface" in p.stderr, p.stderr
+    assert "the previous state was restored" in p.stderr, p.stderr
+    assert not os.path.exists(pin_dir_for(topo.srv))
+    assert "prog/xdp" not in xdp_on(topo)
+    assert sh("ip", "netns", "exec", topo.srv, "nft", "list", "tables", check=False).stdout.strip() == ""
