@@ -292,7 +292,7 @@ def apply_command(
     typer.echo(
         f"applied {file}{where}: {c['add']} added, {c['remove']} removed, adopting {found} owned objects "
         f"found in the kernel, in {t.get('total', 0):.2f} s ({layer} {t.get('filter', 0):.2f} s, "
-        f"tc {t.get('tc', 0):.2f} s)"
+        f"tc {t.get('tc', 0):.2f} s" + (f", xdp {t['xdp']:.2f} s)" if "xdp" in t else ")")
     )
     if confirm is not None and (why := _not_confirmed(confirm)) is not None:
         from .reconcile import restore

@@ -72,3 +72,16 @@ def test_the_xdp_section_is_checked(xdp, msg):
 def test_early_false_is_the_default_and_needs_no_xdp():
     cfg = load("version: 1\nnetwork:\n  - {name: a, limit: 5/second}\n").config
     assert cfg.network[0].early is False and cfg.xdp is None
+
+
+def test_netlimit_validate_names_file_line_and_reason(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    f = tmp_path / "n.yaml"
+    f.write_text(HEAD + "  - name: r\n    protocol: tcp\n    max_connections: 5\n    early: true\n")
+    exe = str(Path(sys.executable).with_name("netlimit"))
+    p = subprocess.run([exe, "validate", str(f)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p
+    assert f"{f}:8:12: r: early: true cannot run in XDP: max_connections (connlimit)" in p.stdout + p.stderr

@@ -86,7 +86,8 @@ def test_plan_shows_the_stage(topo, stage):
 
 
 def test_apply_limits_in_xdp_exactly_list_counts_and_flush_cleans(topo, stage):
-    cli("apply", "--netns", topo.srv, str(stage))
+    out = cli("apply", "--netns", topo.srv, str(stage)).stdout
+    assert f"+ xdp: attach netlimit_xdp to {topo.srv_if} (mode native)" in out and ", xdp " in out, out
     link = xdp_on(topo)
     assert "prog/xdp" in link and "netlimit_xdp" in link, link
     again = cli("apply", "--netns", topo.srv, str(stage), "--json")
