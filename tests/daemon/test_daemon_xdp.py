@@ -100,3 +100,29 @@ def test_bans_reach_the_xdp_map_drift_is_repaired_and_stop_unpins(daemon_factory
         assert d.stop() == 0
     assert not attached(netns)
     assert not os.path.exists(pin_dir_for(netns))
+
+
+def test_on_stop_keep_leaves_program_and_bans_and_a_restart_adopts_them(daemon_factory, netns, tmp_path):
+    text = FILE.format(socket=tmp_path / "netlimitd.sock").replace("on_stop: flush", "on_stop: keep")
+    d = daemon_factory(text, resync=1.0)
+    d.start()
+    try:
+        wait_for(lambda: attached(netns), 20.0, "the XDP program attached")
+        ban(d.config, "add", "198.51.100.0/24", "--ttl", "10m")
+        wait_for(lambda: xdp_bans(netns) == {N("198.51.100.0/24")}, 10.0, "the ban in the XDP map")
+        with XdpPath(netns) as p:
+            prog = p.prog_id()
+        assert d.stop() == 0
+        assert attached(netns) and xdp_bans(netns) == {N("198.51.100.0/24")}  # kept while it is down
+        d.start()
+        wait_for(lambda: d.status()["bans"]["in_kernel"] == 1, 20.0, "the kept ban read back after the restart")
+        ban(d.config, "add", "192.0.2.0/24", "--ttl", "10m")  # the writer works after the restart
+        want = {N("198.51.100.0/24"), N("192.0.2.0/24")}
+        wait_for(lambda: xdp_bans(netns) == want, 10.0, "the new ban in the XDP map")
+        with XdpPath(netns) as p:
+            assert p.prog_id() == prog  # the same file again: the program was not reloaded
+        assert attached(netns)
+    finally:
+        d.stop()
+        subprocess.run([EXE, "flush", "--netns", netns, "-q"], capture_output=True, timeout=120)
+    assert not attached(netns) and not os.path.exists(pin_dir_for(netns))
