@@ -13,13 +13,16 @@ map is the daemon's ban writer's (kernel/banset.py), never rewritten here.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from netlimit.config.model import Config
 from netlimit.kernel.xdp.libbpf import XdpError
-from netlimit.kernel.xdp.maps import Network, XdpRule, decode_rule, encode_rules
+from netlimit.kernel.xdp.maps import BUCKET_KEY, Network, XdpRule, decode_rule, encode_rules
 from netlimit.kernel.xdp.path import PROG_NAME, XdpPath, pin_dir_for
 from netlimit.kernel.xdp.translate import from_config
 
@@ -132,8 +135,6 @@ class XdpPlan:
 
 
 def _nets(prefixes: tuple[str, ...]) -> set[Network]:
-    import ipaddress
-
     return {ipaddress.ip_network(p, strict=False) for p in prefixes}
 
 
@@ -262,6 +263,48 @@ def plan_doc(d: XdpDesired) -> dict[str, Any]:
             for i, (name, r) in enumerate(zip(d.slot_rule, d.rules, strict=True))
         ],
     }
+
+
+def hot(netns: str | None, slot_rule: list[str], max_entries: int = 20_000) -> list[dict[str, Any]]:
+    """`top`'s per-source entries of the early rules: one per bucket (a masked source),
+    scored by how much of its burst is in use now (the bucket's `tat` ahead of now, over
+    burst x interval; above the tolerance the source is over its limit). At most
+    `max_entries` buckets are read."""
+    if not _pinned(netns):
+        return []
+    out: list[dict[str, Any]] = []
+    with XdpPath(netns) as p:
+        if not p.loaded():
+            return []
+        try:
+            rules = p.rules()
+            b = p.map("buckets")
+            now = time.monotonic_ns()  # bpf_ktime_get_ns is CLOCK_MONOTONIC
+            for n, key in enumerate(b.iter_keys()):
+                if n >= max_entries:
+                    break
+                raw = b.lookup(key)
+                slot, fam, addr = BUCKET_KEY.unpack(key)
+                if raw is None or slot >= len(rules) or fam not in (4, 6):
+                    continue
+                r = rules[slot]
+                ahead = max(0, struct.unpack("<Q", raw)[0] - now)
+                score = ahead / max(1, r["tolerance_ns"] + r["interval_ns"])
+                plen = r["prefix4"] if fam == 4 else r["prefix6"]
+                src = ipaddress.ip_network((addr[:4] if fam == 4 else addr, plen))
+                over = ahead > r["tolerance_ns"]
+                out.append(
+                    {
+                        "rule": slot_rule[slot] if slot < len(slot_rule) else f"(xdp slot {slot})",
+                        "table": "xdp buckets",
+                        "source": str(src),
+                        "score": score,
+                        "detail": "over the limit" if over else f"{min(score, 1.0):.0%} of its burst in use",
+                    }
+                )
+        except (XdpError, OSError):  # a map unpinned by hand: drift, `apply` repairs it
+            return out
+    return out
 
 
 def rows(netns: str | None, slot_rule: list[str]) -> list[dict[str, Any]]:

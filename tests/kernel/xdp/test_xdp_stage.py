@@ -115,6 +115,12 @@ def test_apply_limits_in_xdp_exactly_list_counts_and_flush_cleans(topo, stage):
     assert r["layer"] == "xdp", r
     assert r["dropped"] > 0 and r["packets"] >= r["dropped"] + 2 * 510 * 0.99, r
     assert rows(topo)["tcp-late"]["layer"] == "nftables"
+    # `top`: one bucket per limited source, named by its rule; the exempt source has none
+    from netlimit.kernel.hot import hot_entries
+
+    hot = [h for h in hot_entries(topo.srv, None, ["udp-early", "tcp-late"], limit=50) if h["table"] == "xdp buckets"]
+    assert {h["source"] for h in hot} == {f"{topo.cli4}/32", f"{topo.cli4b}/32"}, hot
+    assert all(h["rule"] == "udp-early" and h["score"] >= 0 for h in hot), hot
     cli("flush", "--netns", topo.srv)
     assert "prog/xdp" not in xdp_on(topo)
     assert not os.path.exists(pin_dir_for(topo.srv))
