@@ -126,3 +126,36 @@ def test_on_stop_keep_leaves_program_and_bans_and_a_restart_adopts_them(daemon_f
         d.stop()
         subprocess.run([EXE, "flush", "--netns", netns, "-q"], capture_output=True, timeout=120)
     assert not attached(netns) and not os.path.exists(pin_dir_for(netns))
+
+
+@pytest.mark.redis
+def test_a_ban_from_another_host_reaches_the_xdp_map_within_a_second(daemon_factory, netns, redis_server):
+    """Issue 34 item 4's fan-out: a ban written to the shared list (as another host's
+    netlimitd or sidecar does) is in this host's XDP bans map within 1 s, every time."""
+    import time
+
+    from netlimit.bans.redis_store import RedisBanList, keys
+
+    prefix = f"nltx{os.getpid()}"
+    text = FILE.format(socket="/nonexistent").replace("  store: memory\n", f"  store: {redis_server.url}\n")
+    text = text.replace("  socket: /nonexistent\n", f"  socket: /nonexistent\n  key_prefix: {prefix}\n")
+    lst = RedisBanList(redis_server.url, key_prefix=prefix)
+    d = daemon_factory(text, resync=1.0)
+    d.start()
+    try:
+        wait_for(lambda: attached(netns) and d.status()["bans"]["connected"], 20.0, "XDP attached, the list followed")
+        lags = []
+        with XdpPath(netns) as p:
+            for i in range(20):
+                net = N(f"198.18.{i}.0/24")
+                lst.add(net, 600)
+                t0 = time.monotonic()
+                while net not in p.prefixes("bans") and time.monotonic() - t0 < 5.0:
+                    time.sleep(0.005)
+                lags.append(time.monotonic() - t0)
+        print(f"fan-out into XDP: max {max(lags) * 1000:.0f} ms, median {sorted(lags)[10] * 1000:.0f} ms")
+        assert max(lags) <= 1.0, lags
+    finally:
+        lst.r.delete(*keys(prefix)[:3])
+        lst.close()
+        d.stop()
