@@ -176,5 +176,9 @@ def root_namespace_untouched():
     for marker in ("netlimit", "NETLIMIT", "nlifb-", "4e4c:"):
         assert marker not in snap, f"{marker!r} found in the ROOT namespace:\n{snap}"
     assert not os.path.exists("/sys/fs/bpf/netlimit/host"), "XDP maps pinned for the ROOT namespace"
+    # this session's namespaces (nlt-PID-*, tests/daemon's nlt-dPID-* and nlt-bPID-*) left no XDP pins
+    mine = (f"ns-nlt-{os.getpid()}-", f"ns-nlt-d{os.getpid() % 100000}-", f"ns-nlt-b{os.getpid() % 100000}-")
+    pins = os.listdir("/sys/fs/bpf/netlimit") if os.path.isdir("/sys/fs/bpf/netlimit") else []
+    assert not [p for p in pins if p.startswith(mine)], f"XDP pins left behind: {pins}"
     leftovers = [n for n in _sh("ip", "netns", "list").stdout.split() if n.startswith(f"nlt-{os.getpid()}-")]
     assert not leftovers, f"namespaces left behind: {leftovers}"

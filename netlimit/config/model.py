@@ -143,6 +143,11 @@ class NetworkRule(Strict):
     comment: CommentT | None = Field(
         None, description="a note for people: shown by `netlimit list`, written into the kernel rules' comment"
     )
+    early: bool = Field(
+        False,
+        description="run this limit in the XDP program on xdp.interfaces instead of the input chain, before "
+        "the kernel allocates the packet (needs `xdp:`; docs/xdp.md lists what an early rule may use)",
+    )
 
     _v_name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 
@@ -650,6 +655,39 @@ class IngressConfig(Strict):
         return v
 
 
+# --- XDP stage -------------------------------------------------------------------
+
+
+class XdpConfig(Strict):
+    """Drop deny, the bans and the `early: true` network rules in a BPF program at the
+    driver, before the kernel allocates the packet (docs/xdp.md)."""
+
+    interfaces: list[str] = Field(
+        min_length=1,
+        max_length=256,
+        description="interfaces whose arriving packets meet the XDP program, e.g. [eth0]; loopback is never attached",
+    )
+    mode: Literal["auto", "native", "generic"] = Field(
+        "auto",
+        description="native (in the driver: fastest, needs driver support) | generic (after the skb is built: "
+        "works everywhere) | auto (native where the driver has it, else generic)",
+    )
+
+    @field_validator("interfaces")
+    @classmethod
+    def _ifaces(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", name) or name in (".", ".."):
+                raise ValueError(
+                    f"interface {name!r} is not a valid Linux interface name (1-15 characters, no '/' or spaces)"
+                )
+            if name == "lo":
+                raise ValueError("interface 'lo': loopback traffic never passes a driver's XDP hook")
+        if len(set(v)) != len(v):
+            raise ValueError("an interface is listed twice")
+        return v
+
+
 # --- the file ------------------------------------------------------------------
 
 
@@ -673,6 +711,11 @@ class Config(Strict):
         None,
         description="nftables: also match deny and the bans in an ingress hook chain on these interfaces, "
         "before conntrack (docs/xdp.md, Stages); without it they are matched in the input chain only",
+    )
+    xdp: XdpConfig | None = Field(
+        None,
+        description="drop deny, the bans and the `early: true` network rules in an XDP program on these "
+        "interfaces, before the kernel allocates the packet (docs/xdp.md)",
     )
     on_stop: Literal["flush", "keep"] = Field(
         "flush", description="daemon stop: remove rules (flush) or leave them in place (keep)"

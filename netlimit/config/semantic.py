@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import kernel_limits as kl
+from .early import refusal
 from .loader import Document, Problem
 from .model import BandwidthRule, Config, Descriptor, NetworkRule
 from .units import Rate
@@ -53,7 +54,21 @@ def semantic(config: Config, doc: Document, filename: str, warnings: list[Proble
     _escalation(config, doc, add)
     _deny(config, doc, add)
     _whole_interface_caps(config, add)
+    _early(config, add)
     return out
+
+
+def _early(config: Config, add: Add) -> None:
+    """`early: true` needs an `xdp:` section and a rule the XDP program can run."""
+    for i, r in enumerate(config.network):
+        if not r.early:
+            continue
+        if config.xdp is None:
+            add(("network", i, "early"), r.name, "early: true needs a top-level `xdp:` section (its interfaces)")
+            continue
+        why = refusal(r)
+        if why is not None:
+            add(("network", i, "early"), r.name, f"early: true cannot run in XDP: {why}")
 
 
 def _unique_names(config: Config, doc: Document, add: Add) -> None:

@@ -237,9 +237,19 @@ class BanFollower:
             for b in gone:
                 self.expired[self._labels(b)] += 1
             self._write(delta)
+            self._expire_xdp()
         if self.escalating and now >= self.next_poll:
             self.next_poll = now + KERNEL_POLL
             self.poll_kernel()
+
+    def _expire_xdp(self) -> None:
+        """The XDP bans map keeps an expiry per prefix that nothing in the kernel enforces:
+        remove what is due (the index's removals above reach it too; this catches the rest)."""
+        try:
+            self.kernel.bans_xdp_expire()
+        except Exception as exc:  # a refused map read is retried at the next expiry tick, never fatal
+            if self._log.due("xdp-expire") >= 0:
+                log.warning("bans: expiring the XDP bans map failed: %s", exc)
 
     def after_apply(self) -> None:
         """An apply changed the rule set: a ban set may have been made anew (empty)."""
@@ -266,15 +276,31 @@ class BanFollower:
             want = len(self.index.shown)
             soon = sum(1 for dl in self.index.shown.values() if dl - now <= 1.0)  # may be gone already
             if want - soon <= count <= want:
-                return []
+                return self._verify_xdp(count)
             why = f"bans: the kernel's ban sets hold {count} prefixes, the list {want}"
         else:
             wanted = {n for n, dl in self.index.shown.items() if dl - now > 1.0}
             missing = wanted - set(held)
             extra = {n for n in set(held) - set(self.index.shown) if (held[n] or 0) > 1.0}
             if not missing and not extra:
-                return []
+                return self._verify_xdp(len(held))
             why = f"bans: the kernel's ban sets lack {len(missing)} and have {len(extra)} unknown prefixes"
+        log.warning("drift: %s; reloading them", why)
+        self.drift_repairs += 1
+        self.kernel_known = False
+        self.reload("drift")
+        return [why]
+
+    def _verify_xdp(self, count: int) -> list[str]:
+        """Drift of the XDP bans map (`xdp:`): it holds what the sets hold; a map cleared
+        or changed by hand is reloaded whole (sets and map)."""
+        try:
+            held = self.kernel.bans_xdp_count()
+        except Exception as exc:  # any failure of the read is drift to report, never a crash of the resync
+            return [f"bans: cannot read the XDP bans map: {exc}"]
+        if held is None or held == count:  # (one expiring between the reads: one reload more, harmless)
+            return []
+        why = f"bans: the XDP bans map holds {held} prefixes, the ban sets {count}"
         log.warning("drift: %s; reloading them", why)
         self.drift_repairs += 1
         self.kernel_known = False

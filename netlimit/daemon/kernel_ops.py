@@ -102,6 +102,10 @@ class KernelOps:
         from ..kernel.netns import kernel_lock, run_in_netns
 
         sets = ban_sets(self.backend)
+        if self.desired is not None and self.desired.xdp is not None:  # `xdp:`: the program's bans map too
+            from ..kernel.banset import xdp_mirror
+
+            sets = xdp_mirror(sets, self.netns)
 
         def work():
             with kernel_lock():
@@ -133,6 +137,18 @@ class KernelOps:
 
     def kernel_bans(self, rules):
         return self._bans(lambda s, r: s.kernel_bans(r), rules)
+
+    def bans_xdp_count(self) -> int | None:
+        """Prefixes in the XDP program's bans map (None: no `xdp:` or no program loaded)."""
+        if self.desired is None or self.desired.xdp is None:
+            return None
+        return self._bans(lambda s: s.xdp_count())
+
+    def bans_xdp_expire(self) -> int:
+        """Remove expired bans from the XDP program's bans map (the sets time out by themselves)."""
+        if self.desired is None or self.desired.xdp is None:
+            return 0
+        return self._bans(lambda s: s.expire())
 
     def bandwidth(self) -> dict[str, float]:
         """Configured rate of each bandwidth rule, bytes per second."""

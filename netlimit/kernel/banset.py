@@ -22,6 +22,7 @@ thread's network namespace (netns.run_in_netns).
 from __future__ import annotations
 
 import ipaddress
+import time
 from typing import Protocol
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -92,3 +93,84 @@ def _network(version: int, first: int, plen: int) -> IPNetwork:
     if version == 4:
         return ipaddress.IPv4Network((first, plen))
     return ipaddress.IPv6Network((first, plen))
+
+
+class XdpMirror:
+    """A backend's ban sets with the XDP program's bans map beside them (a file with
+    `xdp:`, docs/xdp.md): every write goes to both, the sets first; reads are the sets'.
+    The map holds each prefix's expiry (unix seconds); netlimitd removes expired ones
+    (`expire`), the program does not look at it. Where no XDP program is loaded in the
+    namespace (before the first apply, after a flush) only the sets are written: the
+    reload after the apply fills the map."""
+
+    def __init__(self, inner: BanSets, netns: str | None):
+        self.inner = inner
+        self.netns = netns
+        self.key = inner.key
+        self.cover = inner.cover
+
+    def _path(self):  # the XDP family, reached from this shared module only
+        from .xdp import XdpPath
+
+        p = XdpPath(self.netns)
+        if p.loaded():
+            return p
+        p.close()
+        return None
+
+    def _xdp_replace(self, bans: dict[IPNetwork, float]) -> None:
+        p = self._path()
+        if p is None:
+            return
+        now = time.time()
+        with p:
+            stale = [n for n in p.prefixes("bans") if n not in bans]
+            p.remove_prefixes("bans", stale)
+            p.add_bans({n: now + left for n, left in bans.items()})
+
+    def replace(self, bans: dict[IPNetwork, float]) -> None:
+        self.inner.replace(bans)
+        self._xdp_replace(bans)
+
+    def replace_prefixes(self, prefixes: list[tuple[int, int, int, float]]) -> None:
+        replace_prefixes(self.inner, prefixes)
+        self._xdp_replace({_network(v, a, p): left for v, a, p, left in prefixes})
+
+    def change(self, add: dict[IPNetwork, float], remove: list[IPNetwork]) -> None:
+        self.inner.change(add, remove)
+        p = self._path()
+        if p is None:
+            return
+        now = time.time()
+        with p:
+            p.remove_prefixes("bans", remove)
+            p.add_bans({n: now + left for n, left in add.items()})
+
+    def read(self) -> dict[IPNetwork, float | None] | None:
+        return self.inner.read()
+
+    def count(self) -> int | None:
+        return self.inner.count()
+
+    def kernel_bans(self, rules: list[tuple[str, int, int]]) -> list[tuple[str, IPNetwork, float]]:
+        return self.inner.kernel_bans(rules)
+
+    def xdp_count(self) -> int | None:
+        """Prefixes in the XDP bans map; None where no program is loaded."""
+        p = self._path()
+        if p is None:
+            return None
+        with p:
+            return len(p.prefixes("bans"))
+
+    def expire(self) -> int:
+        """Remove the XDP map's expired bans (the sets' elements time out by themselves)."""
+        p = self._path()
+        if p is None:
+            return 0
+        with p:
+            return len(p.expire_bans())
+
+
+def xdp_mirror(sets: BanSets, netns: str | None) -> XdpMirror:
+    return XdpMirror(sets, netns)

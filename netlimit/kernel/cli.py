@@ -292,7 +292,7 @@ def apply_command(
     typer.echo(
         f"applied {file}{where}: {c['add']} added, {c['remove']} removed, adopting {found} owned objects "
         f"found in the kernel, in {t.get('total', 0):.2f} s ({layer} {t.get('filter', 0):.2f} s, "
-        f"tc {t.get('tc', 0):.2f} s)"
+        f"tc {t.get('tc', 0):.2f} s" + (f", xdp {t['xdp']:.2f} s)" if "xdp" in t else ")")
     )
     if confirm is not None and (why := _not_confirmed(confirm)) is not None:
         from .reconcile import restore
@@ -460,10 +460,12 @@ def describe_flush(res, netns: str | None) -> str:
     if not removed:
         return f"nothing to flush{where}"
     n_tc = removed.pop("tc", 0)
+    n_xdp = removed.pop("xdp", 0)  # the XDP program and its attachments (kernel/xdp/stage.py)
     from .registry import backend
 
     what = ", ".join(f"{n} {backend(k).kind} objects" for k, n in removed.items())
-    return f"flushed{where}: {what or 'no packet-filter objects'}, {n_tc} tc objects; none remain"
+    xdp = f", {n_xdp} XDP objects (program and attachments, unpinned)" if n_xdp else ""
+    return f"flushed{where}: {what or 'no packet-filter objects'}, {n_tc} tc objects{xdp}; none remain"
 
 
 def _not_confirmed(seconds: float) -> str | None:

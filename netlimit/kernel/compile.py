@@ -64,6 +64,7 @@ from .objects import (
     U32Key,
     tc_handle,
 )
+from .xdp.stage import compile_xdp
 
 TABLE = "filter"
 LOG_LIMIT = "10/min"  # an `action: log` rule logs at most this often (burst: LOG_LIMIT_BURST)
@@ -638,7 +639,11 @@ def compile_config(config: Config, hz: int | None = None, ingress_problem: str |
         hz = kl.host_limits().hz
     if ingress_problem == nft_ingress.PROBE:
         ingress_problem = nft_ingress.hook_problem() if config.ingress is not None else None
-    chains, rules = compile_network(config)
+    # `early: true` rules run in the XDP program instead of the packet filter (docs/xdp.md)
+    filt = config
+    if any(r.early for r in config.network):
+        filt = config.model_copy(update={"network": [r for r in config.network if not r.early]})
+    chains, rules = compile_network(filt)
     devices = compile_bandwidth(config, hz)
     names = tuple(r.name for r in config.network) + tuple(b.name for b in config.bandwidth)
     return Desired(
@@ -647,8 +652,9 @@ def compile_config(config: Config, hz: int | None = None, ingress_problem: str |
         devices=tuple(devices),
         rule_names=names,
         notes=(f"HZ={hz}",),
-        nft=compile_nft(config, ingress_problem),
-        ipsets=tuple(compile_ipsets(config)),
+        nft=compile_nft(filt, ingress_problem),
+        ipsets=tuple(compile_ipsets(filt)),
+        xdp=compile_xdp(config),
         summary=summarize(config),
         config=config,
     )

@@ -30,5 +30,9 @@ def hot_entries(netns: str | None, backend: str | None, rule_names: list[str], l
     score, detail}, busiest first."""
     chosen = backend_of(backend)
     rows = run_in_netns(netns, lambda: chosen.hot(rule_names))
+    from . import listing
+    from .xdp import stage as xdp
+
+    rows += xdp.hot(netns, listing.load(netns).get("xdp_slots", []))  # the `early: true` rules' buckets
     rows.sort(key=lambda r: -r["score"])
     return rows[:limit]

@@ -140,6 +140,8 @@ def _path(netns: str | None) -> str:
 def save(netns: str | None, desired: Desired) -> None:
     """Remember the rules as written and the plan's tc spelling (only for `list`)."""
     doc = {"rules": list(desired.summary), "tc": tc_spelling(desired)}
+    if desired.xdp is not None:  # slot -> rule name: the XDP counters are per slot
+        doc["xdp_slots"] = list(desired.xdp.slot_rule)
     try:
         prune_state_files(NAMES_DIR, "rules-")
         os.makedirs(NAMES_DIR, exist_ok=True)

@@ -336,6 +336,8 @@ class Desired:
     #: the config compiled (None for "nothing": flush): a backend family that compiles its own
     #: objects reads it in its plan() (docs/architecture.md, How to add a kernel backend)
     config: Any = field(default=None, compare=False, hash=False, repr=False)
+    #: the `xdp:` stage (kernel/xdp/stage.py XdpDesired), None without an `xdp:` section
+    xdp: Any = None
 
     def family_rules(self, family: int) -> tuple[IptRule, ...]:
         return tuple(r for r in self.rules if r.family == family)

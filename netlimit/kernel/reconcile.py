@@ -30,6 +30,7 @@ from .registry import BACKEND_ENV, BACKENDS, FilterBackend, FilterPlan, FilterSt
 
 if TYPE_CHECKING:
     from .tc.shaping import TcPlan, TcState
+    from .xdp.stage import XdpPlan, XdpState
 
 __all__ = [
     "BACKENDS",
@@ -70,15 +71,22 @@ class State:
     # what netlimit owns through the other kind of backend (nftables vs legacy x_tables):
     # left by a switch of backend, removed once the new rules are in
     others: dict[str, FilterState] = field(default_factory=dict)
+    xdp: XdpState | None = None  # netlimit's XDP program, attachments and maps (kernel/xdp/stage.py)
 
     @property
     def empty(self) -> bool:
-        return self.filter.empty and self.tc.empty and all(s.empty for s in self.others.values())
+        return (
+            self.filter.empty
+            and self.tc.empty
+            and all(s.empty for s in self.others.values())
+            and (self.xdp is None or self.xdp.empty)
+        )
 
     def count(self) -> int:
         """Owned objects found in the kernel (what an apply adopts: a diff keeps those that
         match the file, e.g. after a crash or a kill -9 mid-apply)."""
-        return self.filter.count() + len(self.tc.objects()) + sum(s.count() for s in self.others.values())
+        n = self.filter.count() + len(self.tc.objects()) + sum(s.count() for s in self.others.values())
+        return n + (self.xdp.count() if self.xdp is not None else 0)
 
 
 @dataclass
@@ -86,16 +94,22 @@ class Changes:
     filter: FilterPlan  # as the filter backend planned it
     tc: TcPlan
     cleanup: dict[str, FilterPlan] = field(default_factory=dict)  # the other backends' objects going
+    xdp: XdpPlan | None = None
 
     @property
     def empty(self) -> bool:
-        return self.filter.empty and self.tc.empty and all(p.empty for p in self.cleanup.values())
+        return (
+            self.filter.empty
+            and self.tc.empty
+            and all(p.empty for p in self.cleanup.values())
+            and (self.xdp is None or self.xdp.empty)
+        )
 
     def lines(self) -> list[str]:
         out = self.filter.lines()
         for p in self.cleanup.values():
             out.extend(p.lines())
-        return out + self.tc.lines()
+        return out + self.tc.lines() + (self.xdp.lines() if self.xdp is not None else [])
 
     def counts(self) -> dict[str, int]:
         lines = self.lines()
@@ -108,8 +122,9 @@ class Changes:
 
 def _read(backend: FilterBackend, netns: str | None) -> State:
     from .tc import shaping as tc
+    from .xdp import stage as xdp
 
-    st = State(netns, backend.read(), tc.read_state(), backend.key)
+    st = State(netns, backend.read(), tc.read_state(), backend.key, xdp=xdp.read(netns))
     for other in others(backend.key):
         try:
             ost = other.read()
@@ -123,9 +138,11 @@ def _read(backend: FilterBackend, netns: str | None) -> State:
 
 def _diff(backend: FilterBackend, desired: Desired, state: State) -> Changes:
     from .tc import shaping as tc
+    from .xdp import stage as xdp
 
     cleanup = {k: get_backend(k).plan(Desired(), ost) for k, ost in state.others.items()}
-    return Changes(backend.plan(desired, state.filter), tc.diff(desired.devices, state.tc), cleanup)
+    xplan = xdp.plan(desired.xdp, state.xdp) if state.xdp is not None else None
+    return Changes(backend.plan(desired, state.filter), tc.diff(desired.devices, state.tc), cleanup, xplan)
 
 
 def read_owned(netns: str | None = None, *, backend: str | None = None) -> State:
@@ -168,6 +185,8 @@ def apply(
 
     def work() -> ApplyResult:
         from .tc import shaping as tc
+        from .xdp.stage import restore as xdp_restore
+        from .xdp.stage import write as xdp_write
 
         t0 = time.monotonic()
         with kernel_lock(), writer_lock(netns) if not dry_run else _nolock():
@@ -178,7 +197,9 @@ def apply(
             res = ApplyResult(changes, state, {"read": t_read - t0, "diff": t_diff - t_read})
             if dry_run or changes.empty:
                 return res
-            filter_touched = tc_touched = False
+            if changes.xdp is not None and changes.xdp.refused:  # before any write: nothing changes
+                raise ApplyError(f"xdp: {changes.xdp.refused}; nothing was changed", None, rolled_back=True)
+            filter_touched = tc_touched = xdp_touched = False
             cleaned: list[str] = []
             try:
                 if not changes.filter.empty:
@@ -195,6 +216,11 @@ def apply(
                     tc_touched = True
                     tc.apply(changes.tc, state.tc)
                 res.timings["tc"] = time.monotonic() - t1
+                if changes.xdp is not None and not changes.xdp.empty:
+                    t2 = time.monotonic()
+                    xdp_touched = True
+                    xdp_write(changes.xdp)  # last: attach/replace is atomic per interface
+                    res.timings["xdp"] = time.monotonic() - t2
             except Exception as exc:  # any failure mid-write rolls back, then becomes an ApplyError
                 rule = getattr(exc, "rule", None)
                 problems = []
@@ -213,6 +239,11 @@ def apply(
                         tc.restore(state.tc)
                     except Exception as rexc:  # pragma: no cover - reported, not hidden
                         problems.append(f"restoring tc failed: {rexc}")
+                if xdp_touched:
+                    try:
+                        xdp_restore(state.xdp)
+                    except Exception as rexc:  # pragma: no cover - reported, not hidden
+                        problems.append(f"restoring xdp failed: {rexc}")
                 msg = str(exc)
                 if rule and f"'{rule}'" not in msg:
                     msg = f"rule {rule!r}: {msg}"
@@ -234,6 +265,9 @@ def apply(
 
         save_names(netns, desired)
         listing.save(netns, desired)
+        from .xdp import prune_stale
+
+        prune_stale()  # where listing.save prunes the state files of namespaces that are gone
     return result
 
 
@@ -241,6 +275,8 @@ def layer_counts(st: State) -> dict[str, int]:
     """How many objects netlimit owns in `st`, per layer: the filter backends by key, "tc"."""
     counts = {st.backend: st.filter.count()} | {k: s.count() for k, s in st.others.items()}
     counts["tc"] = len(st.tc.objects())
+    if st.xdp is not None:
+        counts["xdp"] = st.xdp.count()
     return counts
 
 
@@ -273,6 +309,7 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> FlushResul
 
     def work() -> FlushResult:
         from .tc import shaping as tc
+        from .xdp import stage as xdp
 
         with kernel_lock(), writer_lock(netns):
             first: State | None = None
@@ -286,6 +323,7 @@ def flush(netns: str | None = None, *, backend: str | None = None) -> FlushResul
                     other = get_backend(key)
                     other.write(other.plan(Desired(), ost))
                 tc.flush(st.tc)
+                xdp.flush(netns)
                 after = _read(chosen, netns)
                 b, a = layer_counts(st), layer_counts(after)
                 for k, n in b.items():
@@ -321,6 +359,9 @@ def prune_state() -> None:
     prune_state_files(NAMES_DIR, "tc-names-")
     prune_state_files(NAMES_DIR, "rules-")  # what `list` keeps of the last apply (listing.py)
     prune_backends()  # nftables: its records of what it wrote
+    from .xdp import prune_stale
+
+    prune_stale()  # the XDP pins of namespaces that are gone (/sys/fs/bpf/netlimit/ns-*)
 
 
 # --- list -----------------------------------------------------------------------
@@ -416,6 +457,10 @@ def list_owned(
     from . import listing
 
     rows = run_in_netns(netns, work)
+    from .xdp import stage as xdp
+
+    slots = list(desired.xdp.slot_rule) if desired is not None and desired.xdp is not None else None
+    rows += xdp.rows(netns, slots if slots is not None else listing.load(netns).get("xdp_slots", []))
     names = tc_names(desired) if desired is not None else load_names(netns)
     spelled = listing.tc_spelling(desired) if desired is not None else listing.load(netns).get("tc", {})
     for row in rows:
@@ -434,11 +479,13 @@ def restore(state: State, netns: str | None = None) -> None:
 
     def work() -> None:
         from .tc import shaping as tc
+        from .xdp.stage import restore as xdp_restore
 
         with kernel_lock(), writer_lock(netns):
             get_backend(state.backend).restore(state.filter)
             for key, ost in state.others.items():
                 get_backend(key).restore(ost)
             tc.restore(state.tc)
+            xdp_restore(state.xdp)
 
     run_in_netns(netns, work)

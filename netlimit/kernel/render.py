@@ -231,7 +231,7 @@ def plan_text(desired: Desired, *, source: str = "", sha256: str = "", backend: 
     n_tc = len(desired.tc_objects)
     n_filter, what = chosen.plan_summary(desired)
     out.append(f"# {len(desired.rule_names)} rules -> {what}, {n_tc} tc objects ({', '.join(desired.notes)})")
-    if not n_filter and not n_tc:
+    if not n_filter and not n_tc and desired.xdp is None:
         out.append("# nothing to install: this file has no network or bandwidth rules")
         return "\n".join(out) + "\n"
     out.extend(chosen.plan_sections(desired))
@@ -240,6 +240,10 @@ def plan_text(desired: Desired, *, source: str = "", sha256: str = "", backend: 
         out.append("")
         out.append("# --- tc (run in this order) ---")
         out.append(tct.rstrip("\n"))
+    if desired.xdp is not None:
+        from .xdp.stage import plan_section
+
+        out.extend(plan_section(desired.xdp))
     return "\n".join(out) + "\n"
 
 
@@ -338,6 +342,10 @@ def plan_dict(desired: Desired, *, source: str = "", sha256: str = "", backend: 
         "rules": list(desired.rule_names),
     }
     out.update(backend_of(backend).plan_doc(desired))
+    if desired.xdp is not None:  # the `xdp:` stage (absent key without one: plans of other files unchanged)
+        from .xdp.stage import plan_doc
+
+        out["xdp"] = plan_doc(desired.xdp)
     return out | {
         "tc": {
             "devices": [

@@ -397,7 +397,8 @@ def test_a_chmod_after_permission_denied_reloads(tmp_path, netns):
         assert not any("ssh-guard" in r for r in owned_rules(netns))
         os.chmod(cfg, 0o644)  # the operator's fix, and nothing else
         wait_for(lambda: any("ssh-guard" in r for r in owned_rules(netns)), 20.0, "the reload after chmod")
-        assert query_status(sock)["rejected"] is None
+        # the rules are in the kernel a moment before the status says so (load-proof: wait)
+        wait_for(lambda: query_status(sock)["rejected"] is None, 10.0, "the rejection cleared")
     finally:
         proc.kill()
         proc.wait(timeout=10)

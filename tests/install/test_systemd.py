@@ -41,6 +41,23 @@ def test_unit_verifies_without_any_output(tmp_path, unit):
     assert (res.returncode, res.stdout + res.stderr) == (0, "")
 
 
+def test_the_xdp_drop_in_verifies_and_is_read(tmp_path):
+    """systemd/netlimitd-xdp.conf (docs/xdp.md) as /etc/systemd/system/netlimitd.service.d/xdp.conf:
+    verified without output, and systemd really reads it (the debug log names it)."""
+    _need("systemd-analyze")
+    dest = tmp_path / "netlimitd.service"
+    dest.write_text(render_unit((ROOT / "systemd" / "netlimitd.service").read_text(), BIN))
+    (tmp_path / "netlimitd.service.d").mkdir()
+    text = (ROOT / "systemd" / "netlimitd-xdp.conf").read_text()
+    assert "CAP_BPF" in text and "SystemCallFilter=bpf" in text and "ReadWritePaths=-/sys/fs/bpf" in text
+    (tmp_path / "netlimitd.service.d" / "xdp.conf").write_text(text)
+    res = subprocess.run(["systemd-analyze", "verify", str(dest)], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout + res.stderr) == (0, "")
+    env = dict(os.environ, SYSTEMD_LOG_LEVEL="debug")
+    res = subprocess.run(["systemd-analyze", "verify", str(dest)], capture_output=True, text=True, timeout=60, env=env)
+    assert "netlimitd.service.d/xdp.conf" in res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("unit,limit", [("netlimitd.service", 4.0), ("netlimit-sidecar.service", 2.0)])
 def test_unit_security_exposure(tmp_path, unit, limit):
     _need("systemd-analyze")

@@ -1,7 +1,7 @@
 """From the file format to the XDP program's tables (pure): which network rules XDP can
 run and, for the others, why not — the reasons `validate` gives for `early: true`.
 
-Not wired yet: the config has no `early:`/`xdp:` keys in this branch; from_config()
+`refusal` lives with the config (config/early.py: validate asks it); from_config()
 takes a predicate choosing the early rules (default: a rule's `early` attribute).
 """
 
@@ -10,59 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from netlimit.config.early import NO_CONNTRACK, refusal
+from netlimit.config.early import port_range as _port_range
 from netlimit.config.model import Config, NetworkRule
 from netlimit.kernel.network_common import burst_of
 from netlimit.kernel.xdp.maps import MAX_RULES, XdpRule
 
 from ...errors import NetlimitError
 
-# Why XDP cannot express a feature (it runs in the driver, before conntrack and routing).
-NO_CONNTRACK = "XDP runs before conntrack, so it sees packets, not connections"
-
 
 class EarlyRefused(NetlimitError, ValueError):
     """A rule XDP cannot run; the message names the rule and the reason."""
-
-
-def refusal(rule: NetworkRule) -> str | None:
-    """Why `rule` cannot run in XDP, or None when it can."""
-    if rule.method == "recent":
-        return f"method: recent counts new connections — {NO_CONNTRACK}"
-    if rule.max_connections is not None:
-        return f"max_connections (connlimit) counts concurrent connections — {NO_CONNTRACK}"
-    if rule.new_connections:
-        return f"new_connections needs to tell a new connection from any other packet — {NO_CONNTRACK}"
-    if rule.limit is None:
-        return "an early rule needs a limit"
-    if rule.per not in ("source", "all"):
-        return f"per: {rule.per} — the XDP program keys buckets by (masked) source only (per: source | all)"
-    if rule.action != "drop":
-        return f"action: {rule.action} — XDP can only drop (reject and log need the network stack)"
-    if rule.sources or rule.destinations:
-        return "sources/destinations filters are not in the XDP program (use exempt/deny, or a normal rule)"
-    if rule.chain != "input":
-        return f"chain: {rule.chain} — XDP sees every packet arriving on the interface, routed or not"
-    if rule.interface is not None:
-        return "interface — an early rule applies on every interface in xdp.interfaces"
-    if rule.escalate is not None:
-        return "escalate — the XDP program does not report drops per source to the daemon (yet)"
-    if len(_port_range(rule) or ()) == 0 and rule.ports:
-        return "ports — an early rule takes one port or one contiguous range"
-    return None
-
-
-def _port_range(rule: NetworkRule) -> tuple[int, int] | None:
-    """The ports as one inclusive range, None when there are no ports, () when the
-    ports do not form one contiguous range."""
-    if not rule.ports:
-        return None
-    spans = sorted((p.first, p.last) for p in rule.ports)
-    lo, hi = spans[0]
-    for a, b in spans[1:]:
-        if a > hi + 1:
-            return ()  # type: ignore[return-value]
-        hi = max(hi, b)
-    return lo, hi
 
 
 def early_rules(rule: NetworkRule) -> list[XdpRule]:
@@ -103,7 +61,7 @@ def from_config(cfg: Config, early: Callable[[NetworkRule], bool] | None = None)
     """The XDP tables of `cfg`: its exempt and deny lists, and its early rules (chosen
     by `early`, default a rule's `early` attribute). EarlyRefused names the first rule
     that cannot be early; more than MAX_RULES slots is refused too."""
-    pick = early or (lambda r: bool(getattr(r, "early", False)))
+    pick = early or (lambda r: r.early)
     out = XdpTables(exempt=[str(n) for n in cfg.exempt], deny=[str(n) for n in cfg.deny])
     for rule in cfg.network:
         if not pick(rule):
@@ -119,3 +77,6 @@ def from_config(cfg: Config, early: Callable[[NetworkRule], bool] | None = None)
 def refusals(rules: Iterable[NetworkRule]) -> dict[str, str]:
     """{rule name: reason} of the rules that could not be early (for validate's message)."""
     return {r.name: why for r in rules if (why := refusal(r)) is not None}
+
+
+__all__ = ["NO_CONNTRACK", "EarlyRefused", "XdpTables", "early_rules", "from_config", "refusal", "refusals"]
