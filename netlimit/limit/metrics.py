@@ -172,8 +172,8 @@ def _store_families(lim: Limiter):
     )
     if isinstance(lim.store, RedisStore):
         yield from _topology(lim.store)
-    if isinstance(lim.store, LeasedRedisStore):
-        yield from _leases(lim.store)
+    if isinstance(lim.store, LeasedRedisStore) or hasattr(lim.store, "lease_stats"):  # stores/shared.py leases too
+        yield from _leases(lim.store)  # type: ignore[arg-type]  # SharedMemoryStore: the same lease_stats, held()
     h = st.latency
     buckets = []
     acc = 0

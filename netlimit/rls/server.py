@@ -64,11 +64,13 @@ class GrpcServer:
         max_rpcs: int = MAX_RPCS,
         idle_ms: int = IDLE_MS,
         handshake_ms: int = HANDSHAKE_MS,
+        reuse_port: bool = False,
     ):
         self.host = host
         self.max_rpcs = max_rpcs
         self.idle_ms = idle_ms
         self.handshake_ms = handshake_ms
+        self.reuse_port = reuse_port  # the workers of `sidecar --workers N` share the port
         self.requested_port = port
         self.port = 0
         self.servicer = RateLimitServicer(limiter, front, max_delay=max_delay)
@@ -84,7 +86,8 @@ class GrpcServer:
         server = grpc.aio.server(
             maximum_concurrent_rpcs=self.max_rpcs,
             options=[
-                ("grpc.so_reuseport", 0),  # a second sidecar on the same port must fail, not share it
+                # a second sidecar on the same port must fail, not share it (but a worker's siblings share it)
+                ("grpc.so_reuseport", 1 if self.reuse_port else 0),
                 ("grpc.max_receive_message_length", MAX_MESSAGE),
                 ("grpc.max_send_message_length", 4 * MAX_MESSAGE),
                 ("grpc.max_concurrent_streams", MAX_STREAMS),

@@ -76,6 +76,8 @@ class Sidecar:
         admin_max_connections: int = 1024,
         admin_token: bytes | None = None,
         show_values: bool = False,
+        shared_state: str | None = None,
+        shared_leases: bool = True,
     ):
         self.config_path = str(config_path)
         loaded = load_file(self.config_path)  # ConfigError goes to the caller
@@ -88,8 +90,14 @@ class Sidecar:
         self.redis_override = redis_url
         self.storage = redis_url or http.storage
         self._store_settings = (http.storage, http.store_timeout_ms, http.max_keys, http.max_key_length)
-        if self.storage == "memory":
-            store: Any = MemoryStore(max_keys=http.max_keys, max_key_length=http.max_key_length)
+        if self.storage == "memory" and shared_state is not None:  # a worker of --workers N (workers.py)
+            from ..limit.stores.shared import SharedMemoryStore
+
+            store: Any = SharedMemoryStore(
+                shared_state, leases=shared_leases, max_keys=http.max_keys, max_key_length=http.max_key_length
+            )
+        elif self.storage == "memory":
+            store = MemoryStore(max_keys=http.max_keys, max_key_length=http.max_key_length)
         else:
             problem = redis_url_problem(self.storage, secrets=True)  # ${VAR} and password files: now
             if problem is not None:

@@ -168,6 +168,29 @@ _ShowValues = Annotated[
         "they are shown as sha256:<16 hex digits>.",
     ),
 ]
+_Workers = Annotated[
+    str,
+    typer.Option(
+        "--workers",
+        "-w",
+        envvar="NETLIMIT_SIDECAR_WORKERS",
+        help="Worker processes: N > 1 runs N sidecars on SO_REUSEPORT listeners under a supervisor that "
+        "restarts them and forwards SIGHUP, limits exact across them (memory: one shared state; Redis: "
+        "the store); 0 or auto = one per CPU; 1 = one process, no supervisor.",
+    ),
+]
+
+
+def workers_count(value: str) -> int | None:
+    """``--workers``: N >= 1, or 0 / auto for one per CPU; None when not a count."""
+    v = value.strip().lower()
+    if v in ("auto", "0"):
+        from .workers import cpu_count
+
+        return cpu_count()
+    if v.isdigit() and 1 <= int(v) <= 1024:
+        return int(v)
+    return None
 
 
 def register(app: typer.Typer) -> None:
@@ -191,6 +214,7 @@ def register(app: typer.Typer) -> None:
         grpc: _Grpc = None,
         admin_token_file: _AdminTokenFile = None,
         show_values: _ShowValues = False,
+        workers: _Workers = "1",
     ) -> None:
         """Run the HTTP rate-limit sidecar (decision endpoint, JSON API, or reverse proxy).
 
@@ -202,6 +226,10 @@ def register(app: typer.Typer) -> None:
 
         if problem := check(log_level, log_format):
             err(problem)
+            raise typer.Exit(EXIT_USAGE)
+        n_workers = workers_count(workers)
+        if n_workers is None:
+            err(f"--workers {workers!r}: expected a number of processes from 1 to 1024, or 0 / auto (one per CPU)")
             raise typer.Exit(EXIT_USAGE)
         setup(log_level, fmt=log_format)
         import logging
@@ -229,6 +257,9 @@ def register(app: typer.Typer) -> None:
             grpc=grpc,
             admin_token_file=str(admin_token_file) if admin_token_file is not None else None,
             show_values=show_values,
+            workers=n_workers,
+            log_level=log_level,
+            log_format=log_format,
         )
         try:
             run(opts)

@@ -30,9 +30,12 @@ log = logging.getLogger("netlimit.sidecar")
 STOP_GRACE = 5.0
 
 
-async def _listen(loop: asyncio.AbstractEventLoop, factory: Any, host: str, port: int, what: str) -> Any:
+async def _listen(
+    loop: asyncio.AbstractEventLoop, factory: Any, host: str, port: int, what: str, reuse_port: bool = False
+) -> Any:
     try:
-        return await loop.create_server(factory, host, port, reuse_address=True, backlog=1024)
+        return await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port or None,
+                                        backlog=1024)  # fmt: skip
     except OSError as exc:
         raise SystemExit(f"cannot listen on {format_hostport(host, port)} ({what}): {exc.strerror or exc}") from None
 
@@ -71,6 +74,16 @@ class Options:
     grpc: str | None = None
     admin_token_file: str | None = None
     show_values: bool = False
+    #: --workers: N > 1 runs a supervisor and N workers (workers.py); 1 is this one process
+    workers: int = 1
+    #: set by the supervisor in a worker: its index (its listeners then bind with SO_REUSEPORT)
+    worker: int | None = None
+    #: a worker's memory store: the state owner's Unix socket (stores/shared.py)
+    shared_state: str | None = None
+    #: leases from the state owner for hot keys (off: one round trip per decision)
+    shared_leases: bool = True
+    log_level: str = "info"
+    log_format: str = "text"
 
 
 def run(o: Options) -> None:
@@ -93,6 +106,10 @@ def run(o: Options) -> None:
         token = load_token(o.admin_token_file) if o.admin_token_file is not None else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if o.workers != 1 and o.worker is None:
+        from .workers import supervise
+
+        return supervise(o)
     sc = Sidecar(
         o.config,
         upstream=o.upstream,
@@ -101,6 +118,8 @@ def run(o: Options) -> None:
         admin_max_connections=o.admin_max_connections,
         admin_token=token,
         show_values=o.show_values,
+        shared_state=o.shared_state,
+        shared_leases=o.shared_leases,
     )  # ConfigError to the caller
     limits = Limits(
         header_timeout=o.header_timeout,
@@ -125,6 +144,7 @@ def run(o: Options) -> None:
                 limits=limits,
                 request_buffer=o.request_buffer,
                 upstream_timeout=o.upstream_timeout,
+                reuse_port=o.worker is not None,
             )
         )
 
@@ -140,6 +160,7 @@ async def serve(
     request_buffer: int = 1024 * 1024,
     upstream_timeout: float = 300.0,
     ready: asyncio.Future | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Run until SIGTERM / SIGINT; SIGHUP reloads the rules.
 
@@ -157,11 +178,11 @@ async def serve(
     servers: list[Any] = []
     gs: GrpcServer | None = None
     try:
-        servers.append(await _main_listener(sc, main, limits, host, port, proxy=pool is not None))
+        servers.append(await _main_listener(sc, main, limits, host, port, proxy=pool is not None, rp=reuse_port))
         if admin is not None:
-            servers.append(await _admin_listener(sc, limits, admin))
+            servers.append(await _admin_listener(sc, limits, admin, rp=reuse_port))
         if grpc is not None:
-            gs = await _grpc_door(sc, grpc)
+            gs = await _grpc_door(sc, grpc, rp=reuse_port)
         await _until_stopped(sc, [srv.sockets[0].getsockname()[1] for srv in servers], ready)
     finally:
         for srv in servers:
@@ -174,10 +195,12 @@ async def serve(
         await sc.stop()
 
 
-async def _main_listener(sc: Sidecar, handler: Any, limits: Limits, host: str, port: int, *, proxy: bool) -> Any:
+async def _main_listener(
+    sc: Sidecar, handler: Any, limits: Limits, host: str, port: int, *, proxy: bool, rp: bool = False
+) -> Any:
     """The client-facing listener (decision mode: the decision door too)."""
     loop = asyncio.get_running_loop()
-    s = await _listen(loop, lambda: HttpConnection(sc.state, handler, limits), host, port, "the sidecar")
+    s = await _listen(loop, lambda: HttpConnection(sc.state, handler, limits), host, port, "the sidecar", rp)
     mode = f"proxy to {sc.upstream}" if proxy else "decision and operator endpoints"
     rs = sc.limiter.rules
     log.info(
@@ -196,20 +219,21 @@ async def _main_listener(sc: Sidecar, handler: Any, limits: Limits, host: str, p
     return s
 
 
-async def _admin_listener(sc: Sidecar, limits: Limits, admin: tuple[str, int]) -> Any:
+async def _admin_listener(sc: Sidecar, limits: Limits, admin: tuple[str, int], rp: bool = False) -> Any:
     loop = asyncio.get_running_loop()
     endpoints = Endpoints(sc)
-    a = await _listen(loop, lambda: HttpConnection(sc.admin_state, endpoints, limits), admin[0], admin[1], "admin")
+    conn = lambda: HttpConnection(sc.admin_state, endpoints, limits)  # noqa: E731
+    a = await _listen(loop, conn, admin[0], admin[1], "admin", rp)
     log.info("admin listener on http://%s (decision endpoints, /healthz, /metrics, /v1/rules, /v1/top)",
              _shown(a, *admin))  # fmt: skip
     warn_exposed("admin listener", _shown(a, *admin), _bound(a, admin[0]), sc.admin_token is not None)
     return a
 
 
-async def _grpc_door(sc: Sidecar, grpc: tuple[str, int]) -> GrpcServer:
+async def _grpc_door(sc: Sidecar, grpc: tuple[str, int], rp: bool = False) -> GrpcServer:
     from ..rls.server import GrpcServer
 
-    gs = GrpcServer(sc.limiter, grpc[0], grpc[1], front=sc.front)
+    gs = GrpcServer(sc.limiter, grpc[0], grpc[1], front=sc.front, reuse_port=rp)
     try:
         await gs.start()
     except OSError as exc:
