@@ -26,13 +26,26 @@ from pathlib import Path
 
 from .common import REPO, Mode, Section
 
-SECTIONS = ("inproc", "redis", "leases", "cluster", "http", "memory", "kernel", "accuracy", "simulate", "bans")
+SECTIONS = (
+    "inproc",
+    "redis",
+    "leases",
+    "cluster",
+    "http",
+    "workers",
+    "memory",
+    "kernel",
+    "accuracy",
+    "simulate",
+    "bans",
+)
 MODULES = {
     "inproc": "inproc",
     "redis": "redis_bench",
     "leases": "lease_bench",
     "cluster": "cluster_bench",
     "http": "http_bench",
+    "workers": "workers_bench",
     "memory": "memory",
     "kernel": "kernel_apply",
     "accuracy": "accuracy",
