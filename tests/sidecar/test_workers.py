@@ -111,8 +111,8 @@ def offered_twice(port: int, n_workers: int) -> list[int]:
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize(
     "extra",
-    ["", "count_denied: false", "algorithm: token_bucket"],
-    ids=["fixed_window", "fixed_window_admitted", "token_bucket"],
+    ["", "count_denied: false", "algorithm: token_bucket", "algorithm: leaky_bucket", "algorithm: sliding_window_log"],
+    ids=["fixed_window", "fixed_window_admitted", "token_bucket", "leaky_bucket", "sliding_window_log"],
 )
 def test_memory_store_is_exact_across_workers(tmp_path, n, extra):
     w = Workers(config(tmp_path, extra=extra), n)

@@ -23,8 +23,12 @@ it, a lease is spent only before its window's end as seen from the worker
 (``sent + reset``: at or before the owner's end) and for at most
 :data:`LEASE_TTL`, and a give-back lowers a window's count only by units never
 admitted, in the window they were reserved in, never once the window is over
-(Lyft's saturated count).  Leases cover the two fixed windows; the other
-algorithms ask the owner for every decision (one round trip, still exact).
+(Lyft's saturated count).  A bucket's give-back sets its room to
+``min(burst, room + unused)``, the room it would have had had those hits never
+been taken (stores/lease.py's bucket argument: in wall time an interval may see
+at most the quota held in leases more than ``burst + rate x length``).  Leases
+cover the two fixed windows and the buckets (a leaky bucket without ``delay``);
+the sliding windows ask the owner for every decision (one round trip, still exact).
 
 The worker's socket calls block its event loop for one round trip (tens of µs
 on loopback): the price of keeping the in-process fast path (``check_fast``)
@@ -49,7 +53,7 @@ from functools import partial
 from time import monotonic
 from typing import Any
 
-from ..algorithms import FIXED_WINDOW, FIXED_WINDOW_ADMITTED, Decision, Limit
+from ..algorithms import FIXED_WINDOW, FIXED_WINDOW_ADMITTED, LEAKY_BUCKET, TOKEN_BUCKET, Decision, Limit
 from ..algorithms.base import _INF, DynamicLimit, _new
 from .base import hash_key
 from .lease import HOT_RATE, LEASE_DEMAND, LEASE_FRACTION, LEASE_TTL, MAX_LEASES, MAX_TRACKED, TICK, Lease, LeaseStats
@@ -62,8 +66,14 @@ _LEN = struct.Struct(">I")
 MAX_FRAME = 64 * 1024
 #: limits a worker defines on one connection; beyond, a limit is sent with every call
 MAX_LIMITS = 4096
-#: the leasing algorithms, and whether a denial lasts to the window's end (Lyft's counting)
-LEASING = {FIXED_WINDOW: True, FIXED_WINDOW_ADMITTED: False}
+#: the leasing algorithms: (a denial lasts to the window's end (Lyft's counting), it has
+#: windows); a leaky bucket with ``delay`` (queue mode) does not lease
+LEASING = {
+    FIXED_WINDOW: (True, True),
+    FIXED_WINDOW_ADMITTED: (False, True),
+    TOKEN_BUCKET: (False, False),
+    LEAKY_BUCKET: (False, False),
+}
 #: seconds between two attempts to reach an owner that did not answer
 RETRY = 0.5
 
@@ -96,13 +106,23 @@ def give_back(store: MemoryStore, key: str, limit: Limit, n: int, w: int) -> int
     """Lower the count of ``key``'s window ``w`` by at most ``n`` unused reserved
     units; nothing once the window moved on or is over its limit.  Returns the
     units given back."""
-    if n <= 0 or limit.algorithm not in LEASING:
+    how = LEASING.get(limit.algorithm)
+    if n <= 0 or how is None:
         return 0
     if len(key) > store._max_key_length:
         key = hash_key(key)
     table, state = _held(store, key, limit)
     if table is None:
         return 0
+    if not how[1]:  # a bucket: the room it would have had had those hits never been taken
+        now = time.time()
+        cap, free, last = limit._cap, state.real, state.imag
+        if now > last:
+            free = min(cap, free + (now - last) * limit._rate)
+            last = now
+        g = min(n, max(0, math.floor(cap - free)))
+        table[key] = min(cap, free + n) + 1j * last
+        return g
     b = limit._cb
     count = state & limit._cm
     if state >> b != w or count > limit.limit:
@@ -125,16 +145,20 @@ class Owner:
         given = give_back(store, key, limit, back, bw) if back else 0
         d = store.hit_sync(key, limit, cost, now)
         grant, w = 0, -1
-        if extra > 0 and d.allowed and cost > 0 and limit.algorithm in LEASING and not limit._dynamic:
+        how = LEASING.get(limit.algorithm)
+        if extra > 0 and d.allowed and cost > 0 and how is not None and not limit._dynamic and not limit.delay:
             grant = min(extra, d.remaining)
             if grant:
-                store.hit_sync(key, limit, grant, now)  # within the remaining: admitted, same window
+                store.hit_sync(key, limit, grant, now)  # within the remaining: admitted (same window)
                 d.remaining -= grant
-            k = key if len(key) <= store._max_key_length else hash_key(key)
-            _, state = _held(store, k, limit)
-            w = state >> limit._cb if state is not None else -1
-            if w < 0:
-                grant = 0
+            if how[1]:
+                k = key if len(key) <= store._max_key_length else hash_key(key)
+                _, state = _held(store, k, limit)
+                w = state >> limit._cb if state is not None else -1
+                if w < 0:
+                    grant = 0
+            else:
+                w = 0
         return (d.allowed, d.limit, d.remaining, d.retry_after, d.reset, d.delay, grant, w, given)
 
     def answer(self, limits: dict[int, Limit], msg: tuple) -> tuple | int | None:
@@ -376,7 +400,7 @@ class SharedMemoryStore(MemoryStore):
 
     def hit_sync(self, key: str, limit: Limit, cost: int = 1, now: float | None = None) -> Decision:
         how = LEASING.get(limit.algorithm) if self.leases else None
-        if how is None or cost <= 0 or limit._dynamic or limit._deny0:
+        if how is None or cost <= 0 or limit._dynamic or limit._deny0 or limit.delay:
             try:
                 r = self._call(lambda lid: (OP_HIT, lid, key, cost, 0, 0, -1), limit)
             except ConnectionError:
@@ -410,7 +434,7 @@ class SharedMemoryStore(MemoryStore):
                 return d
         return self._renew(key, k, limit, cost, t, how)
 
-    def _renew(self, key: str, k: str, limit: Limit, cost: int, t: float, counts_denied: bool) -> Decision:
+    def _renew(self, key: str, k: str, limit: Limit, cost: int, t: float, how: tuple[bool, bool]) -> Decision:
         """One round trip: give back the previous lease's rest, decide, reserve for a hot key."""
         st = self.lease_stats
         st.decisions += 1
@@ -435,9 +459,10 @@ class SharedMemoryStore(MemoryStore):
         st.returned_units += given
         if back > given:
             st.expired_units += back - given
-        wend = sent + reset
+        counts_denied, windowed = how
+        wend = sent + reset if windowed else math.inf
         if allowed and grant > 0:
-            ls = _Held(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, wend, False, limit, key)
+            ls = _Held(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset, False, limit, key)
             self._leases[k] = ls
             st.granted += 1
             st.granted_units += grant
