@@ -134,6 +134,8 @@ class Sidecar:
         self.guard = DropGuard()  # holds back a file that would remove most rules (netlimit/reload.py)
         self._recheck: asyncio.TimerHandle | None = None
         self._xff_warned = False
+        #: `--workers N`: (this worker's index, N) -- /healthz says which worker answered
+        self.worker: tuple[int, int] | None = None
         # each listener's connections and batched answers: a flood on the client-facing
         # listener cannot take the admin listener's connections (nor the reverse)
         self.state = ServerState(max_connections)
@@ -399,6 +401,8 @@ class Sidecar:
         }
         if isinstance(lim.store, RedisStore):  # nodes, their role, whether they answer
             doc["store_topology"] = lim.store.topology()
+        if self.worker is not None:  # the worker the connection landed on (its counters only)
+            doc["worker"], doc["workers"] = self.worker
         return doc
 
     def rules_doc(self) -> dict[str, Any]:

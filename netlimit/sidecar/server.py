@@ -121,6 +121,8 @@ def run(o: Options) -> None:
         shared_state=o.shared_state,
         shared_leases=o.shared_leases,
     )  # ConfigError to the caller
+    if o.worker is not None:
+        sc.worker = (o.worker, o.workers)
     limits = Limits(
         header_timeout=o.header_timeout,
         body_timeout=o.body_timeout,

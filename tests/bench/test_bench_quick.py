@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("inproc", "redis", "cluster", "http", "memory", "kernel", "accuracy", "simulate")
+SECTIONS = ("inproc", "redis", "cluster", "http", "workers", "memory", "kernel", "accuracy", "simulate")
 
 pytestmark = [pytest.mark.netns, pytest.mark.redis, pytest.mark.nginx, pytest.mark.timeout(240)]
 

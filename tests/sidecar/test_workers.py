@@ -173,6 +173,9 @@ def test_a_killed_worker_is_restarted_and_serves(tmp_path):
         w.wait_count(rf"listening on http://127\.0\.0\.1:{w.port} ", 1, timeout=60, start=mark)
         kids = wait_for(lambda: len(k := children(w.proc.pid)) == 3 and k, 10, "three children again")
         assert victim not in kids
+        # /healthz says which worker answered: over fresh connections, both show up
+        seen = {request(w.port, "GET", "/healthz").json()["worker"] for _ in range(60)}
+        assert seen == {0, 1}, seen
         # both workers answer, and the counters lived through (the owner kept them): still exact
         statuses = offered_twice(w.port, 2)
         assert statuses.count(200) == LIMIT
