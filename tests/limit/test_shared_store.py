@@ -147,3 +147,25 @@ def test_without_an_owner_a_worker_decides_alone_and_comes_back(tmp_path):
             o.stop()
     finally:
         asyncio.run(w.close())
+
+
+def test_units_given_back_to_a_saturated_window_are_still_admitted(owner):
+    """Lyft's counting: a denial saturates the window; the unused rest of a lease
+    another worker held then comes back into the owner's pool and is admitted."""
+    from time import monotonic
+
+    lim = _limit("fixed_window", 500)
+    a, b = SharedMemoryStore(owner.path), SharedMemoryStore(owner.path)
+    try:
+        admitted = sum(a.hit_sync("k", lim).allowed for _ in range(200))
+        held = a.held()
+        assert held > 0  # a is hot: it holds a lease
+        admitted += sum(b.hit_sync("k", lim).allowed for _ in range(1000))
+        assert admitted == 500 - held  # b saturated the window; a's lease is all that is left
+        a._sweep(monotonic(), everything=True)  # a gives its lease back (as at its expiry)
+        assert a.lease_stats.returned_units == held and not owner.store.peek_sync("k", lim, 0).allowed
+        admitted += sum(a.hit_sync("k", lim).allowed for _ in range(100))
+    finally:
+        asyncio.run(a.close())
+        asyncio.run(b.close())
+    assert admitted == 500

@@ -248,3 +248,47 @@ def test_a_bad_workers_value_is_refused(tmp_path):
     r = subprocess.run([*netlimit_cmd(), "sidecar", "--config", str(config(tmp_path)), "--workers", "many"],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 64 and "--workers 'many'" in r.stderr
+
+
+def test_the_grpc_door_is_served_by_every_worker_and_exact(tmp_path):
+    """--grpc with SO_REUSEPORT in each worker: Envoy's RLS calls over many channels,
+    one descriptor at twice the limit, answered OK exactly `limit` times."""
+    grpc = pytest.importorskip("grpc")
+    from rls_helpers import OVER_LIMIT, rls_pb2_grpc
+    from rls_helpers import request as rls_request
+
+    w = Workers(config(tmp_path), 2, "--grpc", "127.0.0.1:0")
+    try:
+        port = int(w.wait_line(r"gRPC listening on 127\.0\.0\.1:(\d+)", timeout=30).group(1))
+        w.wait_count(rf"gRPC listening on 127\.0\.0\.1:{port} ", 2, timeout=30)
+        key = "grpc-" + uuid.uuid4().hex
+        codes = []
+        for _ in range(12):  # a channel per batch: new connections, spread over the workers
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                stub = rls_pb2_grpc.RateLimitServiceStub(ch)
+                for _ in range(2 * LIMIT // 12):
+                    resp = stub.ShouldRateLimit(rls_request("workers", [("header:X-Api-Key", key)]), timeout=10)
+                    codes.append(resp.overall_code)
+    finally:
+        w.stop(timeout=15)
+    assert len(codes) == 2 * LIMIT
+    assert codes.count(OVER_LIMIT) == LIMIT, codes.count(OVER_LIMIT)
+
+
+def test_a_killed_state_owner_is_restarted_and_workers_use_it_again(tmp_path):
+    w = Workers(config(tmp_path, limit=5), 2)
+    try:
+        owner = next(p for p in w.kids if '"owner"' in Path(f"/proc/{p}/cmdline").read_text())
+        mark = w.mark()
+        os.kill(owner, signal.SIGKILL)
+        w.wait_line(rf"state owner \(pid {owner}\) exited with signal SIGKILL", timeout=15, start=mark)
+        w.wait_line(r"state owner started again", timeout=15, start=mark)
+        deadline = time.monotonic() + 30
+        while True:  # until both workers reach the new owner (each retries 0.5 s after a failed call)
+            key = {"X-Api-Key": "after-" + uuid.uuid4().hex}
+            got = [request(w.port, "GET", "/v1/check", key).status for _ in range(12)]
+            if got.count(200) == 5 or time.monotonic() > deadline:
+                break
+        assert got.count(200) == 5, got
+    finally:
+        w.stop(timeout=15)

@@ -22,8 +22,11 @@ at a time; a reserved unit is counted in its window before any worker admits
 it, a lease is spent only before its window's end as seen from the worker
 (``sent + reset``: at or before the owner's end) and for at most
 :data:`LEASE_TTL`, and a give-back lowers a window's count only by units never
-admitted, in the window they were reserved in, never once the window is over
-(Lyft's saturated count).  A bucket's give-back sets its room to
+admitted, in the window they were reserved in.  Lyft's counting saturates a
+window at its first denial, so units given back to a saturated window go to a
+pool instead, from which the window's next hits are admitted (they were
+reserved, never admitted): N workers offered twice the limit admit exactly the
+limit, whichever worker holds the last lease.  A bucket's give-back sets its room to
 ``min(burst, room + unused)``, the room it would have had had those hits never
 been taken (stores/lease.py's bucket argument: in wall time an interval may see
 at most the quota held in leases more than ``burst + rate x length``).  Leases
@@ -74,6 +77,8 @@ LEASING = {
     TOKEN_BUCKET: (False, False),
     LEAKY_BUCKET: (False, False),
 }
+#: keys holding units given back to a saturated window, at most
+MAX_POOL = 65_536
 #: seconds between two attempts to reach an owner that did not answer
 RETRY = 0.5
 
@@ -138,11 +143,51 @@ class Owner:
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
         self.clients = 0
+        #: Lyft's counting: units given back to a window already saturated by a denial,
+        #: {(namespace, key): [window, units]}; admitted before the saturated count
+        #: denies (they were reserved, never admitted)
+        self.pool: dict[tuple[str, str], list[int]] = {}
+
+    def back(self, limit: Limit, key: str, n: int, w: int) -> int:
+        """Give back ``n`` units of window ``w``; into the pool when Lyft's count saturated it."""
+        store = self.store
+        given = give_back(store, key, limit, n, w)
+        if given < n and LEASING.get(limit.algorithm, (False,))[0]:
+            k = key if len(key) <= store._max_key_length else hash_key(key)
+            _, state = _held(store, k, limit)
+            if state is not None and state >> limit._cb == w and state & limit._cm > limit.limit:
+                p = self.pool.get((limit._ns, k))
+                if p is None or p[0] != w:
+                    if len(self.pool) >= MAX_POOL:  # bounded: the units are lost (early denials only)
+                        return given
+                    p = self.pool[(limit._ns, k)] = [w, 0]
+                p[1] += n - given
+                given = n
+        return given
+
+    def _from_pool(self, limit: Limit, key: str, cost: int, now: float) -> tuple | None:
+        k = key if len(key) <= self.store._max_key_length else hash_key(key)
+        p = self.pool.get((limit._ns, k))
+        if p is None:
+            return None
+        w = math.floor(now / limit.period)
+        if p[0] < w:  # the window ended: its pool with it
+            del self.pool[(limit._ns, k)]
+            return None
+        if cost > p[1]:
+            return None
+        p[1] -= cost
+        if not p[1]:
+            del self.pool[(limit._ns, k)]
+        reset = (p[0] + 1) * limit.period - now
+        return (True, limit.limit, p[1], 0.0, reset, 0.0, 0, -1)
 
     def hit(self, limit: Limit, key: str, cost: int, extra: int, back: int, bw: int) -> tuple:
         store = self.store
         now = time.time()
-        given = give_back(store, key, limit, back, bw) if back else 0
+        given = self.back(limit, key, back, bw) if back else 0
+        if self.pool and cost > 0 and (r := self._from_pool(limit, key, cost, now)) is not None:
+            return (*r, given)
         d = store.hit_sync(key, limit, cost, now)
         grant, w = 0, -1
         how = LEASING.get(limit.algorithm)
@@ -173,7 +218,7 @@ class Owner:
             d = self.store.peek_sync(msg[2], limits[msg[1]], msg[3])
             return (d.allowed, d.limit, d.remaining, d.retry_after, d.reset, d.delay)
         if op == OP_BACK:
-            return give_back(self.store, msg[2], limits[msg[1]], msg[3], msg[4])
+            return self.back(limits[msg[1]], msg[2], msg[3], msg[4])
         raise ValueError(f"unknown op {op!r}")
 
 
@@ -459,7 +504,7 @@ class SharedMemoryStore(MemoryStore):
         st.returned_units += given
         if back > given:
             st.expired_units += back - given
-        counts_denied, windowed = how
+        windowed = how[1]
         wend = sent + reset if windowed else math.inf
         if allowed and grant > 0:
             ls = _Held(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset, False, limit, key)
@@ -467,9 +512,10 @@ class SharedMemoryStore(MemoryStore):
             st.granted += 1
             st.granted_units += grant
         elif not allowed and hot and retry_after < math.inf:
-            # a hot key's denial: to the window's end where Lyft's count saturates it, else for
-            # the retry time, at most LEASE_TTL (an early denial at worst, never an admission)
-            until = wend if counts_denied else sent + min(retry_after, LEASE_TTL)
+            # a hot key's denial answers its hits for the retry time, at most LEASE_TTL (an early
+            # denial at worst, never an admission); not to the window's end even where Lyft's
+            # count saturates it: units given back to the owner's pool may still be admitted
+            until = sent + min(retry_after, LEASE_TTL)
             ls = _Held(w, 0, until, wend, remaining, sent + retry_after, True, limit, key)
             self._leases[k] = ls
         return Decision(allowed, lim, remaining, 0.0 if allowed else retry_after, reset)
