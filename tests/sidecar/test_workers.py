@@ -292,3 +292,13 @@ def test_a_killed_state_owner_is_restarted_and_workers_use_it_again(tmp_path):
         assert got.count(200) == 5, got
     finally:
         w.stop(timeout=15)
+
+
+def test_a_bad_file_at_start_starts_no_worker(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nhttp:\n  descriptors: [{key: 7}]\n")
+    r = subprocess.run([*netlimit_cmd(), "sidecar", "--config", str(bad), "--workers", "2",
+                        "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "bad.yaml:2:1" in r.stderr and "the sidecar did not start" in r.stderr
+    assert "supervisor" not in r.stderr
