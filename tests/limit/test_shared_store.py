@@ -169,3 +169,19 @@ def test_units_given_back_to_a_saturated_window_are_still_admitted(owner):
         asyncio.run(a.close())
         asyncio.run(b.close())
     assert admitted == 500
+
+
+def test_limit_overrides_are_decided_by_the_owner(owner):
+    """A DynamicLimit (a request's limit override) never leases: every decision is the owner's."""
+    from netlimit.limit.algorithms.base import DynamicLimit
+
+    lim = DynamicLimit("fixed_window", 7, 1e8)
+    a, b = SharedMemoryStore(owner.path), SharedMemoryStore(owner.path)
+    try:
+        got = [(a if i % 2 else b).hit_sync("override-key", lim).allowed for i in range(20)]
+        peek = a.peek_sync("override-key", lim, 0)
+    finally:
+        asyncio.run(a.close())
+        asyncio.run(b.close())
+    assert got.count(True) == 7 and got[:7] == [True] * 7
+    assert not peek.allowed and a.lease_stats.granted == b.lease_stats.granted == 0
