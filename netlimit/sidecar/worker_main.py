@@ -6,8 +6,10 @@ owner of the shared memory store (limit/stores/shared.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -41,8 +43,14 @@ def owner_main(path: str, max_keys: int, max_key_length: int) -> None:
         except asyncio.CancelledError:
             pass
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(main())
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(main())
+    finally:  # the supervisor removes the directory; a SIGKILLed one cannot: the owner does
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(path))
 
 
 def worker_main(doc: dict[str, Any]) -> int:

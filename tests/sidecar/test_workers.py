@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import time
@@ -222,9 +223,13 @@ def test_a_sigkilled_supervisor_leaves_no_worker(tmp_path):
     w = Workers(config(tmp_path), 2)
     kids = list(w.kids)
     try:
+        argv = Path(f"/proc/{kids[0]}/cmdline").read_text()
+        state_dir = Path(re.search(r'"(?:owner|shared_state)": "([^"]+)"', argv).group(1)).parent
+        assert state_dir.is_dir()
         w.proc.kill()
         w.proc.wait(timeout=10)
         wait_for(lambda: not any(alive(p) for p in kids), 30, f"the children {kids} to exit")
+        assert not state_dir.exists()  # the owner removed its socket and the directory
     finally:
         for p in kids:
             if alive(p):
