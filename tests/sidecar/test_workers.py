@@ -94,8 +94,6 @@ class Workers(LogProc):
             raise
 
     def count(self, pattern: str, start: int = 0) -> int:
-        import re
-
         rx = re.compile(pattern)
         with self._cv:
             return sum(1 for line in self.lines[start:] if rx.search(line))
