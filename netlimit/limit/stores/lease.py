@@ -82,6 +82,14 @@ MAX_LEASES = 10_000
 MAX_TRACKED = 65_536
 #: most leases given back per sweep (the rest wait for the next tick)
 MAX_RETURNS = 256
+#: a lease call that admitted is confirmed on a replica (``WAIT 1 CONFIRM_MS``) when
+#: the key's primary has one, before its answer and its lease are used: a failover to
+#: that replica keeps the reservation (Redis replicates asynchronously otherwise)
+CONFIRM_MS = 50
+#: how long a node's replica count (``ROLE``) is trusted before it is asked again
+ROLE_TTL = 1.0
+#: a node whose replica did not confirm in time grants no lease for this long
+UNCONFIRMED_S = 1.0
 #: the leasing algorithms: (their lease script, a denial lasts to the window's end
 #: (Lyft's counting saturates the window), they have windows); a leaky bucket with
 #: ``delay`` (queue mode) does not lease
@@ -119,6 +127,8 @@ class LeaseStats:
     returned_units: int = 0  # unused units given back to their window
     expired_units: int = 0  # unused units whose window ended first (nothing to give back)
     return_errors: int = 0  # give-backs that failed (the units stay counted: safe)
+    confirms: int = 0  # WAIT calls: a lease call's writes confirmed on a replica (CONFIRM_MS)
+    unconfirmed: int = 0  # ... not confirmed in time: the lease was dropped (its units stay counted)
 
 
 _LEASE_LUA: dict[str, tuple[str, bytes]] = {}
@@ -155,6 +165,10 @@ class LeasedRedisStore(RedisStore):
         self._sweeping: asyncio.Task | None = None
         #: the keys whose lease call is under way (other decisions on them wait for it)
         self._inflight: dict[str, asyncio.Future] = {}
+        #: per primary (address): (its replicas as ROLE said, until when that is trusted)
+        self._replicas: dict[str, tuple[int, float]] = {}
+        #: per primary (address): until when it grants no lease (a replica did not confirm)
+        self._unconfirmed: dict[str, float] = {}
 
     # -- the local rate ---------------------------------------------------------
 
@@ -251,6 +265,8 @@ class LeasedRedisStore(RedisStore):
             else:
                 st.expired_units += old.left
         hot = rate >= HOT_RATE and (old is not None or len(self._leases) < MAX_LEASES)
+        if hot and self._unconfirmed and self._unconfirmed.get(self._where_of(key, limit), 0.0) > now:
+            hot = False  # its replica did not confirm lately: the one-trip path (see CONFIRM_MS)
         if not hot and not back:
             return await self.hit(key, limit, cost)
         extra = min(math.ceil(rate * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION))) if hot else 0
@@ -258,20 +274,25 @@ class LeasedRedisStore(RedisStore):
         fut = self._inflight[k] = asyncio.get_running_loop().create_future()
         try:
             res = await self._lease_call(key, limit, cost, extra, back, bw)
+            try:
+                allowed, lim, remaining = res[0] == 1, int(res[1]), int(res[2])
+                retry_after, reset = float(res[3]), float(res[4])
+                grant, w, given = int(res[6]), int(res[7]), int(res[8])
+                # the window's end: the reply's 10th field where reset is not it (the sliding counter)
+                ends = float(res[9]) if len(res) > 9 else reset
+            except (TypeError, ValueError, IndexError) as e:
+                raise StoreError(f"redis lease for {key!r}: unexpected reply {res!r:.200}") from e
+            # an admission (and its lease) is used once a replica has it: a failover keeps it
+            confirmed = not allowed or await self._confirm(key, limit)
         finally:
             del self._inflight[k]
             fut.set_result(None)
-        try:
-            allowed, lim, remaining = res[0] == 1, int(res[1]), int(res[2])
-            retry_after, reset = float(res[3]), float(res[4])
-            grant, w, given = int(res[6]), int(res[7]), int(res[8])
-            # the window's end: the reply's 10th field where reset is not it (the sliding counter)
-            ends = float(res[9]) if len(res) > 9 else reset
-        except (TypeError, ValueError, IndexError) as e:
-            raise StoreError(f"redis lease for {key!r}: unexpected reply {res!r:.200}") from e
         st.returned_units += given
         if back > given:  # the window was over (or had moved on): nothing to give back to
             st.expired_units += back - given
+        if not confirmed:
+            st.expired_units += grant  # counted in Redis, never admitted: fewer admissions, never more
+            grant = 0
         wend = sent + ends if windowed else math.inf
         if allowed and grant > 0:
             ls = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset)
@@ -304,10 +325,7 @@ class LeasedRedisStore(RedisStore):
         redirects as :meth:`RedisStore._slow` handles them)."""
         src, sha = lease_lua(limit)
         argv = (b"%d" % cost, b"", b"0", b"%d" % extra, b"%d" % back, b"%d" % bw)
-        head = f"{self._prefix}:{{{limit._sig}:"
-        rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}").encode(
-            "utf-8", "surrogatepass"
-        )
+        rkey = self._rkey(key, limit)
         frame = _evalsha_frame(sha, argv)
         data = b"%b$%d\r\n%b\r\n%b" % (frame[0], len(rkey), rkey, frame[1])
         if self._slots is not None:
@@ -326,6 +344,62 @@ class LeasedRedisStore(RedisStore):
                 return await self._slow(e, node, limit, data, rkey, t0, src)
         except _STORE_FAILURES as e:
             raise StoreError(f"redis lease {limit.algorithm} for {key!r}: {e!r}") from e
+
+    def _rkey(self, key: str, limit: Limit) -> bytes:
+        head = f"{self._prefix}:{{{limit._sig}:"
+        return ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}").encode(
+            "utf-8", "surrogatepass"
+        )
+
+    def _node_of(self, rkey: bytes) -> Any:
+        """The primary a call for ``rkey`` goes to now (None: not known yet)."""
+        if self._slots is not None:
+            return self._slots[key_slot(rkey)]
+        if self._sentinel is not None:
+            return self._sentinel.primary
+        return self._node
+
+    def _where_of(self, key: str, limit: Limit) -> str:
+        node = self._node_of(self._rkey(key, limit))
+        return "" if node is None else str(node.address)
+
+    async def _confirm(self, key: str, limit: Limit) -> bool:
+        """After a lease call that admitted: its writes are on a replica of the key's
+        primary (``WAIT 1``), or the primary has none (``ROLE``, asked at most every
+        ROLE_TTL).  False: not confirmed within CONFIRM_MS (the node then grants no
+        lease for UNCONFIRMED_S).  A lost connection raises StoreError (the limiter's
+        on_store_failure decides this hit)."""
+        node = self._node_of(self._rkey(key, limit))
+        if node is None:  # the map was dropped meanwhile: nothing to wait on, nothing leased
+            return False
+        where = str(node.address)
+        st = self.lease_stats
+        now = monotonic()
+        try:
+            known = self._replicas.get(where)
+            if known is None or known[1] <= now:
+                st.round_trips += 1
+                role = await node.execute_command(b"ROLE")
+                n = len(role[2]) if role and role[0] == b"master" and len(role) > 2 else 0
+                if len(self._replicas) >= 1024:  # bounded: a cluster has a few primaries
+                    self._replicas.clear()
+                self._replicas[where] = known = (n, now + ROLE_TTL)
+            if known[0] == 0:
+                return True
+            st.round_trips += 1
+            st.confirms += 1
+            acked = await node.execute_command(b"WAIT", b"1", b"%d" % CONFIRM_MS)
+        except _STORE_FAILURES as e:
+            raise StoreError(f"redis lease {limit.algorithm} for {key!r}: WAIT at {where}: {e!r}") from e
+        if int(acked) >= 1:
+            return True
+        st.unconfirmed += 1
+        if len(self._unconfirmed) >= 1024:
+            self._unconfirmed.clear()
+        self._unconfirmed[where] = monotonic() + UNCONFIRMED_S
+        log.warning("redis lease: no replica of %s confirmed within %d ms: no leases there for %.0f s",
+                    where, CONFIRM_MS, UNCONFIRMED_S)  # fmt: skip
+        return False
 
     async def _sweep(self, now: float, everything: bool = False) -> None:
         """Give back the unused part of the leases past their time (all of them
