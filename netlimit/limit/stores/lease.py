@@ -318,6 +318,16 @@ class LeasedRedisStore(RedisStore):
         now = monotonic()
         return sum(ls.left for ls in self._leases.values() if now < ls.wend)
 
+    def held_by_ns(self) -> dict[str, int]:
+        """:meth:`held` per ``Limit._ns`` (per rule: the metric's per-rule gauge)."""
+        now = monotonic()
+        out: dict[str, int] = {}
+        for k, ls in self._leases.items():
+            if ls.left and now < ls.wend:
+                ns = k[: k.index(":") + 1]
+                out[ns] = out.get(ns, 0) + ls.left
+        return out
+
     # -- Redis -----------------------------------------------------------------------
 
     async def _lease_call(self, key: str, limit: Limit, cost: int, extra: int, back: int, bw: int) -> Any:
