@@ -86,6 +86,10 @@ MAX_RETURNS = 256
 #: the key's primary has one, before its answer and its lease are used: a failover to
 #: that replica keeps the reservation (Redis replicates asynchronously otherwise)
 CONFIRM_MS = 50
+#: a lease is renewed in the background (the same call, cost 0) once it is down to this
+#: fraction of its grant, so concurrent decisions go on from it instead of all waiting
+#: for the renewal's round trip when it runs dry
+RENEW_AT = 0.5
 #: how long a node's replica count (``ROLE``) is trusted before it is asked again
 ROLE_TTL = 1.0
 #: a node whose replica did not confirm in time grants no lease for this long
@@ -113,6 +117,7 @@ class Lease:
     remaining: int  # the window's remaining after the reservation (reported)
     resets: float  # monotonic: when the reported reset comes (the window's end, a bucket's refill)
     denied: bool = False  # a remembered denial: hits above `remaining` are denied until `until`
+    low: int = -1  # renewed ahead (RENEW_AT) once `left` is at most this; -1: not (again)
 
 
 @dataclass(slots=True)
@@ -167,6 +172,8 @@ class LeasedRedisStore(RedisStore):
         self._inflight: dict[str, asyncio.Future] = {}
         #: per primary (address): (its replicas as ROLE said, until when that is trusted)
         self._replicas: dict[str, tuple[int, float]] = {}
+        #: renewals ahead under way (RENEW_AT)
+        self._renewals: set[asyncio.Task] = set()
         #: per primary (address): until when it grants no lease (a replica did not confirm)
         self._unconfirmed: dict[str, float] = {}
 
@@ -227,6 +234,8 @@ class LeasedRedisStore(RedisStore):
             d.retry_after = _INF if cost > limit._cap else d.reset
         elif ls.left >= cost:
             ls.left -= cost
+            if ls.left <= ls.low:
+                self._renew_ahead(k, key, limit, ls)
             d.allowed = True
             d.remaining = ls.remaining
             d.retry_after = 0.0
@@ -296,6 +305,7 @@ class LeasedRedisStore(RedisStore):
         wend = sent + ends if windowed else math.inf
         if allowed and grant > 0:
             ls = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset)
+            ls.low = int(grant * RENEW_AT) if grant > 1 else -1
             other = self._leases.get(k)  # a concurrent call's lease meanwhile
             if other is not None and other.w == w and not other.denied:
                 ls.left += other.left
@@ -312,6 +322,62 @@ class LeasedRedisStore(RedisStore):
             until = wend if counts_denied else sent + min(retry_after, LEASE_TTL)
             self._leases[k] = Lease(w, 0, until, wend, remaining, sent + retry_after, True)
         return Decision(allowed, lim, remaining, 0.0 if allowed else retry_after, reset)
+
+    def _renew_ahead(self, k: str, key: str, limit: Limit, ls: Lease) -> None:
+        """Start a renewal of ``ls`` in the background (at most one per key: none
+        while a call on the key is under way); its grant is added to the lease."""
+        ls.low = -1
+        if k in self._inflight:
+            return
+        loop = asyncio.get_running_loop()
+        fut = self._inflight[k] = loop.create_future()
+        t = loop.create_task(self._renew(k, key, limit, fut))
+        self._renewals.add(t)  # at most one per key (the in-flight mark)
+        t.add_done_callback(self._renewals.discard)
+
+    async def _renew(self, k: str, key: str, limit: Limit, fut: asyncio.Future) -> None:
+        st = self.lease_stats
+        try:
+            now = monotonic()
+            if self._unconfirmed and self._unconfirmed.get(self._where_of(key, limit), 0.0) > now:
+                return
+            extra = min(math.ceil(self._rate(k, now) * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION)))
+            sent = monotonic()
+            st.round_trips += 1
+            try:
+                res = await self._lease_call(key, limit, 0, extra, 0, -1)
+                allowed, remaining, reset = res[0] == 1, int(res[2]), float(res[4])
+                grant, w = int(res[6]), int(res[7])
+                ends = float(res[9]) if len(res) > 9 else reset
+                if not allowed or grant <= 0 or not await self._confirm(key, limit):
+                    if allowed and grant > 0:
+                        st.expired_units += grant
+                    return
+            except (
+                StoreError,
+                TypeError,
+                ValueError,
+                IndexError,
+            ) as e:  # the lease in hand goes on; its end asks again
+                log.debug("redis lease: renewal ahead of %r failed: %r", key, e)
+                return
+        finally:
+            del self._inflight[k]
+            fut.set_result(None)
+        st.granted += 1
+        st.granted_units += grant
+        windowed = LEASING[limit.algorithm][2]
+        wend = sent + ends if windowed else math.inf
+        ls = self._leases.get(k)
+        if ls is not None and ls.w == w and not ls.denied and monotonic() < ls.until:
+            ls.left += grant
+            ls.until = max(ls.until, min(wend, sent + LEASE_TTL))
+            ls.remaining, ls.resets = remaining, sent + reset
+        else:
+            if ls is not None and ls.left and not ls.denied:
+                st.expired_units += ls.left  # its window (or time) is over: given back by nobody, never used
+            ls = self._leases[k] = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset)
+        ls.low = int(ls.left * RENEW_AT) if ls.left > 1 else -1
 
     def held(self) -> int:
         """Units reserved in leases and not used yet (the metric's gauge)."""
@@ -453,6 +519,8 @@ class LeasedRedisStore(RedisStore):
         """Give back every lease (best effort, within the store's timeout), then close."""
         if self._sweeping is not None and not self._sweeping.done():
             await asyncio.gather(self._sweeping, return_exceptions=True)
+        if self._renewals:
+            await asyncio.gather(*self._renewals, return_exceptions=True)
         if self._leases:
             await self._sweep(monotonic(), everything=True)
         await super().close()
