@@ -78,8 +78,8 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
 
     url = f"redis://127.0.0.1:{port}/0"
     lim = Limit(FIXED_WINDOW, LIMIT, PERIOD, name=f"bench-{uuid.uuid4().hex[:6]}")
-    leased = LeasedRedisStore(url, key_prefix="nlL")
-    plain = RedisStore(url, key_prefix="nlP")
+    leased = LeasedRedisStore(url, key_prefix="nlL", timeout_ms=1000)
+    plain = RedisStore(url, key_prefix="nlP", timeout_ms=1000)
     lstore = LimitsRedis(f"async+redis://127.0.0.1:{port}", implementation="redispy")
     limiter = lstrat.FixedWindowRateLimiter(lstore)
     item = RateLimitItemPerMinute(LIMIT)
@@ -227,8 +227,8 @@ async def _cold(port: int, mode: Mode, sec: Section) -> None:
     from netlimit.limit.stores import LeasedRedisStore, RedisStore
 
     lim = Limit(FIXED_WINDOW, 100, PERIOD, name=f"bench-cold-{uuid.uuid4().hex[:6]}")
-    leased = LeasedRedisStore(f"redis://127.0.0.1:{port}/0", key_prefix="nlLK")
-    plain = RedisStore(f"redis://127.0.0.1:{port}/0", key_prefix="nlPK")
+    leased = LeasedRedisStore(f"redis://127.0.0.1:{port}/0", key_prefix="nlLK", timeout_ms=1000)
+    plain = RedisStore(f"redis://127.0.0.1:{port}/0", key_prefix="nlPK", timeout_ms=1000)
     await plain.load_scripts(lim)
     keys, rounds = mode.pick((10_000, 4), (100_000, 10))
     per = keys // rounds
@@ -288,6 +288,7 @@ GRPC_CONFIG = """\
 version: 1
 http:
   domain: bench
+  store_timeout_ms: 1000
   leases: {leases}
   descriptors:
     - key: path

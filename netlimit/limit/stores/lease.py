@@ -118,6 +118,7 @@ class Lease:
     resets: float  # monotonic: when the reported reset comes (the window's end, a bucket's refill)
     denied: bool = False  # a remembered denial: hits above `remaining` are denied until `until`
     low: int = -1  # renewed ahead (RENEW_AT) once `left` is at most this; -1: not (again)
+    pending: int = 0  # units a renewal ahead under way may reserve (reported remaining is less by them)
 
 
 @dataclass(slots=True)
@@ -237,7 +238,7 @@ class LeasedRedisStore(RedisStore):
             if ls.left <= ls.low:
                 self._renew_ahead(k, key, limit, ls)
             d.allowed = True
-            d.remaining = ls.remaining
+            d.remaining = ls.remaining - ls.pending if ls.pending < ls.remaining else 0
             d.retry_after = 0.0
         else:
             return None
@@ -331,17 +332,19 @@ class LeasedRedisStore(RedisStore):
             return
         loop = asyncio.get_running_loop()
         fut = self._inflight[k] = loop.create_future()
-        t = loop.create_task(self._renew(k, key, limit, fut))
+        now = monotonic()
+        extra = min(math.ceil(self._rate(k, now) * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION)))
+        ls.pending = extra  # reserved in Redis before its reply comes: not reported as remaining meanwhile
+        t = loop.create_task(self._renew(k, key, limit, fut, extra, ls))
         self._renewals.add(t)  # at most one per key (the in-flight mark)
         t.add_done_callback(self._renewals.discard)
 
-    async def _renew(self, k: str, key: str, limit: Limit, fut: asyncio.Future) -> None:
+    async def _renew(self, k: str, key: str, limit: Limit, fut: asyncio.Future, extra: int, was: Lease) -> None:
         st = self.lease_stats
         try:
             now = monotonic()
             if self._unconfirmed and self._unconfirmed.get(self._where_of(key, limit), 0.0) > now:
                 return
-            extra = min(math.ceil(self._rate(k, now) * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION)))
             sent = monotonic()
             st.round_trips += 1
             try:
@@ -353,23 +356,22 @@ class LeasedRedisStore(RedisStore):
                     if allowed and grant > 0:
                         st.expired_units += grant
                     return
-            except (
-                StoreError,
-                TypeError,
-                ValueError,
-                IndexError,
-            ) as e:  # the lease in hand goes on; its end asks again
+            # the lease in hand goes on; when it runs dry its key asks again the usual way
+            except (StoreError, TypeError, ValueError, IndexError) as e:
                 log.debug("redis lease: renewal ahead of %r failed: %r", key, e)
                 return
         finally:
             del self._inflight[k]
             fut.set_result(None)
+            was.pending = 0
         st.granted += 1
         st.granted_units += grant
         windowed = LEASING[limit.algorithm][2]
         wend = sent + ends if windowed else math.inf
         ls = self._leases.get(k)
-        if ls is not None and ls.w == w and not ls.denied and monotonic() < ls.until:
+        # units of the same window are usable to its end whatever their lease's time (that only
+        # hastens give-backs): the lease in hand, run out of time or not, takes the grant
+        if ls is not None and ls.w == w and not ls.denied:
             ls.left += grant
             ls.until = max(ls.until, min(wend, sent + LEASE_TTL))
             ls.remaining, ls.resets = remaining, sent + reset
