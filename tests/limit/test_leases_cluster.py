@@ -13,6 +13,7 @@ events, never on how long something took."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import uuid
 from collections import Counter
@@ -210,3 +211,55 @@ def test_leases_through_a_killed_primary_never_over_the_limit(tmp_path):
     assert any(r[0] > back and r[1] == kill_w and r[2] in ("store", "lease") and not r[3] for r in log.rows), (
         "the kill's window never reached its limit after the failover (nothing tested)"
     )
+
+
+def test_a_replica_that_does_not_confirm_stops_leasing_on_its_primary(redis_cluster):
+    """The hot key's replica stopped (SIGSTOP: connected, silent): the next lease
+    call's WAIT gets no acknowledgement within CONFIRM_MS, so its lease is dropped
+    (its units stay counted), the hit is answered, and the primary grants no lease
+    for UNCONFIRMED_S: decisions go on the one-trip way, none fails."""
+    lim = Limit(FIXED_WINDOW, 100_000, 20.0, name="unconfirmed-hot")
+    prefix = f"u{uuid.uuid4().hex[:10]}"
+
+    async def main():
+        store = LeasedRedisStore(redis_cluster.url, key_prefix=prefix, timeout_ms=2000)
+        await store.start()
+        slot = key_slot(store.redis_keys(KEY, lim)[0].encode())
+        shard = redis_cluster.shard_of(slot)
+        st = store.lease_stats
+
+        async def decide_for(n: int) -> list[bool]:
+            out = []
+            for _ in range(n):
+                d = store.from_lease(KEY, lim, 1)
+                out.append((d if d is not None else await store.hit_leasing(KEY, lim, 1)).allowed)
+            return out
+
+        try:
+            for _ in range(200):  # hot, leasing, confirmed by the replica
+                await decide_for(50)
+                if st.confirms and st.granted:
+                    break
+                await asyncio.sleep(0.01)
+            assert st.confirms > 0 and st.granted > 0 and st.unconfirmed == 0, st
+            granted0 = st.granted
+            shard.replicas[0].proc.send_signal(signal.SIGSTOP)
+            try:
+                answers = []
+                deadline = time.monotonic() + 5
+                while not st.unconfirmed and time.monotonic() < deadline:
+                    answers += await decide_for(20)
+                answers += await decide_for(200)  # within UNCONFIRMED_S: the one-trip path
+            finally:
+                shard.replicas[0].proc.send_signal(signal.SIGCONT)
+            granted1 = st.granted
+            return answers, granted0, granted1, dict(store._unconfirmed), st
+        finally:
+            await store.close()
+
+    answers, granted0, granted1, unconfirmed, st = asyncio.run(main())
+    print(f"unconfirmed: {len(answers)} decisions while the replica was stopped, {st}")
+    assert st.unconfirmed >= 1, st
+    assert all(answers)  # every hit answered (the limit is far away), none failed
+    assert unconfirmed, "the primary was not set aside"
+    assert granted1 <= granted0 + 1, (granted0, granted1)  # no lease kept after the silent replica
