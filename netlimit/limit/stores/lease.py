@@ -330,7 +330,10 @@ class LeasedRedisStore(RedisStore):
         ls.low = -1
         if k in self._inflight:
             return
-        loop = asyncio.get_running_loop()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # from_lease called outside a loop (a test of the lease alone): no renewal
+            return
         fut = self._inflight[k] = loop.create_future()
         now = monotonic()
         extra = min(math.ceil(self._rate(k, now) * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION)))
