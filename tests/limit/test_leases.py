@@ -355,14 +355,16 @@ def test_leases_on_a_redis_cluster(redis_cluster):
         return adm, n, store.lease_stats
 
     adm, n, st = asyncio.run(main())
-    print(f"cluster: {n} decisions, {st.round_trips} round trips, admitted {dict(adm)}")
+    print(f"cluster: {n} decisions, {st.round_trips} round trips, admitted {dict(adm)}, {st}")
     assert adm and max(adm.values()) <= limit, adm
     for key in ("a", "b", "c", "d"):
         ws = sorted(w for k, w in adm if k == key)
         assert len(ws) >= 3, adm
         for w in ws[1:-1]:
             assert adm[(key, w)] == limit, (key, w, adm)
-    assert st.round_trips <= 0.05 * n, st
+    # a replica that did not confirm within its time (a loaded host) sets its primary
+    # aside for UNCONFIRMED_S: its keys take the one-trip path meanwhile (safe, slower)
+    assert st.round_trips <= (0.05 if not st.unconfirmed else 0.5) * n, st
 
 
 def test_sliding_window_counter_leases_and_stays_within_each_window(redis_server):

@@ -82,9 +82,11 @@ MAX_LEASES = 10_000
 MAX_TRACKED = 65_536
 #: most leases given back per sweep (the rest wait for the next tick)
 MAX_RETURNS = 256
-#: a lease call that admitted is confirmed on a replica (``WAIT 1 CONFIRM_MS``) when
-#: the key's primary has one, before its answer and its lease are used: a failover to
-#: that replica keeps the reservation (Redis replicates asynchronously otherwise)
+#: a lease call that admitted is confirmed on a replica (``WAIT 1 <ms>``) when the key's
+#: primary has one, before its answer and its lease are used: a failover to that replica
+#: keeps the reservation (Redis replicates asynchronously otherwise).  WAIT holds the
+#: primary's connection (decisions pipelined behind it wait), so it waits at most this
+#: long and at most half the store's timeout
 CONFIRM_MS = 50
 #: a lease is renewed in the background (the same call, cost 0) once it is down to this
 #: fraction of its grant, so concurrent decisions go on from it instead of all waiting
@@ -469,7 +471,8 @@ class LeasedRedisStore(RedisStore):
                 return True
             st.round_trips += 1
             st.confirms += 1
-            acked = await node.execute_command(b"WAIT", b"1", b"%d" % CONFIRM_MS)
+            ms = max(1, min(CONFIRM_MS, int(self._timeout * 500)))
+            acked = await node.execute_command(b"WAIT", b"1", b"%d" % ms, timeout=self._timeout + ms / 1000)
         except _STORE_FAILURES as e:
             raise StoreError(f"redis lease {limit.algorithm} for {key!r}: WAIT at {where}: {e!r}") from e
         if int(acked) >= 1:
@@ -479,7 +482,7 @@ class LeasedRedisStore(RedisStore):
             self._unconfirmed.clear()
         self._unconfirmed[where] = monotonic() + UNCONFIRMED_S
         log.warning("redis lease: no replica of %s confirmed within %d ms: no leases there for %.0f s",
-                    where, CONFIRM_MS, UNCONFIRMED_S)  # fmt: skip
+                    where, ms, UNCONFIRMED_S)  # fmt: skip
         return False
 
     async def _sweep(self, now: float, everything: bool = False) -> None:
