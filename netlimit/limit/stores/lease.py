@@ -336,9 +336,13 @@ class LeasedRedisStore(RedisStore):
             loop = asyncio.get_running_loop()
         except RuntimeError:  # from_lease called outside a loop (a test of the lease alone): no renewal
             return
-        fut = self._inflight[k] = loop.create_future()
         now = monotonic()
-        extra = min(math.ceil(self._rate(k, now) * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION)))
+        # what the lease in hand and the renewal hold together stays within LEASE_FRACTION
+        cap = max(1, math.floor(limit._cap * LEASE_FRACTION))
+        extra = min(math.ceil(self._rate(k, now) * LEASE_DEMAND), cap - ls.left)
+        if extra <= 0:
+            return
+        fut = self._inflight[k] = loop.create_future()
         ls.pending = extra  # reserved in Redis before its reply comes: not reported as remaining meanwhile
         t = loop.create_task(self._renew(k, key, limit, fut, extra, ls))
         self._renewals.add(t)  # at most one per key (the in-flight mark)
