@@ -9,14 +9,16 @@ figures to trust, the absolute numbers only describe this run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,3 +157,102 @@ class Section:
             "seconds": round(self.seconds, 2),
             "error": self.error,
         }
+
+
+def redis_argv(exe: str, port: int, d: str, bus: int | None = None) -> list[str]:
+    """A throw-away redis-server on loopback: no persistence, in the foreground; a
+    cluster node when ``bus`` (its cluster bus port) is given."""
+    args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", d, "--save", "", "--appendonly", "no",
+            "--protected-mode", "no", "--daemonize", "no"]  # fmt: skip
+    if bus is not None:
+        args += ["--cluster-enabled", "yes", "--cluster-config-file", f"{d}/nodes.conf", "--cluster-port", str(bus)]
+    return args
+
+
+@contextlib.contextmanager
+def redis_server(prefix: str = "nlbench-redis-") -> Iterator[tuple[int, subprocess.Popen]]:
+    """One redis-server of the section's own (port, process); stopped and its
+    directory removed on the way out."""
+    exe = need("redis-server")
+    port = free_port()
+    d = tempfile.mkdtemp(prefix=prefix)
+    proc = subprocess.Popen(redis_argv(exe, port, d), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port, proc)
+        yield port, proc
+    finally:
+        stop(proc)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (held together while chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@contextlib.contextmanager
+def redis_cluster(primaries: int = 3, replicas: int = 1, timeout: float = 60.0) -> Iterator[list[int]]:
+    """A Redis Cluster of the section's own (``redis-cli --cluster create``): yields
+    the primaries' ports once every node says cluster_state:ok and every primary
+    has its replicas linked (ROLE); every process stopped on the way out."""
+    import redis
+
+    exe = need("redis-server")
+    cli = need("redis-cli", "redis-tools")
+    n = primaries * (1 + replicas)
+    ports = free_ports(2 * n)
+    dirs = [tempfile.mkdtemp(prefix="nlbench-cl-") for _ in range(n)]
+    procs: list[subprocess.Popen] = []
+    try:
+        for i in range(n):
+            procs.append(
+                subprocess.Popen(
+                    redis_argv(exe, ports[i], dirs[i], ports[n + i]),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        for p, proc in zip(ports, procs):
+            wait_port(p, proc)
+        subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports[:n]), "--cluster-replicas", str(replicas),
+             "--cluster-yes"],
+            check=True, capture_output=True, timeout=timeout,
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while True:
+            prim: list[int] = []
+            ok = True
+            for p in ports[:n]:
+                c = redis.Redis(port=p, socket_timeout=2)
+                try:
+                    info = c.cluster("info")
+                    ok = ok and info.get("cluster_state") == "ok" and int(info.get("cluster_known_nodes", 0)) == n
+                    role = c.execute_command("ROLE")
+                    if role[0] == b"master":
+                        prim.append(p)
+                        ok = ok and len(role[2]) >= replicas
+                except redis.RedisError:
+                    ok = False
+                finally:
+                    c.close()
+            if ok and len(prim) == primaries:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the benchmark's cluster on {ports[:n]} did not come up in {timeout} s")
+            time.sleep(0.1)
+        yield prim
+    finally:
+        for proc in procs:
+            stop(proc)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)

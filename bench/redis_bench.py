@@ -31,13 +31,10 @@ counted there too, so ``evalsha`` is the round trip and the rest run inside it).
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
-import tempfile
 import time
 from typing import Any
 
-from .common import Mode, Section, free_port, median, need, round_ratio, row, stop, wait_port
+from .common import Mode, Section, median, redis_server, round_ratio, row
 from .inproc import LIMIT, PEERS, key_stream
 
 GOAL = 2.0
@@ -270,38 +267,9 @@ async def _bench(port: int, mode: Mode, sec: Section) -> None:
 
 def run(mode: Mode) -> Section:
     sec = Section("redis", "Redis decisions/s and latency: netlimit RedisStore vs limits async RedisStorage")
-    exe = need("redis-server")
     import uvloop
 
-    port = free_port()
-    d = tempfile.mkdtemp(prefix="nlbench-redis-")
-    proc = subprocess.Popen(
-        [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            d,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--protected-mode",
-            "no",
-            "--daemonize",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_port(port, proc)
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(_bench(port, mode, sec))
-    finally:
-        stop(proc)
-        shutil.rmtree(d, ignore_errors=True)
+    with redis_server("nlbench-redis-") as (port, _proc), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_bench(port, mode, sec))
     sec.details["what"] = __doc__.split("\n\n", 1)[1].strip()
     return sec

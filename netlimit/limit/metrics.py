@@ -174,6 +174,8 @@ def _store_families(lim: Limiter):
         yield from _topology(lim.store)
     if isinstance(lim.store, LeasedRedisStore) or hasattr(lim.store, "lease_stats"):  # stores/shared.py leases too
         yield from _leases(lim.store)  # type: ignore[arg-type]  # SharedMemoryStore: the same lease_stats, held()
+    if isinstance(lim.store, LeasedRedisStore):  # per rule, WAIT and round trips: the Redis leases' own figures
+        yield from _lease_rules(lim, lim.store)
     h = st.latency
     buckets = []
     acc = 0
@@ -245,6 +247,39 @@ def _topology(store: RedisStore):
         if n.get("reachable") is not None:
             g.add_metric([n["address"], n["role"]], 1 if n["reachable"] else 0)
     yield g
+
+
+def _lease_rules(lim: Limiter, store: LeasedRedisStore):
+    """http.leases per rule: the quota its leases hold now; WAIT confirmations; the
+    round trips per decision since the start."""
+    held = store.held_by_ns()
+    g = GaugeMetricFamily(
+        "netlimit_http_lease_rule_held_units",
+        "Units reserved in leases and not used yet, per rule (a rule that leases; 0 when none is held)",
+        labels=["domain", "rule"],
+    )
+    seen: dict[tuple[str, str], int] = {}
+    for r in lim.rules.all_rules:
+        if r.lease and r.limit is not None:
+            k = (r.domain, r.name)
+            seen[k] = seen.get(k, 0) + held.get(r.limit._ns, 0)
+    for (domain, rule), n in seen.items():
+        g.add_metric([domain, rule], n)
+    yield g
+    ls = store.lease_stats
+    f = CounterMetricFamily(
+        "netlimit_http_lease_confirms",
+        "Lease calls confirmed on a replica (WAIT) before use (ok), or not in time (unconfirmed: lease dropped)",
+        labels=["result"],
+    )
+    f.add_metric(["ok"], ls.confirms - ls.unconfirmed)
+    f.add_metric(["unconfirmed"], ls.unconfirmed)
+    yield f
+    yield GaugeMetricFamily(
+        "netlimit_http_lease_round_trips_per_decision",
+        "Redis calls per decision of the rules that lease, since the start (0 before any)",
+        value=ls.round_trips / ls.decisions if ls.decisions else 0.0,
+    )
 
 
 def _leases(store: LeasedRedisStore):

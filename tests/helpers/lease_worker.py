@@ -2,7 +2,10 @@
 several of these as separate processes against one real redis-server).
 
 argv: url prefix limit period rate_per_s start_at(epoch s) duration_s leases(0|1) [algorithm]
-Prints one JSON line: {window index: [attempts, admitted]}.  A decision's window
+Prints one JSON line: {window index: [attempts, admitted]}.  A store call that
+fails (a loaded host's timeout) is a denial, as on_store_failure closed answers it,
+counted in the window of the decision before it; their number goes to stderr
+(``store errors N``).  A decision's window
 is the one whose end is ``now + reset`` (redis-server and this process read the
 same clock); bounded by the duration, nothing else."""
 
@@ -14,7 +17,7 @@ import sys
 import time
 
 from netlimit.limit.algorithms import FIXED_WINDOW, Limit
-from netlimit.limit.stores import LeasedRedisStore
+from netlimit.limit.stores import LeasedRedisStore, StoreError
 
 
 async def main(
@@ -26,6 +29,8 @@ async def main(
     await asyncio.sleep(max(0.0, start - time.time()))
     t0 = time.monotonic()
     done = 0
+    errors = 0
+    w = 0
     try:
         while True:
             el = time.monotonic() - t0
@@ -35,15 +40,21 @@ async def main(
                 await asyncio.sleep(0.001)
                 continue
             d = store.from_lease("k", lim, 1) if on else None
-            if d is None:
-                d = await (store.hit_leasing("k", lim, 1) if on else store.hit("k", lim, 1))
             done += 1
+            if d is None:
+                try:
+                    d = await (store.hit_leasing("k", lim, 1) if on else store.hit("k", lim, 1))
+                except StoreError:
+                    errors += 1
+                    out.setdefault(w, [0, 0])[0] += 1
+                    continue
             w = round((time.time() + d.reset) / period) - 1
             c = out.setdefault(w, [0, 0])
             c[0] += 1
             c[1] += d.allowed
     finally:
         await store.close()
+    print(f"store errors {errors}", file=sys.stderr)
     print(json.dumps(out))
 
 

@@ -231,6 +231,9 @@ http:
                 break
         assert k is not None, "the hot key never leased"
         left = store._leases[k].left
+        text = Metrics(lim).render().decode()  # the lease in hand, per rule (lease: off is no leasing rule)
+        assert f'netlimit_http_lease_rule_held_units{{domain="api",rule="hot"}} {float(left)}' in text
+        assert 'rule="off"' not in text.split("netlimit_http_lease_rule_held_units", 1)[1].split("# HELP", 1)[0]
         server.stop()
         for _ in range(left):
             r = await lim.check(req)
@@ -243,6 +246,10 @@ http:
         assert f"netlimit_http_lease_round_trips_total {float(st.round_trips)}" in text
         assert 'netlimit_http_lease_units_total{what="granted"}' in text
         assert "netlimit_http_lease_held_units 0.0" in text  # the lease was used up
+        assert 'netlimit_http_lease_rule_held_units{domain="api",rule="hot"} 0.0' in text
+        ratio = st.round_trips / st.decisions
+        assert f"netlimit_http_lease_round_trips_per_decision {ratio!r}" in text
+        assert 'netlimit_http_lease_confirms_total{result="unconfirmed"} 0.0' in text  # no replica: no WAIT
         await lim.close()
 
     asyncio.run(main())
@@ -348,14 +355,16 @@ def test_leases_on_a_redis_cluster(redis_cluster):
         return adm, n, store.lease_stats
 
     adm, n, st = asyncio.run(main())
-    print(f"cluster: {n} decisions, {st.round_trips} round trips, admitted {dict(adm)}")
+    print(f"cluster: {n} decisions, {st.round_trips} round trips, admitted {dict(adm)}, {st}")
     assert adm and max(adm.values()) <= limit, adm
     for key in ("a", "b", "c", "d"):
         ws = sorted(w for k, w in adm if k == key)
         assert len(ws) >= 3, adm
         for w in ws[1:-1]:
             assert adm[(key, w)] == limit, (key, w, adm)
-    assert st.round_trips <= 0.05 * n, st
+    # a replica that did not confirm within its time (a loaded host) sets its primary
+    # aside for UNCONFIRMED_S: its keys take the one-trip path meanwhile (safe, slower)
+    assert st.round_trips <= (0.05 if not st.unconfirmed else 0.5) * n, st
 
 
 def test_sliding_window_counter_leases_and_stays_within_each_window(redis_server):

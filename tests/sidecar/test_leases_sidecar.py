@@ -50,3 +50,10 @@ def test_two_leasing_sidecars_never_admit_more_than_the_limit(redis_server, tmp_
     print(f"two sidecars: {admitted} admitted of 2000, {trips:.0f} round trips for {decisions:.0f} decisions")
     assert decisions == 2000 and granted > 0
     assert trips < decisions / 2
+    for s in samples:  # /metrics: per rule held quota (at most a lease's 5 % of 300), trips per decision
+        held = s[("netlimit_http_lease_rule_held_units", (("domain", "leased"), ("rule", "fw")))]
+        assert 0 <= held <= 15, held
+        per = metric(s, "netlimit_http_lease_round_trips_per_decision")
+        own = metric(s, "netlimit_http_lease_round_trips_total") / metric(s, "netlimit_http_lease_decisions_total")
+        assert per == pytest.approx(own, rel=1e-9) and 0 < per < 0.5
+        assert ("netlimit_http_lease_confirms_total", (("result", "ok"),)) in s

@@ -82,6 +82,20 @@ MAX_LEASES = 10_000
 MAX_TRACKED = 65_536
 #: most leases given back per sweep (the rest wait for the next tick)
 MAX_RETURNS = 256
+#: a lease call that admitted is confirmed on a replica (``WAIT 1 <ms>``) when the key's
+#: primary has one, before its answer and its lease are used: a failover to that replica
+#: keeps the reservation (Redis replicates asynchronously otherwise).  WAIT holds the
+#: primary's connection (decisions pipelined behind it wait), so it waits at most this
+#: long and at most half the store's timeout
+CONFIRM_MS = 50
+#: a lease is renewed in the background (the same call, cost 0) once it is down to this
+#: fraction of its grant, so concurrent decisions go on from it instead of all waiting
+#: for the renewal's round trip when it runs dry
+RENEW_AT = 0.5
+#: how long a node's replica count (``ROLE``) is trusted before it is asked again
+ROLE_TTL = 1.0
+#: a node whose replica did not confirm in time grants no lease for this long
+UNCONFIRMED_S = 1.0
 #: the leasing algorithms: (their lease script, a denial lasts to the window's end
 #: (Lyft's counting saturates the window), they have windows); a leaky bucket with
 #: ``delay`` (queue mode) does not lease
@@ -105,6 +119,8 @@ class Lease:
     remaining: int  # the window's remaining after the reservation (reported)
     resets: float  # monotonic: when the reported reset comes (the window's end, a bucket's refill)
     denied: bool = False  # a remembered denial: hits above `remaining` are denied until `until`
+    low: int = -1  # renewed ahead (RENEW_AT) once `left` is at most this; -1: not (again)
+    pending: int = 0  # units a renewal ahead under way may reserve (reported remaining is less by them)
 
 
 @dataclass(slots=True)
@@ -119,6 +135,8 @@ class LeaseStats:
     returned_units: int = 0  # unused units given back to their window
     expired_units: int = 0  # unused units whose window ended first (nothing to give back)
     return_errors: int = 0  # give-backs that failed (the units stay counted: safe)
+    confirms: int = 0  # WAIT calls: a lease call's writes confirmed on a replica (CONFIRM_MS)
+    unconfirmed: int = 0  # ... not confirmed in time: the lease was dropped (its units stay counted)
 
 
 _LEASE_LUA: dict[str, tuple[str, bytes]] = {}
@@ -155,6 +173,12 @@ class LeasedRedisStore(RedisStore):
         self._sweeping: asyncio.Task | None = None
         #: the keys whose lease call is under way (other decisions on them wait for it)
         self._inflight: dict[str, asyncio.Future] = {}
+        #: per primary (address): (its replicas as ROLE said, until when that is trusted)
+        self._replicas: dict[str, tuple[int, float]] = {}
+        #: renewals ahead under way (RENEW_AT)
+        self._renewals: set[asyncio.Task] = set()
+        #: per primary (address): until when it grants no lease (a replica did not confirm)
+        self._unconfirmed: dict[str, float] = {}
 
     # -- the local rate ---------------------------------------------------------
 
@@ -213,8 +237,10 @@ class LeasedRedisStore(RedisStore):
             d.retry_after = _INF if cost > limit._cap else d.reset
         elif ls.left >= cost:
             ls.left -= cost
+            if ls.left <= ls.low:
+                self._renew_ahead(k, key, limit, ls)
             d.allowed = True
-            d.remaining = ls.remaining
+            d.remaining = ls.remaining - ls.pending if ls.pending < ls.remaining else 0
             d.retry_after = 0.0
         else:
             return None
@@ -251,6 +277,8 @@ class LeasedRedisStore(RedisStore):
             else:
                 st.expired_units += old.left
         hot = rate >= HOT_RATE and (old is not None or len(self._leases) < MAX_LEASES)
+        if hot and self._unconfirmed and self._unconfirmed.get(self._where_of(key, limit), 0.0) > now:
+            hot = False  # its replica did not confirm lately: the one-trip path (see CONFIRM_MS)
         if not hot and not back:
             return await self.hit(key, limit, cost)
         extra = min(math.ceil(rate * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION))) if hot else 0
@@ -258,23 +286,29 @@ class LeasedRedisStore(RedisStore):
         fut = self._inflight[k] = asyncio.get_running_loop().create_future()
         try:
             res = await self._lease_call(key, limit, cost, extra, back, bw)
+            try:
+                allowed, lim, remaining = res[0] == 1, int(res[1]), int(res[2])
+                retry_after, reset = float(res[3]), float(res[4])
+                grant, w, given = int(res[6]), int(res[7]), int(res[8])
+                # the window's end: the reply's 10th field where reset is not it (the sliding counter)
+                ends = float(res[9]) if len(res) > 9 else reset
+            except (TypeError, ValueError, IndexError) as e:
+                raise StoreError(f"redis lease for {key!r}: unexpected reply {res!r:.200}") from e
+            # an admission (and its lease) is used once a replica has it: a failover keeps it
+            confirmed = not allowed or await self._confirm(key, limit)
         finally:
             del self._inflight[k]
             fut.set_result(None)
-        try:
-            allowed, lim, remaining = res[0] == 1, int(res[1]), int(res[2])
-            retry_after, reset = float(res[3]), float(res[4])
-            grant, w, given = int(res[6]), int(res[7]), int(res[8])
-            # the window's end: the reply's 10th field where reset is not it (the sliding counter)
-            ends = float(res[9]) if len(res) > 9 else reset
-        except (TypeError, ValueError, IndexError) as e:
-            raise StoreError(f"redis lease for {key!r}: unexpected reply {res!r:.200}") from e
         st.returned_units += given
         if back > given:  # the window was over (or had moved on): nothing to give back to
             st.expired_units += back - given
+        if not confirmed:
+            st.expired_units += grant  # counted in Redis, never admitted: fewer admissions, never more
+            grant = 0
         wend = sent + ends if windowed else math.inf
         if allowed and grant > 0:
             ls = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset)
+            ls.low = int(grant * RENEW_AT) if grant > 1 else -1
             other = self._leases.get(k)  # a concurrent call's lease meanwhile
             if other is not None and other.w == w and not other.denied:
                 ls.left += other.left
@@ -292,10 +326,84 @@ class LeasedRedisStore(RedisStore):
             self._leases[k] = Lease(w, 0, until, wend, remaining, sent + retry_after, True)
         return Decision(allowed, lim, remaining, 0.0 if allowed else retry_after, reset)
 
+    def _renew_ahead(self, k: str, key: str, limit: Limit, ls: Lease) -> None:
+        """Start a renewal of ``ls`` in the background (at most one per key: none
+        while a call on the key is under way); its grant is added to the lease."""
+        ls.low = -1
+        if k in self._inflight:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # from_lease called outside a loop (a test of the lease alone): no renewal
+            return
+        now = monotonic()
+        # what the lease in hand and the renewal hold together stays within LEASE_FRACTION
+        cap = max(1, math.floor(limit._cap * LEASE_FRACTION))
+        extra = min(math.ceil(self._rate(k, now) * LEASE_DEMAND), cap - ls.left)
+        if extra <= 0:
+            return
+        fut = self._inflight[k] = loop.create_future()
+        ls.pending = extra  # reserved in Redis before its reply comes: not reported as remaining meanwhile
+        t = loop.create_task(self._renew(k, key, limit, fut, extra, ls))
+        self._renewals.add(t)  # at most one per key (the in-flight mark)
+        t.add_done_callback(self._renewals.discard)
+
+    async def _renew(self, k: str, key: str, limit: Limit, fut: asyncio.Future, extra: int, was: Lease) -> None:
+        st = self.lease_stats
+        try:
+            now = monotonic()
+            if self._unconfirmed and self._unconfirmed.get(self._where_of(key, limit), 0.0) > now:
+                return
+            sent = monotonic()
+            st.round_trips += 1
+            try:
+                res = await self._lease_call(key, limit, 0, extra, 0, -1)
+                allowed, remaining, reset = res[0] == 1, int(res[2]), float(res[4])
+                grant, w = int(res[6]), int(res[7])
+                ends = float(res[9]) if len(res) > 9 else reset
+                if not allowed or grant <= 0 or not await self._confirm(key, limit):
+                    if allowed and grant > 0:
+                        st.expired_units += grant
+                    return
+            # the lease in hand goes on; when it runs dry its key asks again the usual way
+            except (StoreError, TypeError, ValueError, IndexError) as e:
+                log.debug("redis lease: renewal ahead of %r failed: %r", key, e)
+                return
+        finally:
+            del self._inflight[k]
+            fut.set_result(None)
+            was.pending = 0
+        st.granted += 1
+        st.granted_units += grant
+        windowed = LEASING[limit.algorithm][2]
+        wend = sent + ends if windowed else math.inf
+        ls = self._leases.get(k)
+        # units of the same window are usable to its end whatever their lease's time (that only
+        # hastens give-backs): the lease in hand, run out of time or not, takes the grant
+        if ls is not None and ls.w == w and not ls.denied:
+            ls.left += grant
+            ls.until = max(ls.until, min(wend, sent + LEASE_TTL))
+            ls.remaining, ls.resets = remaining, sent + reset
+        else:
+            if ls is not None and ls.left and not ls.denied:
+                st.expired_units += ls.left  # its window (or time) is over: given back by nobody, never used
+            ls = self._leases[k] = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset)
+        ls.low = int(ls.left * RENEW_AT) if ls.left > 1 else -1
+
     def held(self) -> int:
         """Units reserved in leases and not used yet (the metric's gauge)."""
         now = monotonic()
         return sum(ls.left for ls in self._leases.values() if now < ls.wend)
+
+    def held_by_ns(self) -> dict[str, int]:
+        """:meth:`held` per ``Limit._ns`` (per rule: the metric's per-rule gauge)."""
+        now = monotonic()
+        out: dict[str, int] = {}
+        for k, ls in self._leases.items():
+            if ls.left and now < ls.wend:
+                ns = k[: k.index(":") + 1]
+                out[ns] = out.get(ns, 0) + ls.left
+        return out
 
     # -- Redis -----------------------------------------------------------------------
 
@@ -304,10 +412,7 @@ class LeasedRedisStore(RedisStore):
         redirects as :meth:`RedisStore._slow` handles them)."""
         src, sha = lease_lua(limit)
         argv = (b"%d" % cost, b"", b"0", b"%d" % extra, b"%d" % back, b"%d" % bw)
-        head = f"{self._prefix}:{{{limit._sig}:"
-        rkey = ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}").encode(
-            "utf-8", "surrogatepass"
-        )
+        rkey = self._rkey(key, limit)
         frame = _evalsha_frame(sha, argv)
         data = b"%b$%d\r\n%b\r\n%b" % (frame[0], len(rkey), rkey, frame[1])
         if self._slots is not None:
@@ -326,6 +431,63 @@ class LeasedRedisStore(RedisStore):
                 return await self._slow(e, node, limit, data, rkey, t0, src)
         except _STORE_FAILURES as e:
             raise StoreError(f"redis lease {limit.algorithm} for {key!r}: {e!r}") from e
+
+    def _rkey(self, key: str, limit: Limit) -> bytes:
+        head = f"{self._prefix}:{{{limit._sig}:"
+        return ((head + key if len(key) <= self._max_key_length else head + hash_key(key)) + "}").encode(
+            "utf-8", "surrogatepass"
+        )
+
+    def _node_of(self, rkey: bytes) -> Any:
+        """The primary a call for ``rkey`` goes to now (None: not known yet)."""
+        if self._slots is not None:
+            return self._slots[key_slot(rkey)]
+        if self._sentinel is not None:
+            return self._sentinel.primary
+        return self._node
+
+    def _where_of(self, key: str, limit: Limit) -> str:
+        node = self._node_of(self._rkey(key, limit))
+        return "" if node is None else str(node.address)
+
+    async def _confirm(self, key: str, limit: Limit) -> bool:
+        """After a lease call that admitted: its writes are on a replica of the key's
+        primary (``WAIT 1``), or the primary has none (``ROLE``, asked at most every
+        ROLE_TTL).  False: not confirmed within CONFIRM_MS (the node then grants no
+        lease for UNCONFIRMED_S).  A lost connection raises StoreError (the limiter's
+        on_store_failure decides this hit)."""
+        node = self._node_of(self._rkey(key, limit))
+        if node is None:  # the map was dropped meanwhile: nothing to wait on, nothing leased
+            return False
+        where = str(node.address)
+        st = self.lease_stats
+        now = monotonic()
+        try:
+            known = self._replicas.get(where)
+            if known is None or known[1] <= now:
+                st.round_trips += 1
+                role = await node.execute_command(b"ROLE")
+                n = len(role[2]) if role and role[0] == b"master" and len(role) > 2 else 0
+                if len(self._replicas) >= 1024:  # bounded: a cluster has a few primaries
+                    self._replicas.clear()
+                self._replicas[where] = known = (n, now + ROLE_TTL)
+            if known[0] == 0:
+                return True
+            st.round_trips += 1
+            st.confirms += 1
+            ms = max(1, min(CONFIRM_MS, int(self._timeout * 500)))
+            acked = await node.execute_command(b"WAIT", b"1", b"%d" % ms, timeout=self._timeout + ms / 1000)
+        except _STORE_FAILURES as e:
+            raise StoreError(f"redis lease {limit.algorithm} for {key!r}: WAIT at {where}: {e!r}") from e
+        if int(acked) >= 1:
+            return True
+        st.unconfirmed += 1
+        if len(self._unconfirmed) >= 1024:
+            self._unconfirmed.clear()
+        self._unconfirmed[where] = monotonic() + UNCONFIRMED_S
+        log.warning("redis lease: no replica of %s confirmed within %d ms: no leases there for %.0f s",
+                    where, ms, UNCONFIRMED_S)  # fmt: skip
+        return False
 
     async def _sweep(self, now: float, everything: bool = False) -> None:
         """Give back the unused part of the leases past their time (all of them
@@ -369,6 +531,8 @@ class LeasedRedisStore(RedisStore):
         """Give back every lease (best effort, within the store's timeout), then close."""
         if self._sweeping is not None and not self._sweeping.done():
             await asyncio.gather(self._sweeping, return_exceptions=True)
+        if self._renewals:
+            await asyncio.gather(*self._renewals, return_exceptions=True)
         if self._leases:
             await self._sweep(monotonic(), everything=True)
         await super().close()

@@ -66,6 +66,76 @@ local function window_state()
   end
   return w, 0, false
 end
+-- The buckets' stored state (bucket.lua and its lease script): the room left refilled to
+-- now at `rate` per second (capped at cap), the last update time as stored text (nowstr
+-- when refilled: no format), and whether the key existed.
+local function bucket_state(rate)
+  local v = redis.call('GET', key)
+  if v then
+    local a, b = string.match(v, '^(%S+) (%S+)$')
+    local free, last = tonumber(a), tonumber(b)
+    if now > last then
+      free = free + (now - last) * rate
+      if free > cap then free = cap end
+      return free, nowstr, true
+    end
+    return free, b, true
+  end
+  return cap, nowstr, false
+end
+-- The sliding window counter (sliding_window_counter.lua and its lease script): the stored
+-- state "<window index> <previous count> <current count>" as (window, previous, current,
+-- whether the key holds this window); a later stored window wins (the clock stepped back).
+local function swc_state()
+  local w = math.floor(now / period)
+  local v = redis.call('GET', key)
+  if v then
+    local a, b, c = string.match(v, '^(%S+) (%S+) (%S+)$')
+    local sw = tonumber(a)
+    if sw >= w then return sw, tonumber(b), tonumber(c), true end
+    if sw == w - 1 then return w, tonumber(c), 0, false end
+  end
+  return w, 0, 0, false
+end
+-- its bound in window w: the window's start and hold, the largest integer with
+-- x + hold <= lim, x the previous window's weighted share (the admission's comparison)
+local function swc_hold(w, prev)
+  local ws = w * period
+  local elapsed = now - ws
+  if elapsed < 0 then elapsed = 0 end
+  local x = prev * (1 - elapsed / period)
+  local hold = math.floor(lim - x)
+  if x + (hold + 1) <= lim then
+    hold = hold + 1
+  elseif x + hold > lim then
+    hold = hold - 1
+  end
+  return ws, hold
+end
+-- a denial's retry time (a cost above the limit never passes)
+local function swc_retry(ws, prev, curr)
+  if cost > lim then return math.huge end
+  local room = lim - cost - curr
+  local t
+  if room >= 0 and prev > 0 then
+    t = ws + period * (1 - room / prev)
+  else
+    room = lim - cost
+    if curr <= room then
+      t = ws + period
+    else
+      t = ws + period + period * (1 - room / curr)
+    end
+  end
+  if t < now then return 0 end
+  return t - now
+end
+-- when the counts (p previous, c current) stop mattering
+local function swc_reset(w, p, c)
+  if c > 0 then return (w + 2) * period - now end
+  if p > 0 then return (w + 1) * period - now end
+  return 0
+end
 local function admit(remaining, reset)
   if pack then
     local r = math.floor(reset * 1000000 + 0.5)

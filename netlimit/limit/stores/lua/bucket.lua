@@ -11,25 +11,7 @@
 -- save, admit, now, nowstr, key, cost, dry)
 
 local rate = lim / period
-local free, last
-local lasts -- last as stored: the string it was read from, or nowstr (no format)
-local v = redis.call('GET', key)
-if v then
-  local a, b = string.match(v, '^(%S+) (%S+)$')
-  free = tonumber(a)
-  last = tonumber(b)
-  lasts = b
-  if now > last then
-    free = free + (now - last) * rate
-    if free > cap then free = cap end
-    last = now
-    lasts = nowstr
-  end
-else
-  free = cap
-  last = now
-  lasts = nowstr
-end
+local free, lasts = bucket_state(rate) -- _prelude.lua; lasts: the stored time as text
 if cost > free then
   local remaining = math.floor(free)
   if remaining < 0 then remaining = 0 end

@@ -14,25 +14,7 @@
 local extra = tonumber(ARGV[4]) or 0
 local back = tonumber(ARGV[5]) or 0
 local rate = lim / period
-local free, last
-local lasts
-local v = redis.call('GET', key)
-if v then
-  local a, b = string.match(v, '^(%S+) (%S+)$')
-  free = tonumber(a)
-  last = tonumber(b)
-  lasts = b
-  if now > last then
-    free = free + (now - last) * rate
-    if free > cap then free = cap end
-    last = now
-    lasts = nowstr
-  end
-else
-  free = cap
-  last = now
-  lasts = nowstr
-end
+local free, lasts, v = bucket_state(rate) -- _prelude.lua
 local given = 0
 if back > 0 and v then
   given = back

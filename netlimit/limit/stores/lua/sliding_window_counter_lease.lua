@@ -16,73 +16,24 @@ local extra = tonumber(ARGV[4]) or 0
 local back = tonumber(ARGV[5]) or 0
 local bw = tonumber(ARGV[6])
 
-local w = math.floor(now / period)
-local prev, curr = 0, 0
-local same = false
-local v = redis.call('GET', key)
-if v then
-  local a, b, c = string.match(v, '^(%S+) (%S+) (%S+)$')
-  local sw = tonumber(a)
-  if sw >= w then
-    w = sw
-    prev = tonumber(b)
-    curr = tonumber(c)
-    same = true
-  elseif sw == w - 1 then
-    prev = tonumber(c)
-  end
-end
+local w, prev, curr, same = swc_state() -- _prelude.lua
 local given = 0
 if back > 0 and same and bw == w then
   given = back
   if given > curr then given = curr end
   curr = curr - given
 end
-local ws = w * period
-local elapsed = now - ws
-if elapsed < 0 then elapsed = 0 end
-local x = prev * (1 - elapsed / period) -- the previous window's weighted share
--- hold = the largest integer with x + hold <= lim (same comparison as admission)
-local hold = math.floor(lim - x)
-if x + (hold + 1) <= lim then
-  hold = hold + 1
-elseif x + hold > lim then
-  hold = hold - 1
-end
+local ws, hold = swc_hold(w, prev)
 local n = curr + cost
 
-local function reset_of(p, c)
-  if c > 0 then return (w + 2) * period - now end
-  if p > 0 then return (w + 1) * period - now end
-  return 0
-end
-
 if cost > lim or n > hold then
-  local retry
-  if cost > lim then
-    retry = math.huge
-  else
-    local room = lim - cost - curr
-    local t
-    if room >= 0 and prev > 0 then
-      t = ws + period * (1 - room / prev)
-    else
-      room = lim - cost
-      if curr <= room then
-        t = ws + period
-      else
-        t = ws + period + period * (1 - room / curr)
-      end
-    end
-    retry = t - now
-    if retry < 0 then retry = 0 end
-  end
+  local retry = swc_retry(ws, prev, curr)
   local remaining = hold - curr
   if remaining < 0 then remaining = 0 end
   if given > 0 then
     save(string.format('%d %d %d', w, prev, curr), (w + 2) * period - now, same)
   end
-  return {0, lim, remaining, fmt(retry), fmt(reset_of(prev, curr)), '0', 0, w, given, fmt((w + 1) * period - now)}
+  return {0, lim, remaining, fmt(retry), fmt(swc_reset(w, prev, curr)), '0', 0, w, given, fmt((w + 1) * period - now)}
 end
 local grant = hold - n
 if grant > extra then grant = extra end
