@@ -507,7 +507,7 @@ class SharedMemoryStore(MemoryStore):
         windowed = how[1]
         wend = sent + reset if windowed else math.inf
         if allowed and grant > 0:
-            ls = _Held(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset, False, limit, key)
+            ls = _Held(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset, False, limit=limit, key=key)
             self._leases[k] = ls
             st.granted += 1
             st.granted_units += grant
@@ -516,7 +516,7 @@ class SharedMemoryStore(MemoryStore):
             # denial at worst, never an admission); not to the window's end even where Lyft's
             # count saturates it: units given back to the owner's pool may still be admitted
             until = sent + min(retry_after, LEASE_TTL)
-            ls = _Held(w, 0, until, wend, remaining, sent + retry_after, True, limit, key)
+            ls = _Held(w, 0, until, wend, remaining, sent + retry_after, True, limit=limit, key=key)
             self._leases[k] = ls
         return Decision(allowed, lim, remaining, 0.0 if allowed else retry_after, reset)
 
