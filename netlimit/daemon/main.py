@@ -6,7 +6,7 @@
 are all plain (`--config FILE`, `--resync=5`, `-c FILE`, ...); anything else --
 `--help`, an unknown or misspelt option, a value typer would refuse -- goes to
 `netlimit daemon` itself (`netlimit.cli.daemon_main`), so the help, the usage errors
-and their exit codes stay typer's, in one place. `python -m netlimit.daemon` is the
+and their exit codes stay typer's, in one place (netlimitd execs it). `python -m netlimit.daemon` is the
 same (the drills and tests start it so).
 
 `tests/daemon/test_daemon_main.py` guards it: the options give what typer gives,
@@ -33,6 +33,9 @@ _OPTIONS: dict[str, str] = {
     "--log-format": "log_format",
 }
 EXIT_USAGE = 64  # netlimit.cliutil's (that module imports typer)
+#: what netlimitd execs for what only typer answers: the registry is a process away (a
+#: layer never imports it, docs/architecture.md)
+_TYPER = "import sys; from netlimit.cli import daemon_main; sys.argv[0] = 'netlimitd'; daemon_main()"
 
 
 def parse(argv: list[str]) -> dict[str, object] | None:
@@ -113,12 +116,8 @@ def _err(message: str) -> None:
 def main() -> None:
     gc.disable()  # the imports too make many objects; service.run_daemon enables it at READY=1
     opts = parse(sys.argv[1:])
-    if opts is None:
-        from ..cli import daemon_main
-
-        gc.enable()  # typer's answer (help, a usage error) or `netlimit daemon`, as ever
-        daemon_main()
-        return
+    if opts is None:  # typer's answer (help, a usage error): `netlimit daemon` in this process's place
+        os.execv(sys.executable, [sys.executable, "-c", _TYPER, *sys.argv[1:]])
     sys.exit(run(**opts))  # type: ignore[arg-type]
 
 

@@ -113,3 +113,12 @@ def test_netlimitd_starts_without_the_command_line_framework(tmp_path: Path):
         assert res.returncode == 64 and "must run as root" in said, said
     assert not {m for m in imported if m.split(".")[0] in ("typer", "click", "rich")}, said
     assert "netlimit.cli" not in imported and "prometheus_client" not in imported
+
+
+@pytest.mark.parametrize(("argv", "rc", "said"), [(["--help"], 0, "Usage:"), (["--resync", "0.1"], 64, "--resync")])
+def test_typer_answers_what_netlimitd_hands_it(argv, rc, said):
+    env = dict(os.environ, PYTHONPATH=str(Path(dmain.__file__).parents[2]))
+    res = subprocess.run(
+        [sys.executable, "-m", "netlimit.daemon", *argv], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert res.returncode == rc and said in res.stdout + res.stderr, (res.returncode, res.stdout, res.stderr)
