@@ -66,6 +66,12 @@ from netlimit.kernel.netns import run_in_netns  # noqa: E402
 from netlimit.kernel.nft import elements as nfelements  # noqa: E402
 
 EXE = str(Path(sys.executable).with_name("netlimit"))
+#: netlimitd as systemd starts it (netlimit/daemon/main.py, no typer), from this tree
+NETLIMITD = (
+    [sys.executable, "-m", "netlimit.daemon"]
+    if (REPO / "netlimit" / "daemon" / "__main__.py").exists()
+    else [EXE, "daemon"]  # an older tree (this script copied into it for a comparison)
+)
 N = ipaddress.ip_network
 A4, B4, A6, B6 = "198.18.0.1", "198.18.0.3", "2001:db8::1", "2001:db8::3"
 HTTP_PORT, ECHO_PORT = 8080, 7007
@@ -176,7 +182,7 @@ class Fleet:
         env = dict(os.environ, NETLIMIT_BACKEND=self.backend)
         log = open(self.tmp / f"daemon-{host}.log", "a")
         self.procs[f"daemon-{host}"] = subprocess.Popen(
-            [EXE, "daemon", "--config", str(self.config), "--netns", self.ns[host], "--resync", "30",
+            [*NETLIMITD, "--config", str(self.config), "--netns", self.ns[host], "--resync", "30",
              "--socket", self.daemon_sock(host)],
             stdout=subprocess.DEVNULL, stderr=log, env=env,
         )  # fmt: skip
@@ -207,6 +213,7 @@ class Fleet:
                 try:
                     if b"READY=1" in rx.recv(4096):
                         got["ready"] = time.monotonic() - t0
+                        got["cpu"] = cpu_seconds(self.procs[f"daemon-{host}"].pid)
                         got["at_ready"] = run_in_netns(self.ns[host], sets.count) or 0
                         return
                 except TimeoutError:
@@ -217,7 +224,7 @@ class Fleet:
         loaded = None
         try:
             self.procs[f"daemon-{host}"] = subprocess.Popen(
-                [EXE, "daemon", "--config", str(self.config), "--netns", self.ns[host], "--resync", "30",
+                [*NETLIMITD, "--config", str(self.config), "--netns", self.ns[host], "--resync", "30",
                  "--socket", self.daemon_sock(host)],
                 stdout=subprocess.DEVNULL, stderr=log, env=env,
             )  # fmt: skip
@@ -235,7 +242,12 @@ class Fleet:
         ready = got.get("ready")
         if ready is None or loaded is None:
             raise TimeoutError(f"daemon {host}: READY after {ready} s, {n} bans in the kernel after {loaded} s")
-        return {"ready_s": round(ready, 3), "bans_in_kernel_s": round(loaded, 3), "in_kernel_at_ready": got["at_ready"]}
+        return {
+            "ready_s": round(ready, 3),
+            "bans_in_kernel_s": round(loaded, 3),
+            "in_kernel_at_ready": got["at_ready"],
+            "cpu_at_ready_s": got.get("cpu"),
+        }
 
     def stop_daemon(self, host: str) -> None:
         p = self.procs.pop(f"daemon-{host}", None)
@@ -285,6 +297,18 @@ class Fleet:
 
     def kernel(self, host: str) -> dict:
         return run_in_netns(self.ns[host], lambda: ban_sets(self.backend).read()) or {}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU a process has used (user + system, every thread): what a start costs
+    whatever the host's load (the wall time to READY=1 is that divided by the share of
+    the cores it got)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def in_ns(ns: str, fn):
@@ -591,8 +615,12 @@ def ready(f: Fleet, n: int) -> dict:
                 pipe.execute()
         pipe.execute()
         f.stop_daemon("b")
+        load_avg = round(os.getloadavg()[0], 2)
         out = f.timed_start("b", n)
-        wait_for(lambda: counter(f, "b", "lists") >= 1, 60, "the index after READY", step=0.25)
+        print(f"[{f.backend}] ready, the start: {json.dumps(out)}", flush=True)  # kept if what follows fails
+        wait_for(lambda: counter(f, "b", "lists") >= 1, 180, "the index after READY", step=0.25)  # a busy host: minutes
+        # where the daemon's time went, by its own clock (netlimit/daemon/startphases.py)
+        out = dict(out, phases=(f.status("b") or {}).get("start_phases", {}), load_avg=load_avg)
         lst.flush()
         wait_for(lambda: not f.kernel("b"), 60, "the flush in host B's kernel", step=0.25)
     finally:

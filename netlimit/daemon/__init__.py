@@ -5,10 +5,22 @@
 * bans.py        the ban list in the kernel: load, follow, repair; the kernel's own bans to the list
 * status.py      the Status record, the status socket and its client
 * metrics.py     Prometheus metrics
-* cli.py         `netlimit daemon` / netlimitd, `status`, `install-service`
+* cli.py         `netlimit daemon`, `status`, `install-service` (typer)
+* main.py        `netlimitd` / `python -m netlimit.daemon`: the same daemon without typer
+
+The commands are registered lazily: netlimitd imports this package, and its start
+must not pay for typer (issue 35).
 """
 
+from typing import Any
+
 from ..statusclient import DEFAULT_SOCKET, query_status
-from .cli import register
 
 __all__ = ["DEFAULT_SOCKET", "query_status", "register"]
+
+
+def register(app: Any) -> None:
+    """The daemon's commands on the `netlimit` app (netlimit/cli.py's registry)."""
+    from .cli import register as register_commands
+
+    register_commands(app)

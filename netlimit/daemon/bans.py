@@ -80,6 +80,7 @@ class BanFollower:
         self.loads = 0
         self.load_seconds = 0.0  # the last whole write of the sets
         self.list_timings: dict[str, Any] = {}  # the last whole list: read, index, kernel (ms)
+        self.load_timings: dict[str, float] = {}  # the last list written from its prefixes: read, filter, kernel (s)
         self.lists = 0  # whole lists received (start, reconnects)
         self.ready_seconds = 0.0  # how long READY=1 waited for the first list (start)
         self.first_loaded = False  # a whole list has been in the kernel since start
@@ -328,7 +329,7 @@ class BanFollower:
             # a whole write (start, after an apply or a refusal): the kernel first, from the
             # prefixes alone; the bans and their index are made after (_settle), so that a
             # restart is ready with 100,000 bans in ~1 s instead of 3-4 (issue 35)
-            written = self._load_prefixes(snap.prefixes, self._since(snap.received))
+            written = self._load_prefixes(snap.prefixes, self._since(snap.received), snap.read_seconds)
             if written is not None:
                 self._unindexed = (snap, t0, written)
                 self.first_loaded = True
@@ -336,12 +337,13 @@ class BanFollower:
         self._index_snapshot(snap, t0)
 
     def _load_prefixes(
-        self, prefixes: list[tuple[int, int, int, float]], waited: float
+        self, prefixes: list[tuple[int, int, int, float]], waited: float, read_s: float = 0.0
     ) -> set[tuple[int, int, int]] | None:
         """Write the kernel's sets whole from (version, first, length, left) tuples: the
         protected ones left out, the outermost only where the sets refuse overlaps, the
         longest-lived max_entries. What was written (None: the kernel refused; the usual
         path then retries)."""
+        t_filter = time.monotonic()
         allows = self.protected.allows
         keep = []
         for v, a, p, left in prefixes:
@@ -368,6 +370,11 @@ class BanFollower:
             self._failed(f"loading {len(keep)} bans (list loaded)", exc)
             return None
         self.load_seconds = time.monotonic() - t0
+        self.load_timings = {
+            "read_s": round(read_s, 3),
+            "filter_s": round(t0 - t_filter, 3),
+            "kernel_s": round(self.load_seconds, 3),
+        }
         self.loads += 1
         self.need_reload = False
         self.kernel_known = True
@@ -603,6 +610,7 @@ class BanFollower:
             "lists": self.lists,
             "last_load_ms": round(self.load_seconds * 1000, 1),
             "last_list": self.list_timings,
+            "last_load": self.load_timings,
             "ready_wait_ms": round(self.ready_seconds * 1000, 1),
             "events": self.events,
             "writes": self.writes,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from pathlib import Path
@@ -13,7 +12,6 @@ import typer
 
 from ..statusclient import DEFAULT_SOCKET, query_status
 from .kernel_ops import KernelOps
-from .service import run_daemon
 
 
 def _fmt_time(t: float) -> str:
@@ -51,20 +49,9 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Run netlimitd: apply the file, reload on change or SIGHUP, repair drift (systemd Type=notify)."""
-        from ..logs import check, setup
+        from .main import run  # the body netlimitd (daemon/main.py) runs without typer
 
-        if problem := check(log_level, log_format):
-            err(problem)
-            raise typer.Exit(EXIT_USAGE)
-        setup(log_level, "netlimitd: ", fmt=log_format)
-        log = logging.getLogger("netlimit.daemon")
-        if os.geteuid() != 0:
-            log.error("netlimit daemon: must run as root (it changes nftables or iptables rules and tc)")
-            raise typer.Exit(EXIT_USAGE)
-        if metrics and ":" not in metrics:
-            log.error(f"--metrics {metrics!r}: expected HOST:PORT, e.g. 127.0.0.1:9732")
-            raise typer.Exit(EXIT_USAGE)
-        raise typer.Exit(run_daemon(config, resync, netns, socket_path, metrics, backend))
+        raise typer.Exit(run(config, resync, metrics, netns, socket_path, backend, log_level, log_format, err=err))
 
     @app.command()
     def status(

@@ -18,6 +18,7 @@ rules stay; the next start adopts them (apply is a diff).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import select
@@ -27,14 +28,17 @@ import time
 from collections import deque
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..logs import problem_fields
 from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
 from .kernel_ops import KernelOps
-from .metrics import Metrics
+from .startphases import StartPhases
 from .status import Status, open_status_socket, remove_status_socket, socket_path_problem
+
+if TYPE_CHECKING:
+    from .metrics import Metrics  # prometheus_client: imported only with --metrics (a start without is sooner)
 
 log = logging.getLogger("netlimit.daemon")
 
@@ -279,6 +283,8 @@ class Daemon:
     def start(self) -> int:
         from ..config.validate import ConfigError, load_file
 
+        phases = StartPhases()
+
         # Before any kernel work: a SIGTERM or SIGHUP during the first apply is recorded
         # and handled by the loop (a default action would kill us with rules and no flush).
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
@@ -292,11 +298,14 @@ class Daemon:
                 log.error(str(p), extra=problem_fields(p))
             log.error(f"{self.config_path}: invalid, not starting ({len(exc.problems)} problems)")
             return 1
+        phases.mark("config")
         problem = socket_path_problem(self.socket_path)
         if problem is not None:  # before the kernel is touched
             log.error(problem)
             return 1
         if self.metrics_addr:
+            from .metrics import Metrics
+
             self.metrics = Metrics(self.kernel, self.status)
         self._lockout_warn(loaded, "start")
         if loaded.config.bans_on and loaded.config.ban_store != "memory":
@@ -304,6 +313,7 @@ class Daemon:
             self._bans_follow(loaded.config)
         if not self._apply(loaded, "start"):
             return 2
+        phases.mark("apply")
         self._adopt(loaded)
         self._bans_follow(loaded.config)
         self._status_srv = open_status_socket(self.socket_path, self)
@@ -311,11 +321,16 @@ class Daemon:
             # before the nft watch: the kernel makes no notification of 100,000 elements
             # nobody listens to (and the watch would read them all in Python)
             self.bans.wait_loaded(self._wake_r, lambda: bool(self._pending & {signal.SIGTERM, signal.SIGINT}))
+            phases.mark("bans")
         self._start_nft_watch()
         if self.metrics and self.metrics_addr:
             self.metrics.serve(self.metrics_addr)
             log.info(f"metrics on http://{self.metrics_addr}/metrics")
         log.info(f"running: {self.status.summary()}; status socket {self.socket_path}")
+        phases.mark("rest")
+        self.status.start_phases = phases.seconds()
+        if self.bans is not None:
+            log.info(f"ready: {phases.describe(self.bans.load_timings)}")
         self.notifier.ready(self.status.summary())
         return 0
 
@@ -580,7 +595,15 @@ def run_daemon(
     config: Path, resync: float, netns: str | None, socket_path: str, metrics: str | None, backend: str | None = None
 ) -> int:
     d = Daemon(config, resync, netns, socket_path, metrics, backend=backend)
-    rc = d.start()
+    # No cyclic collector until READY=1: a start with 100,000 bans makes a million small
+    # objects (the list's tuples, the elements), and the collector's passes over the
+    # whole heap meanwhile took half the read's time (issue 35; daemon/main.py pauses it
+    # from the imports on). The loop runs with it.
+    gc.disable()
+    try:
+        rc = d.start()
+    finally:
+        gc.enable()
     if rc:
         d.close()
         return rc

@@ -82,6 +82,8 @@ class Status:
     #: nftables notifications about netlimit's table seen, and repairs they led to
     nft_events: int = 0
     nft_repairs: int = 0
+    #: where the start's time went up to READY=1, seconds (service.StartPhases)
+    start_phases: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         if self.stood_down:

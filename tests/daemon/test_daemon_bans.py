@@ -263,7 +263,9 @@ def test_ready_means_the_whole_list_is_in_the_kernel(hosts, daemons, redis_serve
     rx.bind(path)
     rx.settimeout(1.0)
     try:
-        d = daemons(hosts[0], text(redis_server.url, prefix), "a", env=dict(os.environ, NOTIFY_SOCKET=path))
+        # netlimitd as systemd starts it, its imports listed (-X importtime) in its log
+        env = dict(os.environ, NOTIFY_SOCKET=path, PYTHONPROFILEIMPORTTIME="1")
+        d = daemons(hosts[0], text(redis_server.url, prefix), "a", env=env, netlimitd=True)
         d.start()
         deadline = time.monotonic() + 60
         ready = ""
@@ -283,5 +285,16 @@ def test_ready_means_the_whole_list_is_in_the_kernel(hosts, daemons, redis_serve
         assert st["lists"] > 1 or (
             st["last_list"]["kernel_write"] == "whole" and st["last_list"]["index_after_kernel"]
         ), st
+        # where the start's time went (issue 35), and what it did not spend it on: the
+        # command line's framework (typer, click, rich) is not imported before READY=1
+        phases = d.status()["start_phases"]
+        assert {"imports", "config", "apply", "bans", "total", "cpu"} <= set(phases), phases
+        assert phases["total"] >= phases["apply"] + phases["bans"], phases
+        log = d.log.read_text()
+        before_ready = log[: log.index("netlimitd: ready: ")]
+        imported = {line.rsplit("|", 1)[1].strip() for line in before_ready.splitlines() if "import time:" in line}
+        assert "netlimit.daemon.service" in imported, before_ready[-2000:]
+        framework = sorted(m for m in imported if m.split(".")[0] in ("typer", "click", "rich"))
+        assert not framework and "netlimit.cli" not in imported, framework
     finally:
         rx.close()

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 EXE = str(Path(sys.executable).with_name("netlimit"))
+#: netlimitd as systemd starts it (daemon/main.py: no typer), from this tree
+NETLIMITD = [sys.executable, "-m", "netlimit.daemon"]
 
 BASE = """\
 version: 1
@@ -85,8 +87,11 @@ def free_port() -> int:
 
 
 class Daemon:
-    def __init__(self, tmp: Path, ns: str, text: str, resync: float = 1.0, env: dict | None = None):
+    def __init__(
+        self, tmp: Path, ns: str, text: str, resync: float = 1.0, env: dict | None = None, netlimitd: bool = False
+    ):
         self.tmp, self.ns = tmp, ns
+        self.cmd = NETLIMITD if netlimitd else [EXE, "daemon"]  # `netlimitd ...` or `netlimit daemon ...`
         self.config = tmp / "netlimit.yaml"
         self.config.write_text(text)
         self.sock = str(tmp / "netlimitd.sock")
@@ -99,8 +104,7 @@ class Daemon:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [
-                EXE,
-                "daemon",
+                *self.cmd,
                 "--config",
                 str(self.config),
                 "--netns",

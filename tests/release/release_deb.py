@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from debroot import DebContainer, bump_version
+from release_common import sh, wait_for
 
 pytestmark = [pytest.mark.systemd, pytest.mark.netns]
 
@@ -47,24 +48,6 @@ bandwidth:
     interface: nlda
     rate: 10mbit
 """
-
-
-def sh(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return res
-
-
-def wait_for(pred, timeout: float, what: str, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 MAN_PAGES = (

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from release_common import sh, wait_for
 
 pytestmark = pytest.mark.netns
 
@@ -73,24 +74,6 @@ def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.C
     if check and res.returncode != 0:
         raise AssertionError(f"podman {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
     return res
-
-
-def sh(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
-    return res
-
-
-def wait_for(pred, timeout: float, what: str, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture

@@ -68,6 +68,24 @@ def reached(app: LoggingUpstream, marker: str, before: int = 0, timeout: float =
         time.sleep(0.1)
 
 
+def nginx_per_key(app: LoggingUpstream, zone: str) -> Nginx:
+    """The reference: nginx 1.22 in front of `app`, `limit_req` on ``$http_x_api_key``
+    at 3 a minute (burst 2, 429), as PER_KEY is for the sidecar."""
+    return Nginx(
+        f"""
+        limit_req zone={zone} burst=2 nodelay;
+        limit_req_status 429;
+        location / {{
+            proxy_pass http://127.0.0.1:{app.port};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+        """,
+        app.port,
+        http_extra=f"limit_req_zone $http_x_api_key zone={zone}:1m rate=3r/m;",
+    )
+
+
 @pytest.fixture(scope="module")
 def app():
     u = LoggingUpstream()
@@ -116,19 +134,7 @@ def test_a_repeated_header_field_is_one_key_the_first(per_key, app):
 def test_nginx_keys_on_the_first_field_too(app):
     """The reference: nginx 1.22's ``$http_x_api_key`` is the first field, and its
     limit_req holds at 3 for the same bytes."""
-    ng = Nginx(
-        f"""
-        limit_req zone=perkey burst=2 nodelay;
-        limit_req_status 429;
-        location / {{
-            proxy_pass http://127.0.0.1:{app.port};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }}
-        """,
-        app.port,
-        http_extra="limit_req_zone $http_x_api_key zone=perkey:1m rate=3r/m;",
-    )
+    ng = nginx_per_key(app, "perkey")
     try:
         before = app.count()
         codes = [raw_status(ng.port, head("/api?t=nginx-rep", *f)) for f in repeated_key_variants("K-nginx")]
@@ -509,19 +515,7 @@ def test_bypass_every_variant_is_admitted_at_most_the_limit(bypass, app, kind, l
 def test_bypass_per_key_against_nginx_holds_the_same(app):
     """The per-key attack against nginx 1.22 (``limit_req`` on ``$http_x_api_key``):
     it holds at 3 as well -- the sidecar does what the reference does."""
-    ng = Nginx(
-        f"""
-        limit_req zone=bykey burst=2 nodelay;
-        limit_req_status 429;
-        location / {{
-            proxy_pass http://127.0.0.1:{app.port};
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-        }}
-        """,
-        app.port,
-        http_extra="limit_req_zone $http_x_api_key zone=bykey:1m rate=3r/m;",
-    )
+    ng = nginx_per_key(app, "bykey")
     try:
         before = app.count()
         codes = [raw_status(ng.port, r) for r in key_attack("nginx-key")]
