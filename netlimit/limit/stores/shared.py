@@ -507,7 +507,9 @@ class SharedMemoryStore(MemoryStore):
         windowed = how[1]
         wend = sent + reset if windowed else math.inf
         if allowed and grant > 0:
-            ls = _Held(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset, False, limit=limit, key=key)
+            ls = _Held(
+                w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset, False, limit=limit, key=key
+            )
             self._leases[k] = ls
             st.granted += 1
             st.granted_units += grant
