@@ -345,16 +345,11 @@ class HttpConnection(asyncio.Protocol):
         assert cur is not None
         if not self.in_head:  # a trailer field of a chunked body: dropped, as nginx does (never a header)
             return
-        if (
-            cur._size == 0
-            and (self._line is not None or b"RTSP/" in self._piece or b"ICE/" in self._piece)
-            and not (
-                self._line is None
-                and self._at0
-                and self._piece.startswith(b"HTTP/", len(self.parser.get_method()) + len(cur._url) + 2)
-            )
-        ):  # a protocol llhttp takes and nginx refuses (RTSP, ICE) in the piece, and not the
-            # usual head that began it with its protocol where it must be: look
+        if cur._size == 0 and not (
+            self._line is None
+            and self._at0
+            and self._piece.startswith(b"HTTP/", len(self.parser.get_method()) + len(cur._url) + 2)
+        ):  # the usual head began this piece, its protocol where it must be; else look (RTSP, ICE)
             self._check_line(cur)
         cur._size += 1
         self.head_bytes += len(name) + len(value) + 4
