@@ -260,6 +260,7 @@ class ActionPlan:
         "_v4_whole",
         "path_of",
         "_lower",
+        "peer_only",
     )
 
     def __init__(
@@ -309,6 +310,9 @@ class ActionPlan:
             if self.groups == (((_REMOTE, "remote_address", ""),),) and not self._trusting
             else self._build
         )
+        #: the descriptors depend on the TCP peer alone (``[[remote_address]]``, no
+        #: trusted proxies): the same for every request of a connection
+        self.peer_only = self.build == self._build_peer
 
     @classmethod
     def of(cls, http: Any) -> ActionPlan:

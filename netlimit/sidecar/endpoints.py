@@ -119,13 +119,41 @@ class Endpoints:
     # -- decisions ----------------------------------------------------------------------
 
     def _check(self, conn: HttpConnection, req: Request) -> Any:
+        sc = self.sc
+        memo = conn.memo
+        if memo is not None and not req.query and (req.xff is None or sc._xff_warned):
+            lim = sc.limiter
+            rs = lim.rules
+            if memo[0] is sc.plan and memo[1] is rs:  # the connection's descriptor, matched and keyed
+                result = lim.check_keyed(rs, memo[2], memo[3], memo[4])
+                if isinstance(result, tuple):  # admitted, no delay: _decided's answer
+                    rule, dec = result
+                    sc.front.requests["check", "ok"] += 1
+                    return responses.ok_decision(
+                        dec.limit, dec.remaining, dec.reset, rule.policy, rule.sf_name, req.keep, req.http10
+                    )
+                return self._answer(req, 0, result, 429)
         try:
             descs, deny = self.sc.check_request(conn.peer, req.fields, req.query, req.xff)
         except BadRequest as exc:  # answered, the connection kept
             self.sc.front.request("check", "bad_request")
             return responses.problem(400, "Bad Request", str(exc), keep=req.keep, http10=req.http10,
                                      head_only=req.method == "HEAD")  # fmt: skip
+        if sc.plan.peer_only and len(descs) == 1 and sc.limiter.is_sync:
+            self._remember(conn, descs)
         return self._decided(req, 0, descs, deny)
+
+    def _remember(self, conn: HttpConnection, descs: list) -> None:
+        """Keep the connection's descriptor with its rule and store key: with actions
+        that read nothing but the TCP peer, every request of the connection has it
+        (until a reload changes the plan or the rules: the memo names both)."""
+        sc = self.sc
+        rs = sc.limiter.rules
+        if rs.has_replaces:
+            return
+        r = rs.match(descs[0])
+        key = None if r is None or r.limit is None else rs.store_key(r, descs[0])
+        conn.memo = (sc.plan, rs, r, key, descs)
 
     def _decide(self, conn: HttpConnection, req: Request, kind: int, deny: int) -> Any:
         descs = self.sc.authz_request(conn.peer, req.fields, req.method, req.path, req.query, req.xff)
@@ -143,6 +171,10 @@ class Endpoints:
             return responses.ok_decision(
                 dec.limit, dec.remaining, dec.reset, rule.policy, rule.sf_name, req.keep, req.http10
             )
+        return self._answer(req, kind, result, deny)
+
+    def _answer(self, req: Request, kind: int, result: Any, deny: int) -> Any:
+        """The answer to a decision other than the common admitted one."""
         reply = self._reply(kind, result, deny)
         if reply.delay > 0:
             return self._delayed(req, reply)

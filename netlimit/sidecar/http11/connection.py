@@ -71,6 +71,7 @@ class HttpConnection(asyncio.Protocol):
         self.write_paused = False
         self._drained: asyncio.Future | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.memo: Any = None  # the handler's own, per connection (endpoints.py: the decision's descriptor)
         self.head_since = 0.0  # when the request head being parsed began (sweep: header_timeout)
         self.head_bytes = 0
         self.in_head = False
