@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """The drop path's CPU per packet on a NIC with native XDP: the Vagrant VMs' virtio_net.
 
-    sudo NETLIMIT_SCENARIO_RUNS=0 NETLIMIT_VAGRANT_AFTER="python3 scripts/xdp_vm_bench.py" vagrant/run.sh
-    # by hand, VMs kept up (NETLIMIT_VAGRANT_KEEP=1):  python3 scripts/xdp_vm_bench.py --ssh-config FILE
+    sudo NETLIMIT_VAGRANT_KEEP=1 NETLIMIT_SCENARIO_RUNS=0 vagrant/run.sh     # VMs up, left running
+    sudo ip netns exec nlvg-PID /var/cache/netlimit-vagrant/build-venv/bin/python \
+        scripts/xdp_vm_bench.py --ssh-config /var/cache/netlimit-vagrant/logs/DATE/ssh-config --json FILE
+    cd vagrant && sudo ip netns exec nlvg-PID vagrant destroy -f   # then stop that libvirtd, del the netns
+
+(run.sh prints the namespace and the destroy command; the Python needs PyYAML, as scenario.py.)
 
 On a veth XDP cannot show its advantage (the sender already built the skb; docs/xdp.md).
 virtio_net runs native XDP on the receive buffer, before the skb is built, like a physical
@@ -155,7 +159,6 @@ def busy(cpu: list[int]) -> tuple[float, float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("ssh_config_pos", nargs="?", type=Path, help="(run.sh's NETLIMIT_VAGRANT_AFTER passes it)")
     ap.add_argument("--ssh-config", type=Path, help="output of `vagrant ssh-config`")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--delay", type=float, default=2.0, help="seconds of flood before the window")
@@ -163,7 +166,7 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    cfg = args.ssh_config or args.ssh_config_pos
+    cfg = args.ssh_config
     if cfg is None:
         ap.error("--ssh-config FILE (vagrant ssh-config's output)")
     ctl = Path(tempfile.mkdtemp(prefix="nlxdpb-ssh-"))
