@@ -32,6 +32,12 @@ outage   a client banned for 4 s; Redis is killed: host B keeps dropping it, the
 restart  host B's daemon restarted (on_stop: keep): the kernel's set is the same before
          and after, each prefix once.
 
+--xdp    (nftables, with --only latency) both hosts' file has `xdp: {interfaces: [nlx0],
+         mode: native}` on their LAN veth: the latency is then from the denial on host A to
+         host B's XDP program dropping the probes, and the report adds host B's XDP counter
+         of banned packets and its input chain's ban-rule counters (which must not move:
+         a ban reaches the XDP map before the sets, docs/xdp.md).
+
 Only namespaces this script creates are touched (nlb-<pid>-...); every loop is bounded
 in count and time; everything is stopped in `finally`. Exit 1 when a promise is broken.
 """
@@ -95,6 +101,12 @@ http:
       escalate: {{after: {after}, within: 10s, ban: 5m}}
 """
 
+XDP = """\
+xdp:
+  interfaces: [nlx0]
+  mode: {mode}
+"""
+
 ECHO = r"""
 import select, socket, sys
 socks = []
@@ -142,6 +154,7 @@ class Fleet:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     clients4: list[str] = field(default_factory=list)
     clients6: list[str] = field(default_factory=list)
+    xdp: bool = False
 
     @property
     def sock(self) -> str:
@@ -317,11 +330,11 @@ def in_ns(ns: str, fn):
 
 
 @contextlib.contextmanager
-def fleet(backend: str, clients: int, max_entries: int):
+def fleet(backend: str, clients: int, max_entries: int, xdp: bool = False):
     tag = f"nlb-{os.getpid() % 100000}"
     tmp = Path(tempfile.mkdtemp(prefix="netlimit-bans-"))
     os.chmod(tmp, 0o700)
-    f = Fleet(tag, tmp, backend, max_entries)
+    f = Fleet(tag, tmp, backend, max_entries, xdp=xdp)
     try:
         for h in ("lan", "a", "b", "c"):
             f.ns[h] = f"{tag}-{h}"
@@ -331,18 +344,25 @@ def fleet(backend: str, clients: int, max_entries: int):
         sh("ip", "-n", lan, "link", "add", "br0", "type", "bridge")
         sh("ip", "-n", lan, "link", "set", "br0", "up")
         f.clients4 = [f"198.18.0.{10 + i}" for i in range(clients)]
-        f.clients6 = [f"2001:db8::{0x100 + i:x}" for i in range(clients)]
+        # each IPv6 client in a /64 of its own (an escalation bans the source's /64), all on one /48 link
+        f.clients6 = [f"2001:db8:0:{i + 1:x}::100" for i in range(clients)]
         for h, a4s, a6s in (("a", [A4], [A6]), ("b", [B4], [B6]), ("c", f.clients4, f.clients6)):
             ns = f.ns[h]
             sh("ip", "link", "add", f"{h}0", "netns", ns, "type", "veth", "peer", "name", f"l{h}", "netns", lan)
             sh("ip", "-n", lan, "link", "set", f"l{h}", "master", "br0")
             sh("ip", "-n", lan, "link", "set", f"l{h}", "up")
+            if xdp and h != "c":  # one name on both hosts: the one file lists it
+                sh("ip", "-n", ns, "link", "set", f"{h}0", "name", "nlx0")
+            dev = "nlx0" if xdp and h != "c" else f"{h}0"
             for a in a4s:
-                sh("ip", "-n", ns, "addr", "add", f"{a}/24", "dev", f"{h}0")
+                sh("ip", "-n", ns, "addr", "add", f"{a}/24", "dev", dev)
             for a in a6s:
-                sh("ip", "-n", ns, "addr", "add", f"{a}/64", "dev", f"{h}0", "nodad")
-            sh("ip", "-n", ns, "link", "set", f"{h}0", "up")
-        f.config.write_text(FILE.format(store=f.store, max_entries=max_entries, after=AFTER))
+                sh("ip", "-n", ns, "addr", "add", f"{a}/48", "dev", dev, "nodad")
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+        f.config.write_text(
+            FILE.format(store=f.store, max_entries=max_entries, after=AFTER)
+            + (XDP.format(mode=os.environ.get("NETLIMIT_DRILL_XDP_MODE", "native")) if xdp else "")
+        )
         f.start_redis()
         f.start_daemon("a")
         f.start_daemon("b")
@@ -355,6 +375,10 @@ def fleet(backend: str, clients: int, max_entries: int):
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=10)
+        if xdp:  # the daemons keep their pins (on_stop: keep, killed): unpin this fleet's
+            for h in ("a", "b"):
+                if h in f.ns:
+                    sh(EXE, "flush", "--netns", f.ns[h], "-q", check=False, timeout=120)
         for ns in f.ns.values():
             sh("ip", "netns", "del", ns, check=False)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -487,6 +511,25 @@ def latency(f: Fleet, trials: int) -> dict:
     }
     out["ok"] = all(r["ms"] > 0 for r in rows)
     return out
+
+
+def xdp_drops(f: Fleet, host: str) -> dict:
+    """Host's XDP counter of banned packets and its input chain's ban-rule counters
+    (nftables: the rules that look up a bans set, in chain input)."""
+    from netlimit.kernel.xdp import XdpPath
+
+    with XdpPath(f.ns[host]) as p:
+        banned = p.counters().banned
+    listing = json.loads(
+        sh("ip", "netns", "exec", f.ns[host], "nft", "-j", "list", "chain", "inet", "netlimit", "input").stdout
+    )
+    input_bans = 0
+    for item in listing["nftables"]:
+        exprs = item.get("rule", {}).get("expr", [])
+        sets = {str(e["match"]["right"]) for e in exprs if "match" in e}
+        if any(s in ("@bans4", "@bans6") for s in sets):
+            input_bans += sum(e["counter"]["packets"] for e in exprs if "counter" in e)
+    return {"xdp_banned": banned, "input_chain_bans": input_bans}
 
 
 # --- load: a large list into the kernel -----------------------------------------------------------
@@ -697,9 +740,13 @@ def restart(f: Fleet, n: int) -> dict:
 def run(backend: str, args) -> dict:
     out: dict = {"backend": backend}
     only = set(args.only.split(",")) if args.only else {"latency", "load", "ready", "outage", "restart"}
-    with fleet(backend, max(args.trials, 2) + 2, max(args.bans, 1000) + 10) as f:
+    with fleet(backend, max(args.trials, 2) + 2, max(args.bans, 1000) + 10, xdp=args.xdp) as f:
         if "latency" in only:
             out["latency"] = latency(f, args.trials)
+            if args.xdp:  # every dropped probe dropped by host B's XDP, none by its input chain
+                counts = xdp_drops(f, "b")
+                out["latency"].update(counts)
+                out["latency"]["ok"] &= counts["xdp_banned"] >= 200 * args.trials and counts["input_chain_bans"] == 0
             print(f"[{backend}] latency: {json.dumps({k: v for k, v in out['latency'].items() if k != 'trials'})}")
         if "load" in only:
             out["load"] = load(f, args.bans)
@@ -723,7 +770,11 @@ def main() -> int:
     ap.add_argument("--backend", choices=("nftables", "restore", "both"), default="both")
     ap.add_argument("--only", default="", help="comma-separated: latency,load,ready,outage,restart")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--xdp", action="store_true", help="host A and B drop in XDP (nftables, latency only)")
     args = ap.parse_args()
+    if args.xdp and (args.backend != "nftables" or args.only != "latency"):
+        print("ban_drills.py: --xdp goes with --backend nftables --only latency", file=sys.stderr)
+        return 64
     if os.geteuid() != 0:
         print("ban_drills.py: run as root (it creates network namespaces)", file=sys.stderr)
         return 64

@@ -89,7 +89,7 @@ if [ $FORCE = 1 ] || [ ! -s "$BOXFILE" ]; then
   }
   trap cleanup EXIT
 
-  PACKAGES=systemd,systemd-sysv,udev,dbus,kmod,openssh-server,sudo,python3,python3-venv,iptables,iproute2,netbase,procps,iputils-ping,linux-image-amd64,initramfs-tools
+  PACKAGES=systemd,systemd-sysv,udev,dbus,kmod,openssh-server,sudo,python3,python3-venv,iptables,iproute2,netbase,procps,iputils-ping,libbpf1,ipset,linux-image-amd64,initramfs-tools
   STAGE_KEY="$NETLIMIT_BOX_SUITE $MIRROR $PACKAGES"
   if [ $FORCE = 1 ] || [ ! -d "$BASE" ] || [ ! -f "$BUILD/debootstrap.done" ] || [ "$(cat "$BUILD/debootstrap.done")" != "$STAGE_KEY" ]; then
     unmount_under "$BUILD"

@@ -32,8 +32,14 @@ chmod 0644 /usr/local/lib/netlimit-scenario/* /etc/systemd/system/netlimit-upstr
 IFACE=$(ip -o -4 addr show | awk -v a="$MY_IP" '{split($4, x, "/"); if (x[1] == a) print $2}')
 [ -n "$IFACE" ] || { echo "provision: no interface has $MY_IP" >&2; exit 1; }
 install -m 0644 /usr/local/lib/netlimit-scenario/limiter.yaml /etc/netlimit/netlimit.yaml
-[ "$IFACE" = eth1 ] || sed -i "s/interface: eth1\b/interface: $IFACE/" /etc/netlimit/netlimit.yaml
+[ "$IFACE" = eth1 ] || sed -i -e "s/interface: eth1\b/interface: $IFACE/" -e "s/interfaces: \[eth1\]/interfaces: [$IFACE]/" /etc/netlimit/netlimit.yaml
 /opt/netlimit/bin/netlimit validate /etc/netlimit/netlimit.yaml
+# A file with `xdp:` needs the drop-in that lets netlimitd load BPF (shipped in the wheel)
+if grep -q '^xdp:' /etc/netlimit/netlimit.yaml; then
+  install -d /etc/systemd/system/netlimitd.service.d
+  install -m 0644 /opt/netlimit/share/netlimit/systemd/netlimitd-xdp.conf /etc/systemd/system/netlimitd.service.d/xdp.conf
+  say "xdp: drop-in installed"
+fi
 echo "NETLIMIT_SIDECAR_ARGS=--listen 0.0.0.0:8080 --upstream http://127.0.0.1:8081" >/etc/default/netlimit-sidecar
 
 # Software emulation only: Python needs ~40 s of emulated CPU to start netlimitd,

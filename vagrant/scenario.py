@@ -93,15 +93,21 @@ def _checked(res: subprocess.CompletedProcess, where: str, argv: list[str], chec
 
 
 class NetnsHost:
-    """A host that is a network namespace: commands via `ip netns exec`, files in a shared work dir."""
+    """A host that is a network namespace: commands via `ip netns exec`, files in a shared work dir.
 
-    def __init__(self, name: str, netns: str, workdir: Path):
+    With `enter`: commands run in that process's network and mount namespaces (nsenter), i.e.
+    beside the lab's netlimitd, with its private /run/netlimit and its bpffs (the XDP pins)."""
+
+    def __init__(self, name: str, netns: str, workdir: Path, enter: int | None = None):
         self.name = name
         self.netns = netns
+        self.enter = enter
         self.dir = workdir / name
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def _argv(self, argv: list[str]) -> list[str]:
+        if self.enter is not None:
+            return ["nsenter", "-t", str(self.enter), "-m", "-n", "--", *argv]
         return ["ip", "netns", "exec", self.netns, *argv]
 
     def run(self, argv, *, timeout=60, check=True, input=None):
@@ -222,6 +228,8 @@ class Params:
     bulk_omit: float = 1.5
     bulk_streams: int = 4  # parallel TCP streams into the one shaped class
     reload_factor: int = 2  # the edit multiplies the UDP limit by this
+    xdp_flood_pps: float = 200.0  # the banned host's flood in the xdp phase (modest: TCG VMs)
+    xdp_flood_seconds: float = 5.0
     idle_seconds: float = 3.0  # the watcher stops this long after the last flood packet
     wait_seconds: float = 60.0  # for netlimitd to (re)load a file (minutes under TCG)
 
@@ -806,6 +814,54 @@ class Scenario:
         )
         self.flood_phase("udp", new_rate, lim.udp_burst, "reload")
 
+    def xdp_phase(self) -> None:
+        """A file with `xdp:`: the flood host banned (`netlimit ban add` on the limiter), then
+        a modest UDP flood from it: every packet that reaches the limiter is dropped by the XDP
+        program on its private NIC (its `(bans)` counter in `netlimit list`), none reaches
+        netfilter (the raw PREROUTING counter) nor the input chain's ban rule."""
+        cfg = yaml.safe_load(self.config_text) or {}
+        if not cfg.get("xdp"):
+            return
+        src, lim, p = ADDR["flood"], self.limits, self.p
+        nl = self.deploy.netlimit
+
+        def bans_rows() -> dict[str, int]:
+            out = self.lim.run(nl + ["list", "--json"], timeout=120).stdout
+            rows = json.loads(out).get("objects", [])
+            return {r["layer"]: r.get("packets", 0) for r in rows if r.get("rule") == "(bans)"}
+
+        conf = ["--config", self.deploy.config_path]
+        self.lim.run(nl + ["ban", "add", f"{src}/32", "--ttl", "10m", "--reason", "scenario xdp phase", *conf])
+        try:
+            # a change is written into the XDP map before the sets: in the sets means in XDP
+            self.wait_status(lambda s: (s.get("bans") or {}).get("in_kernel", 0) >= 1, "the ban in the kernel", 60)
+            rows0, c0 = bans_rows(), self.counters()
+            pps, secs = p.xdp_flood_pps, p.xdp_flood_seconds
+            fl = self.start_tool(
+                "flood", "udp-flood", "--src", src, "--dst", ADDR["limiter"], "--port", str(lim.udp_port),
+                "--pps", str(pps), "--seconds", str(secs),
+            )  # fmt: skip
+            sent = self.result(fl, "udp flood from the banned host", secs + 60)["sent"]
+            deadline = time.monotonic() + 30  # generic XDP runs in the softirq: counted when it arrived
+            while True:
+                rows1, c1 = bans_rows(), self.counters()
+                xdp = rows1.get("xdp", 0) - rows0.get("xdp", 0)
+                if xdp >= sent or time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+            nf = c1.get(f"{COUNTER}:udp:flood:in", 0) - c0.get(f"{COUNTER}:udp:flood:in", 0)
+            chain = sum(v for k, v in rows1.items() if k != "xdp") - sum(v for k, v in rows0.items() if k != "xdp")
+            self.add_row(
+                "xdp",
+                f"banned {src}: udp {sent} sent at {pps:g}/s, xdp on {self.iface}",
+                "every arrival dropped in XDP; none reaches netfilter",
+                f"{xdp} dropped in XDP ((bans) counter), {nf} reached netfilter, {chain} in the input chain's bans"
+                + ("" if xdp == sent else f" ({sent - xdp} lost before the limiter)"),
+                0.98 * sent <= xdp <= sent and nf == 0 and chain == 0,
+            )
+        finally:
+            self.lim.run(nl + ["ban", "del", f"{src}/32", "--yes", *conf], check=False)
+
     def restore(self) -> None:
         try:
             if self.config_text:
@@ -833,6 +889,7 @@ class Scenario:
             ("L7 http", self.http_phase),
             ("bandwidth", self.bandwidth_phase),
             ("reload", self.reload_phase),
+            ("xdp", self.xdp_phase),
         ]
         ok = True
         try:
@@ -925,7 +982,9 @@ class NetnsLab:
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
         self.config = self.work / "netlimit.yaml"
-        self.sock = self.work / "netlimitd.sock"
+        # the default path, inside netlimitd's private /run/netlimit: `netlimit ban` (bans.socket's
+        # default) reaches it from the limiter host, which runs beside netlimitd (hosts())
+        self.sock = Path("/run/netlimit/netlimitd.sock")
 
     def _ip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
@@ -961,7 +1020,8 @@ class NetnsLab:
             [
                 "sh",
                 "-c",
-                'mkdir -p /run/netlimit && mount -t tmpfs -o mode=0700 tmpfs /run/netlimit && exec "$@"',
+                "mkdir -p /run/netlimit && mount -t tmpfs -o mode=0700 tmpfs /run/netlimit"
+                ' && mount -t bpf bpf /sys/fs/bpf && exec "$@"',
                 "sh",
                 self.netlimit,
                 "daemon",
@@ -1000,7 +1060,18 @@ class NetnsLab:
             )
 
     def hosts(self) -> dict[str, Host]:
-        return {role: NetnsHost(role, self.ns[role], self.work) for role in ("limiter", "client", "flood")}
+        """The limiter's commands run in netlimitd's mount namespace (its /run/netlimit, its
+        bpffs with the XDP pins; `ip netns exec` would give each a fresh /sys without them)."""
+        d = self.procs["netlimitd"].pid
+        deadline = time.monotonic() + 30  # `ip netns exec` has made its mount namespace
+        while os.readlink(f"/proc/{d}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
+            if time.monotonic() > deadline or self.procs["netlimitd"].poll() is not None:
+                raise ScenarioError("netlimitd did not start in a mount namespace of its own")
+            time.sleep(0.05)
+        return {
+            role: NetnsHost(role, self.ns[role], self.work, enter=d if role == "limiter" else None)
+            for role in ("limiter", "client", "flood")
+        }
 
     def deployment(self) -> Deployment:
         return Deployment(

@@ -62,8 +62,16 @@ else   # not a git checkout: everything but build products and VM state
   tar -C "$REPO" --exclude=.git --exclude=build --exclude=dist --exclude='*.egg-info' --exclude=.venv \
     --exclude=.vagrant -cf - . | tar -C "$BUILD/src" -xf -
 fi
+# the XDP object is a build product (not in git): compiled here with the host's clang, so
+# the wheel ships it and the VM needs only libbpf1 (docs/xdp.md, Requirements)
+(cd "$BUILD/src" && "$PY" -m netlimit.kernel.xdp.build --force >/dev/null) || {
+  log "cannot build netlimit/kernel/xdp/netlimit_xdp.o (apt-get install clang llvm libbpf-dev)"; exit 1; }
 "$VENV/bin/pip" wheel -q --no-deps --no-build-isolation -w "$OUT" "$BUILD/src"
 ls "$OUT"/netlimit-*.whl >/dev/null
+"$PY" - "$OUT"/netlimit-*.whl <<'PY' || { log "the wheel lacks the XDP object"; exit 1; }
+import sys, zipfile
+sys.exit(0 if "netlimit/kernel/xdp/netlimit_xdp.o" in zipfile.ZipFile(sys.argv[1]).namelist() else 1)
+PY
 ln -sfn "$OUT" "$CACHE/wheels/current"
 # wheels of an older dependency list are dead weight
 find "$CACHE/wheels" -mindepth 1 -maxdepth 1 -type d \( -name 'deps-*' -o -name 'run-*' \) \

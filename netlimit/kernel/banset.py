@@ -97,7 +97,8 @@ def _network(version: int, first: int, plen: int) -> IPNetwork:
 
 class XdpMirror:
     """A backend's ban sets with the XDP program's bans map beside them (a file with
-    `xdp:`, docs/xdp.md): every write goes to both, the sets first; reads are the sets'.
+    `xdp:`, docs/xdp.md): every write goes to both (a whole reload the sets first, a change
+    the map first, so a new ban is dropped in XDP from its first packet); reads are the sets'.
     The map holds each prefix's expiry (unix seconds); netlimitd removes expired ones
     (`expire`), the program does not look at it. Where no XDP program is loaded in the
     namespace (before the first apply, after a flush) only the sets are written: the
@@ -137,14 +138,15 @@ class XdpMirror:
         self._xdp_replace({_network(v, a, p): left for v, a, p, left in prefixes})
 
     def change(self, add: dict[IPNetwork, float], remove: list[IPNetwork]) -> None:
-        self.inner.change(add, remove)
         p = self._path()
         if p is None:
+            self.inner.change(add, remove)
             return
         now = time.time()
-        with p:
+        with p:  # the map first: a new ban's packets are dropped in XDP, never first in the input chain
             p.remove_prefixes("bans", remove)
             p.add_bans({n: now + left for n, left in add.items()})
+            self.inner.change(add, remove)
 
     def read(self) -> dict[IPNetwork, float | None] | None:
         return self.inner.read()

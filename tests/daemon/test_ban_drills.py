@@ -43,3 +43,23 @@ def test_the_drills_hold_at_a_small_scale(tmp_path):
         assert r["ready"]["in_kernel_at_ready"] == 2000 and r["ready"]["ok"], r["ready"]
         assert r["outage"]["held_while_redis_down"] and r["outage"]["ok"], r["outage"]
         assert r["restart"] == {"bans": 2000, "same_set": True, "duplicates": 0, "ok": True}
+
+
+@pytest.mark.timeout(400)
+def test_the_fleet_ban_is_dropped_in_xdp_within_a_second(tmp_path):
+    """Issue 34 item 4: with `xdp:` on both hosts, the ban host A's sidecar publishes after
+    the 10th denial is dropped by host B's XDP program, 20 trials (IPv4 and IPv6), p99 <= 1 s;
+    host B's input chain never sees a banned probe (the map is written before the sets)."""
+    out = tmp_path / "xdp.json"
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--xdp", "--trials", "20", "--backend", "nftables", "--only", "latency",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=380,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    lat = json.loads(out.read_text())["results"][0]["latency"]
+    ms = sorted(t["ms"] for t in lat["trials"])
+    assert len(ms) == 20 and ms[0] > 0, ms  # dropped after the ban, never before
+    assert lat["p99_ms"] <= 1000, lat
+    assert lat["xdp_banned"] >= 200 * 20, lat  # each trial waits for 200 probes dropped on host B
+    assert lat["input_chain_bans"] == 0, lat

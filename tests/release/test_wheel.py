@@ -68,6 +68,7 @@ def test_wheel_is_named_after_the_version_and_carries_the_shipped_files(wheel):
         "alerts/netlimit-rules.test.yaml",
         "systemd/netlimitd.service",
         "systemd/netlimit-sidecar.service",
+        "systemd/netlimitd-xdp.conf",
         "rules/starter.yaml",
         "rules/demo.yaml",
         "rules/demo-escalation.yaml",

@@ -91,7 +91,7 @@ def test_scenario_in_namespaces():
         lab.close()
     text = out.getvalue()
     assert ok, f"the scenario missed:\n{text}"
-    layers = {"L3", "L4", "L7", "bandwidth", "reload"}
+    layers = {"L3", "L4", "L7", "bandwidth", "reload", "xdp"}
     assert layers <= {line.split()[0] for line in text.splitlines() if line.split()}
     assert "MISS" not in text
     left = [

@@ -135,11 +135,11 @@ def test_three_vms_scenario_all_within_tolerance(capsys):
         ln.split()
         for ln in text.splitlines()
         if ln.split()
-        and ln.split()[0] in {"L3", "L4", "L7", "bandwidth", "reload", "install"}
+        and ln.split()[0] in {"L3", "L4", "L7", "bandwidth", "reload", "install", "xdp"}
         and ln.rstrip().endswith((" ok", " MISS"))
     ]
     layers = {r[0] for r in rows}
-    assert {"L3", "L4", "L7", "bandwidth", "reload", "install"} <= layers, f"layers measured: {layers}\n{tail}"
+    assert {"L3", "L4", "L7", "bandwidth", "reload", "install", "xdp"} <= layers, f"layers measured: {layers}\n{tail}"
     assert all(r[-1] == "ok" for r in rows), f"a check missed:\n{tail}"
     assert "destroying the VMs" in text, "run.sh did not destroy the VMs"
     assert not _our_leftovers(), f"left behind: {_our_leftovers()}"
