@@ -212,11 +212,11 @@ class Peers:
     async def top(self, own: dict[str, Any]) -> dict[str, Any]:
         answers = await self._gather(b"top")
         docs = [own]
-        bad = 0
         for _, a in answers:
+            if a is None:
+                continue
             try:
-                docs.append(json.loads(a)) if a is not None else None
+                docs.append(json.loads(a))
             except ValueError:  # a garbled answer: that worker counts as unreachable
-                a = None
-            bad += a is None
-        return merged_top(docs, self.n, bad)
+                pass
+        return merged_top(docs, self.n, self.n - len(docs))

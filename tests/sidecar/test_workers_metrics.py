@@ -83,24 +83,25 @@ def test_a_stopped_worker_is_left_out_within_the_timeout(tmp_path):
         spread(w.port, 60, 3, f"s-{uuid.uuid4().hex}")
         victim = worker_pids(w)[0]
         os.kill(victim, signal.SIGSTOP)
-        seen = 0
-        deadline = time.monotonic() + 30
-        while seen < 3 and time.monotonic() < deadline:  # some connections land on the stopped one
+        answered = {"/metrics": 0, "/v1/top": 0}
+        deadline = time.monotonic() + 60
+        while min(answered.values()) < 2 and time.monotonic() < deadline:
+            path = min(answered, key=answered.__getitem__)
             t0 = time.monotonic()
             try:
-                r = request(w.port, "GET", "/metrics", timeout=1.5)
+                r = request(w.port, "GET", path, timeout=4)
             except TimeoutError:
                 continue  # the kernel gave this connection to the stopped worker's listener
             took = time.monotonic() - t0
-            text = r.body.decode()
-            assert samples(text, "netlimit_sidecar_workers_unreachable")[0].value == 1
-            assert len(decisions(text)) == 2
-            assert took < PEER_TIMEOUT + 1.0, took  # the timeout, not a hang (load: 1 s slack)
-            top = request(w.port, "GET", "/v1/top", timeout=1.5).json() if seen == 0 else None
-            if top is not None:
-                assert top["workers_unreachable"] == 1
-            seen += 1
-        assert seen == 3, "no answer from a running worker within 30 s"
+            assert took < PEER_TIMEOUT + 2.5, took  # the peer timeout, not a hang (2.5 s: a loaded host)
+            if path == "/metrics":
+                text = r.body.decode()
+                assert samples(text, "netlimit_sidecar_workers_unreachable")[0].value == 1
+                assert len(decisions(text)) == 2
+            else:
+                assert r.json()["workers_unreachable"] == 1
+            answered[path] += 1
+        assert min(answered.values()) == 2, f"running workers did not answer within 60 s: {answered}"
         os.kill(victim, signal.SIGCONT)
         victim = None
         text = request(w.port, "GET", "/metrics").body.decode()
