@@ -171,7 +171,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]], str] | tuple[None, str]] = [
                 f"count by (job) (count by (job, sha256) (netlimit_config_info{{{I}}}))",
                 "{{job}}: configs running (1 = all agree)",
             ),
-            (f"count by (job, version) (netlimit_build_info{{{I}}})", "{{job}} {{version}}: hosts"),
+            # count by instance first: a sidecar with --workers N exports one series per worker
+            (
+                f"count by (job, version) (count by (job, version, instance) (netlimit_build_info{{{I}}}))",
+                "{{job}} {{version}}: hosts",
+            ),
         ],
         "How many different configs (sha256 of the file and its include:/lyft files) the hosts of each job run, "
         "and how many hosts run each netlimit version: during a rollout 2, after it 1.",

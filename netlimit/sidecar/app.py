@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..bans.escalate import escalator_for
 from ..buildinfo import InfoCollector
@@ -56,6 +56,9 @@ from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
 from .http11.limits import ClientError
 from .http11.state import ServerState
+
+if TYPE_CHECKING:
+    from .peers import Peers
 
 log = logging.getLogger("netlimit.sidecar")
 
@@ -136,6 +139,8 @@ class Sidecar:
         self._xff_warned = False
         #: `--workers N`: (this worker's index, N) -- /healthz says which worker answered
         self.worker: tuple[int, int] | None = None
+        #: `--workers N`: the other workers' /metrics and /v1/top (peers.py), merged into this one's
+        self.peers: Peers | None = None
         # each listener's connections and batched answers: a flood on the client-facing
         # listener cannot take the admin listener's connections (nor the reverse)
         self.state = ServerState(max_connections)

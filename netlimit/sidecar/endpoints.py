@@ -94,6 +94,8 @@ class Endpoints:
                 raise ClientError(405, f"{path} takes GET")
             sc = self.sc
             head = method == "HEAD"
+            if sc.peers is not None and path in ("/metrics", "/v1/top"):  # --workers N: every worker's
+                return self._gathered(req, path)
             if path == "/metrics":
                 return responses.response(
                     200, None, sc.metrics.render(), METRICS_CONTENT_TYPE, keep=req.keep, http10=req.http10,
@@ -102,6 +104,19 @@ class Endpoints:
             doc = sc.health() if path == "/healthz" else sc.top_doc() if path == "/v1/top" else sc.rules_doc()
             return responses.json_response(200, doc, keep=req.keep, http10=req.http10, head_only=head)
         return responses.problem(404, "Not Found", f"no endpoint {path[:200]!r} here", keep=req.keep, http10=req.http10)
+
+    async def _gathered(self, req: Request, path: str) -> bytes:
+        """/metrics and /v1/top of every worker (peers.py)."""
+        sc = self.sc
+        peers = sc.peers
+        assert peers is not None
+        head = req.method == "HEAD"
+        if path == "/metrics":
+            body = await peers.metrics(sc.metrics.render())
+            return responses.response(200, None, body, METRICS_CONTENT_TYPE, keep=req.keep, http10=req.http10,
+                                      head_only=head)  # fmt: skip
+        doc = await peers.top(sc.top_doc())
+        return responses.json_response(200, doc, keep=req.keep, http10=req.http10, head_only=head)
 
     def _unauthorized(self, conn: HttpConnection, req: Request) -> bytes:
         self.sc.front.request("http", "unauthorized")

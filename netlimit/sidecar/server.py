@@ -82,6 +82,8 @@ class Options:
     shared_state: str | None = None
     #: leases from the state owner for hot keys (off: one round trip per decision)
     shared_leases: bool = True
+    #: set by the supervisor in a worker: the 0700 directory of the workers' sockets (peers.py)
+    peer_dir: str | None = None
     log_level: str = "info"
     log_format: str = "text"
 
@@ -123,6 +125,10 @@ def run(o: Options) -> None:
     )  # ConfigError to the caller
     if o.worker is not None:
         sc.worker = (o.worker, o.workers)
+        if o.peer_dir is not None and o.workers > 1:
+            from .peers import Peers
+
+            sc.peers = Peers(o.peer_dir, o.worker, o.workers)
     limits = Limits(
         header_timeout=o.header_timeout,
         body_timeout=o.body_timeout,
@@ -180,6 +186,8 @@ async def serve(
     servers: list[Any] = []
     gs: GrpcServer | None = None
     try:
+        if sc.peers is not None:
+            await sc.peers.start(sc)
         servers.append(await _main_listener(sc, main, limits, host, port, proxy=pool is not None, rp=reuse_port))
         if admin is not None:
             servers.append(await _admin_listener(sc, limits, admin, rp=reuse_port))
@@ -189,6 +197,8 @@ async def serve(
     finally:
         for srv in servers:
             srv.close()
+        if sc.peers is not None:
+            sc.peers.close()
         if gs is not None:
             await gs.stop()
         await _finish(sc)

@@ -116,9 +116,11 @@ class Supervisor:
         o.admin_listen = self._resolve(admin, "--admin-listen")
         o.grpc = self._resolve(o.grpc, "--grpc")
         py = [sys.executable, "-m", "netlimit.sidecar.worker_main"]
+        # the workers' sockets (peers.py: /metrics and /v1/top of all) and the state owner's
+        self.tmp = tempfile.mkdtemp(prefix="netlimit-sidecar-")
+        os.chmod(self.tmp, 0o700)
+        o.peer_dir = self.tmp
         if storage == "memory":
-            self.tmp = tempfile.mkdtemp(prefix="netlimit-sidecar-")
-            os.chmod(self.tmp, 0o700)
             o.shared_state = os.path.join(self.tmp, "state.sock")
             owner = json.dumps({"owner": o.shared_state, "max_keys": max_keys, "max_key_length": max_key_length,
                                 "log_level": self.log_level, "log_format": self.log_format})  # fmt: skip
@@ -161,7 +163,7 @@ class Supervisor:
                 self.pid,
                 self.n,
                 self.o.listen,
-                "; memory store shared through the state owner" if self.tmp else "",
+                "; memory store shared through the state owner" if self.o.shared_state else "",
             )
             self._loop()
         finally:

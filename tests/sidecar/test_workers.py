@@ -139,7 +139,9 @@ def test_memory_store_without_leases_is_exact_too(tmp_path):
     finally:
         w.stop(timeout=15)
     assert statuses.count(200) == LIMIT and statuses.count(429) == LIMIT
-    assert "netlimit_http_leases_granted_total 0.0" in metrics
+    # every worker's counters, labelled (peers.py)
+    assert 'netlimit_http_leases_granted_total{worker="0"} 0.0' in metrics
+    assert 'netlimit_http_leases_granted_total{worker="1"} 0.0' in metrics
 
 
 @pytest.mark.redis
