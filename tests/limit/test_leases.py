@@ -419,3 +419,36 @@ def test_a_lease_reports_what_the_store_reports(redis_server):
     assert local
     for d, last in local:
         assert d.limit == 300 and d.remaining <= last.remaining and d.reset >= 0
+
+
+def test_a_quiet_process_gives_back_its_lease_without_another_decision(redis_server):
+    """A hot key's lease, then no decision at all: the idle sweep gives the unused units
+    back once the lease's time is over, so another process is admitted them (before the
+    idle sweep, they stayed counted until this process's next decision, for a day's
+    window: early denials for everybody else)."""
+    limit = 1000
+    lim = Limit("fixed_window", limit, 86_400, name="quiet-a")
+    pre = prefix()
+
+    async def main():
+        a = LeasedRedisStore(redis_server.url, key_prefix=pre, timeout_ms=1000)
+        b = RedisStore(redis_server.url, key_prefix=pre, timeout_ms=1000)
+        try:
+            admitted = 0
+            for _ in range(400):  # hot in `a`: leases
+                admitted += (await decide(a, "k", lim)).allowed
+            assert a.held() > 0 and a.lease_stats.granted > 0, a.lease_stats
+            deadline = time.monotonic() + 10
+            while a.held() and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)  # the poll's interval: `a` makes no decision meanwhile
+            held = a.held()
+            d = await b.hit("k", lim, limit - admitted)  # another process takes exactly the rest
+            return admitted, held, d.allowed, a.lease_stats
+        finally:
+            await a.close()
+            await b.close()
+
+    admitted, held, rest_allowed, st = asyncio.run(main())
+    assert admitted == 400, admitted
+    assert held == 0 and st.returned_units > 0, st
+    assert rest_allowed, (admitted, st)

@@ -179,6 +179,8 @@ class LeasedRedisStore(RedisStore):
         self._renewals: set[asyncio.Task] = set()
         #: per primary (address): until when it grants no lease (a replica did not confirm)
         self._unconfirmed: dict[str, float] = {}
+        #: the idle sweep: leases past their time are given back even when no decision comes
+        self._idle: asyncio.TimerHandle | None = None
 
     # -- the local rate ---------------------------------------------------------
 
@@ -208,6 +210,24 @@ class LeasedRedisStore(RedisStore):
             except RuntimeError:  # called outside a loop (tests of the rate alone): no sweep
                 return
             self._sweeping = loop.create_task(self._sweep(now))
+
+    def _arm(self) -> None:
+        """Wake up one tick from now while leases are held: a sidecar that goes quiet still
+        gives back what it did not use when its leases end (not at its next decision, which
+        may come after the window: early denials for everybody else until then)."""
+        if self._idle is None and self._leases:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # outside a loop (tests of the rate alone): the next decision sweeps
+                return
+            self._idle = loop.call_later(TICK, self._on_idle)
+
+    def _on_idle(self) -> None:
+        self._idle = None
+        now = monotonic()
+        if now >= self._tick_end:
+            self._roll(now)
+        self._arm()
 
     # -- the decision -------------------------------------------------------------
 
@@ -318,6 +338,7 @@ class LeasedRedisStore(RedisStore):
             self._leases[k] = ls
             st.granted += 1
             st.granted_units += grant
+            self._arm()
         elif not allowed and hot and k not in self._leases and retry_after < math.inf:
             # a denial answers this key's bigger hits for a while: Lyft's window is saturated to its
             # end; elsewhere for the retry time, at most LEASE_TTL (a give-back elsewhere may free
@@ -388,6 +409,7 @@ class LeasedRedisStore(RedisStore):
             if ls is not None and ls.left and not ls.denied:
                 st.expired_units += ls.left  # its window (or time) is over: given back by nobody, never used
             ls = self._leases[k] = Lease(w, grant, min(wend, sent + LEASE_TTL), wend, remaining, sent + reset)
+        self._arm()
         ls.low = int(ls.left * RENEW_AT) if ls.left > 1 else -1
 
     def held(self) -> int:
@@ -529,6 +551,9 @@ class LeasedRedisStore(RedisStore):
 
     async def close(self) -> None:
         """Give back every lease (best effort, within the store's timeout), then close."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         if self._sweeping is not None and not self._sweeping.done():
             await asyncio.gather(self._sweeping, return_exceptions=True)
         if self._renewals:

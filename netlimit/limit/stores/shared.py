@@ -307,6 +307,8 @@ class SharedMemoryStore(MemoryStore):
         self._prev: dict[str, int] = {}
         self._tick_start = monotonic()
         self._tick_end = self._tick_start + TICK
+        #: the idle sweep: leases past their time go back to the owner even when no decision comes
+        self._idle: asyncio.TimerHandle | None = None
 
     # -- the socket --
 
@@ -409,6 +411,24 @@ class SharedMemoryStore(MemoryStore):
         self._tick_end = now + TICK
         if self._leases:
             self._sweep(now)
+
+    def _arm(self) -> None:
+        """Wake up one tick from now while leases are held: a worker that goes quiet still gives
+        back what it did not use when its leases end, not at its next decision (which may come
+        after the window: early denials in every other worker until then)."""
+        if self._idle is None and self._leases:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # outside a loop (the in-process tests): the next decision sweeps
+                return
+            self._idle = loop.call_later(TICK, self._on_idle)
+
+    def _on_idle(self) -> None:
+        self._idle = None
+        now = monotonic()
+        if now >= self._tick_end:
+            self._roll(now)
+        self._arm()
 
     def _sweep(self, now: float, everything: bool = False) -> None:
         """Give back the unused part of the leases past their time, in one round trip."""
@@ -513,6 +533,7 @@ class SharedMemoryStore(MemoryStore):
             self._leases[k] = ls
             st.granted += 1
             st.granted_units += grant
+            self._arm()
         elif not allowed and hot and retry_after < math.inf:
             # a hot key's denial answers its hits for the retry time, at most LEASE_TTL (an early
             # denial at worst, never an admission); not to the window's end even where Lyft's
@@ -536,6 +557,9 @@ class SharedMemoryStore(MemoryStore):
 
     async def close(self) -> None:
         """Give back every lease, then close the connection."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         if self._leases and self._sock is not None:
             self._sweep(monotonic(), everything=True)
         if self._sock is not None:
