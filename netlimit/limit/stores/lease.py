@@ -157,32 +157,29 @@ def lease_lua(limit: Limit) -> tuple[str, bytes]:
     return s
 
 
-class LeasedRedisStore(RedisStore):
-    """A :class:`RedisStore` that leases quota for hot keys (module doc).  The
-    limiter calls :meth:`from_lease` first (no coroutine), then
-    :meth:`hit_leasing` for a rule that leases; :meth:`hit` is today's path."""
+class LeaseClock:
+    """What every leasing store keeps besides its leases: each key's local rate over this
+    tick and the last (a key is hot at :data:`HOT_RATE`), and the idle sweep. The store
+    gives back leases past their time in :meth:`_sweep_due` (Redis: a task; the workers'
+    owner: a call)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.lease_stats = LeaseStats()
-        self._leases: dict[str, Lease] = {}
-        self._cur: dict[str, int] = {}
-        self._prev: dict[str, int] = {}
+    _leases: dict[str, Lease]
+    _cur: dict[str, int]
+    _prev: dict[str, int]
+    _tick_start: float
+    _tick_end: float
+    _idle: asyncio.TimerHandle | None
+
+    def _start_clock(self) -> None:
+        self._cur = {}
+        self._prev = {}
         self._tick_start = monotonic()
         self._tick_end = self._tick_start + TICK
-        self._sweeping: asyncio.Task | None = None
-        #: the keys whose lease call is under way (other decisions on them wait for it)
-        self._inflight: dict[str, asyncio.Future] = {}
-        #: per primary (address): (its replicas as ROLE said, until when that is trusted)
-        self._replicas: dict[str, tuple[int, float]] = {}
-        #: renewals ahead under way (RENEW_AT)
-        self._renewals: set[asyncio.Task] = set()
-        #: per primary (address): until when it grants no lease (a replica did not confirm)
-        self._unconfirmed: dict[str, float] = {}
         #: the idle sweep: leases past their time are given back even when no decision comes
-        self._idle: asyncio.TimerHandle | None = None
+        self._idle = None
 
-    # -- the local rate ---------------------------------------------------------
+    def _sweep_due(self, now: float) -> None:
+        raise NotImplementedError
 
     def _seen(self, k: str, now: float) -> None:
         if now >= self._tick_end:
@@ -204,17 +201,13 @@ class LeasedRedisStore(RedisStore):
         self._cur = {}
         self._tick_start = now
         self._tick_end = now + TICK
-        if self._leases and (self._sweeping is None or self._sweeping.done()):
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # called outside a loop (tests of the rate alone): no sweep
-                return
-            self._sweeping = loop.create_task(self._sweep(now))
+        if self._leases:
+            self._sweep_due(now)
 
     def _arm(self) -> None:
-        """Wake up one tick from now while leases are held: a sidecar that goes quiet still
-        gives back what it did not use when its leases end (not at its next decision, which
-        may come after the window: early denials for everybody else until then)."""
+        """Wake up one tick from now while leases are held: a store that goes quiet still
+        gives back what it did not use when its leases end, not at its next decision (which
+        may come after the window: early denials for every other process until then)."""
         if self._idle is None and self._leases:
             try:
                 loop = asyncio.get_running_loop()
@@ -228,6 +221,40 @@ class LeasedRedisStore(RedisStore):
         if now >= self._tick_end:
             self._roll(now)
         self._arm()
+
+    def _stop_clock(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+
+class LeasedRedisStore(LeaseClock, RedisStore):
+    """A :class:`RedisStore` that leases quota for hot keys (module doc).  The
+    limiter calls :meth:`from_lease` first (no coroutine), then
+    :meth:`hit_leasing` for a rule that leases; :meth:`hit` is today's path."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lease_stats = LeaseStats()
+        self._leases: dict[str, Lease] = {}
+        self._sweeping: asyncio.Task | None = None
+        #: the keys whose lease call is under way (other decisions on them wait for it)
+        self._inflight: dict[str, asyncio.Future] = {}
+        #: per primary (address): (its replicas as ROLE said, until when that is trusted)
+        self._replicas: dict[str, tuple[int, float]] = {}
+        #: renewals ahead under way (RENEW_AT)
+        self._renewals: set[asyncio.Task] = set()
+        #: per primary (address): until when it grants no lease (a replica did not confirm)
+        self._unconfirmed: dict[str, float] = {}
+        self._start_clock()
+
+    def _sweep_due(self, now: float) -> None:
+        if self._sweeping is None or self._sweeping.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called outside a loop (tests of the rate alone): no sweep
+                return
+            self._sweeping = loop.create_task(self._sweep(now))
 
     # -- the decision -------------------------------------------------------------
 
@@ -551,9 +578,7 @@ class LeasedRedisStore(RedisStore):
 
     async def close(self) -> None:
         """Give back every lease (best effort, within the store's timeout), then close."""
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._stop_clock()
         if self._sweeping is not None and not self._sweeping.done():
             await asyncio.gather(self._sweeping, return_exceptions=True)
         if self._renewals:

@@ -59,7 +59,16 @@ from typing import Any
 from ..algorithms import FIXED_WINDOW, FIXED_WINDOW_ADMITTED, LEAKY_BUCKET, TOKEN_BUCKET, Decision, Limit
 from ..algorithms.base import _INF, DynamicLimit, _new
 from .base import hash_key
-from .lease import HOT_RATE, LEASE_DEMAND, LEASE_FRACTION, LEASE_TTL, MAX_LEASES, MAX_TRACKED, TICK, Lease, LeaseStats
+from .lease import (
+    HOT_RATE,
+    LEASE_DEMAND,
+    LEASE_FRACTION,
+    LEASE_TTL,
+    MAX_LEASES,
+    Lease,
+    LeaseClock,
+    LeaseStats,
+)
 from .memory import MemoryStore
 
 log = logging.getLogger("netlimit.limit")
@@ -284,7 +293,7 @@ def _back(key: str, left: int, w: int, lid: int) -> tuple:
 # -- the worker's side ----------------------------------------------------------------
 
 
-class SharedMemoryStore(MemoryStore):
+class SharedMemoryStore(LeaseClock, MemoryStore):
     """A worker's store: the owner's state behind a Unix socket, leases for hot
     keys (module doc).  It is a :class:`MemoryStore` to the limiter (decided
     synchronously, ``check_fast``); its own in-process state is the fallback
@@ -302,13 +311,8 @@ class SharedMemoryStore(MemoryStore):
         self._logged = 0.0
         self._buf = b""
         self._ids: dict[tuple, int] = {}
-        self._leases: dict[str, _Held] = {}
-        self._cur: dict[str, int] = {}
-        self._prev: dict[str, int] = {}
-        self._tick_start = monotonic()
-        self._tick_end = self._tick_start + TICK
-        #: the idle sweep: leases past their time go back to the owner even when no decision comes
-        self._idle: asyncio.TimerHandle | None = None
+        self._leases: dict[str, _Held] = {}  # type: ignore[assignment]  # a Lease with its limit and key
+        self._start_clock()
 
     # -- the socket --
 
@@ -391,44 +395,10 @@ class SharedMemoryStore(MemoryStore):
                 exc,
             )
 
-    # -- the local rate (as stores/lease.py) --
+    # -- the local rate and the idle sweep: LeaseClock (stores/lease.py) --
 
-    def _seen(self, k: str, now: float) -> None:
-        if now >= self._tick_end:
-            self._roll(now)
-        cur = self._cur
-        n = cur.get(k)
-        if n is None:
-            if len(cur) >= MAX_TRACKED:
-                return
-            n = 0
-        cur[k] = n + 1
-
-    def _roll(self, now: float) -> None:
-        self._prev = self._cur if now - self._tick_end < TICK else {}
-        self._cur = {}
-        self._tick_start = now
-        self._tick_end = now + TICK
-        if self._leases:
-            self._sweep(now)
-
-    def _arm(self) -> None:
-        """Wake up one tick from now while leases are held: a worker that goes quiet still gives
-        back what it did not use when its leases end, not at its next decision (which may come
-        after the window: early denials in every other worker until then)."""
-        if self._idle is None and self._leases:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # outside a loop (the in-process tests): the next decision sweeps
-                return
-            self._idle = loop.call_later(TICK, self._on_idle)
-
-    def _on_idle(self) -> None:
-        self._idle = None
-        now = monotonic()
-        if now >= self._tick_end:
-            self._roll(now)
-        self._arm()
+    def _sweep_due(self, now: float) -> None:
+        self._sweep(now)
 
     def _sweep(self, now: float, everything: bool = False) -> None:
         """Give back the unused part of the leases past their time, in one round trip."""
@@ -511,7 +481,7 @@ class SharedMemoryStore(MemoryStore):
                 back, bw = old.left, old.w
             else:
                 st.expired_units += old.left
-        rate = (self._prev.get(k, 0) + self._cur.get(k, 0)) / (TICK + (t - self._tick_start))
+        rate = self._rate(k, t)
         hot = rate >= HOT_RATE and (old is not None or len(self._leases) < MAX_LEASES)
         extra = min(math.ceil(rate * LEASE_DEMAND), max(1, math.floor(limit._cap * LEASE_FRACTION))) if hot else 0
         sent = monotonic()
@@ -557,9 +527,7 @@ class SharedMemoryStore(MemoryStore):
 
     async def close(self) -> None:
         """Give back every lease, then close the connection."""
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._stop_clock()
         if self._leases and self._sock is not None:
             self._sweep(monotonic(), everything=True)
         if self._sock is not None:
