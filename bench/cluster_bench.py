@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -38,27 +37,13 @@ from typing import Any
 
 from netlimit.limit.algorithms import FIXED_WINDOW, TOKEN_BUCKET
 
-from .common import Mode, Section, median, need, round_ratio, row, stop, wait_port
+from .common import Mode, Section, free_ports, median, need, round_ratio, row, stop, wait_port
 from .inproc import LIMIT, key_stream
 from .redis_bench import _drive, _pct
 
 GOAL_SINGLE = 0.9
 GOAL_REDISPY = 2.0
 ALGORITHMS = (FIXED_WINDOW, TOKEN_BUCKET)  # Lyft's default, and the usual API bucket
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free loopback ports (held together while chosen)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            socks.append(s)
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _server(exe: str, port: int, d: str, bus: int | None) -> subprocess.Popen:
@@ -322,7 +307,7 @@ def run(mode: Mode) -> Section:
 
     dirs = [tempfile.mkdtemp(prefix="nlbench-cluster-") for _ in range(5)]
     # one server; a one-primary cluster; three cluster nodes; the four bus ports
-    ports = _free_ports(9)
+    ports = free_ports(9)
     procs: list[subprocess.Popen] = []
     try:
         procs.append(_server(exe, ports[0], dirs[0], None))
