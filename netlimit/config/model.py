@@ -626,7 +626,21 @@ class BansConfig(Strict):
         return v
 
 
-# --- ingress stage -------------------------------------------------------------
+# --- ingress and XDP stages ----------------------------------------------------
+
+
+def _stage_interfaces(v: list[str], why_not_lo: str) -> list[str]:
+    """An ingress or XDP stage's interface list: Linux names, no loopback (``why_not_lo``), no repeats."""
+    for name in v:
+        if not re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", name) or name in (".", ".."):
+            raise ValueError(
+                f"interface {name!r} is not a valid Linux interface name (1-15 characters, no '/' or spaces)"
+            )
+        if name == "lo":
+            raise ValueError(f"interface 'lo': {why_not_lo}")
+    if len(set(v)) != len(v):
+        raise ValueError("an interface is listed twice")
+    return v
 
 
 class IngressConfig(Strict):
@@ -643,16 +657,7 @@ class IngressConfig(Strict):
     @field_validator("interfaces")
     @classmethod
     def _ifaces(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if not re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", name) or name in (".", ".."):
-                raise ValueError(
-                    f"interface {name!r} is not a valid Linux interface name (1-15 characters, no '/' or spaces)"
-                )
-            if name == "lo":
-                raise ValueError("interface 'lo': loopback traffic is local and is never hooked at ingress")
-        if len(set(v)) != len(v):
-            raise ValueError("an interface is listed twice")
-        return v
+        return _stage_interfaces(v, "loopback traffic is local and is never hooked at ingress")
 
 
 # --- XDP stage -------------------------------------------------------------------
@@ -676,16 +681,7 @@ class XdpConfig(Strict):
     @field_validator("interfaces")
     @classmethod
     def _ifaces(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if not re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", name) or name in (".", ".."):
-                raise ValueError(
-                    f"interface {name!r} is not a valid Linux interface name (1-15 characters, no '/' or spaces)"
-                )
-            if name == "lo":
-                raise ValueError("interface 'lo': loopback traffic never passes a driver's XDP hook")
-        if len(set(v)) != len(v):
-            raise ValueError("an interface is listed twice")
-        return v
+        return _stage_interfaces(v, "loopback traffic never passes a driver's XDP hook")
 
 
 # --- the file ------------------------------------------------------------------

@@ -85,3 +85,14 @@ def test_netlimit_validate_names_file_line_and_reason(tmp_path):
     p = subprocess.run([exe, "validate", str(f)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, p
     assert f"{f}:8:12: r: early: true cannot run in XDP: max_connections (connlimit)" in p.stdout + p.stderr
+
+
+@pytest.mark.parametrize(
+    ("section", "reason"),
+    [("ingress", "never hooked at ingress"), ("xdp", "never passes a driver's XDP hook")],
+)
+def test_each_stage_refuses_loopback_with_its_own_reason(section, reason):
+    """ingress: and xdp: share one interface check; each names why lo is refused."""
+    out = "\n".join(errors(f"version: 1\n{section}: {{interfaces: [eth0, lo]}}\n"))
+    assert "f.yaml:2:" in out and "interface 'lo': " in out and reason in out, out
+    assert "listed twice" in "\n".join(errors(f"version: 1\n{section}: {{interfaces: [eth0, eth0]}}\n"))
