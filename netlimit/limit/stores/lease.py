@@ -169,6 +169,7 @@ class LeaseClock:
     _tick_start: float
     _tick_end: float
     _idle: asyncio.TimerHandle | None
+    lease_stats: LeaseStats
 
     def _start_clock(self) -> None:
         self._cur = {}
@@ -221,6 +222,23 @@ class LeaseClock:
         if now >= self._tick_end:
             self._roll(now)
         self._arm()
+
+    def _take_due(self, now: float, everything: bool = False, most: int | None = None) -> list[tuple[str, Lease]]:
+        """Take the leases past their time (all with ``everything``, at most ``most``) out
+        of the table and return those with units to give back; a denial or an empty lease
+        has none, a lease whose window ended counts as expired (nothing to give back to)."""
+        st = self.lease_stats
+        due = [(k, ls) for k, ls in self._leases.items() if everything or now >= ls.until]
+        back = []
+        for k, ls in due if most is None else due[:most]:
+            del self._leases[k]
+            if ls.denied or not ls.left:
+                continue
+            if now >= ls.wend:
+                st.expired_units += ls.left
+                continue
+            back.append((k, ls))
+        return back
 
     def _stop_clock(self) -> None:
         if self._idle is not None:
@@ -542,17 +560,8 @@ class LeasedRedisStore(LeaseClock, RedisStore):
         """Give back the unused part of the leases past their time (all of them
         with ``everything``), at most MAX_RETURNS per sweep."""
         st = self.lease_stats
-        due = [(k, ls) for k, ls in self._leases.items() if everything or now >= ls.until]
         calls = []
-        for k, ls in due[:MAX_RETURNS] if not everything else due:
-            if self._leases.get(k) is not ls:
-                continue
-            del self._leases[k]
-            if ls.denied or not ls.left:
-                continue
-            if now >= ls.wend:
-                st.expired_units += ls.left
-                continue
+        for k, ls in self._take_due(now, everything, None if everything else MAX_RETURNS):
             limit, key = _limit_key(k)
             if limit is None:
                 st.expired_units += ls.left

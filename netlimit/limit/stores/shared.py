@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from time import monotonic
-from typing import Any
+from typing import Any, cast
 
 from ..algorithms import FIXED_WINDOW, FIXED_WINDOW_ADMITTED, LEAKY_BUCKET, TOKEN_BUCKET, Decision, Limit
 from ..algorithms.base import _INF, DynamicLimit, _new
@@ -403,17 +403,11 @@ class SharedMemoryStore(LeaseClock, MemoryStore):
     def _sweep(self, now: float, everything: bool = False) -> None:
         """Give back the unused part of the leases past their time, in one round trip."""
         st = self.lease_stats
-        due = [(k, ls) for k, ls in self._leases.items() if everything or now >= ls.until]
         make: list[Callable[[int], tuple]] = []
         limits: list[Limit] = []
         units = []
-        for k, ls in due:
-            del self._leases[k]
-            if ls.denied or not ls.left:
-                continue
-            if now >= ls.wend:
-                st.expired_units += ls.left
-                continue
+        for _, due in self._take_due(now, everything):
+            ls = cast(_Held, due)  # this store's leases carry their limit and key
             limit, key = ls.limit, ls.key
             make.append(partial(_back, key, ls.left, ls.w))
             limits.append(limit)
