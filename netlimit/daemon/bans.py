@@ -286,6 +286,10 @@ class BanFollower:
             if not missing and not extra:
                 return self._verify_xdp(len(held))
             why = f"bans: the kernel's ban sets lack {len(missing)} and have {len(extra)} unknown prefixes"
+        return self._repair(why)
+
+    def _repair(self, why: str) -> list[str]:
+        """Drift found: say it, count it, and reload the whole list into the kernel."""
         log.warning("drift: %s; reloading them", why)
         self.drift_repairs += 1
         self.kernel_known = False
@@ -301,12 +305,7 @@ class BanFollower:
             return [f"bans: cannot read the XDP bans map: {exc}"]
         if held is None or held == count:  # (one expiring between the reads: one reload more, harmless)
             return []
-        why = f"bans: the XDP bans map holds {held} prefixes, the ban sets {count}"
-        log.warning("drift: %s; reloading them", why)
-        self.drift_repairs += 1
-        self.kernel_known = False
-        self.reload("drift")
-        return [why]
+        return self._repair(f"bans: the XDP bans map holds {held} prefixes, the ban sets {count}")
 
     # --- list changes ----------------------------------------------------------------------
 
