@@ -61,11 +61,28 @@ http:
 """
 
 
-def _nginx_conf(d: Path, port_limit: int, port_static: int) -> str:
+def _nginx_conf(d: Path, port_limit: int, port_static: int | None, workers: int | None = None) -> str:
+    """nginx ``limit_req`` at RATE/BURST on ``port_limit`` and a static 200 on
+    ``port_static`` (None: none); ``workers``: that many worker processes under a
+    master (bench/workers_bench.py), else one process without a master."""
+    static = (
+        f"""
+            server {{
+                listen 127.0.0.1:{port_static};
+                keepalive_requests 100000000;   # never close a benchmark connection (default: 1000)
+                location / {{ return 200 "ok\\n"; }}
+            }}"""
+        if port_static is not None
+        else ""
+    )
+    procs = (
+        f"master_process on;\n        worker_processes {workers};"
+        if workers
+        else "master_process off;\n        worker_processes 1;"
+    )
     return textwrap.dedent(f"""\
         daemon off;
-        master_process off;
-        worker_processes 1;
+        {procs}
         error_log {d}/error.log warn;
         pid {d}/nginx.pid;
         events {{ worker_connections 1024; }}
@@ -85,12 +102,7 @@ def _nginx_conf(d: Path, port_limit: int, port_static: int) -> str:
                     limit_req zone=bench burst={BURST} nodelay;
                     return 200;
                 }}
-            }}
-            server {{
-                listen 127.0.0.1:{port_static};
-                keepalive_requests 100000000;   # never close a benchmark connection (default: 1000)
-                location / {{ return 200 "ok\\n"; }}
-            }}
+            }}{static}
         }}
         """)
 

@@ -27,11 +27,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 from .common import Mode, Section, free_port, median, need, row, stop, wait_port
-from .http_bench import wrk
+from .http_bench import _nginx_conf, wrk
 
 GOAL_SCALING = 0.8  # netlimit's 2w/1w >= 0.8 x nginx's 2w/1w
 GOAL_RATIO = 0.5  # netlimit >= 0.5 x nginx at equal worker counts
@@ -46,35 +45,6 @@ def _yaml(*extra: str) -> str:
         "  descriptors:\n    - key: remote_address\n"
         f"      rate_limit: {{unit: minute, requests_per_unit: {RATE}}}{rule}\n"
     )
-
-
-def _nginx_conf(d: Path, port: int, workers: int) -> str:
-    return textwrap.dedent(f"""\
-        daemon off;
-        master_process on;
-        worker_processes {workers};
-        error_log {d}/error.log warn;
-        pid {d}/nginx.pid;
-        events {{ worker_connections 1024; }}
-        http {{
-            access_log off;
-            client_body_temp_path {d}/body;
-            proxy_temp_path {d}/proxy;
-            fastcgi_temp_path {d}/fastcgi;
-            uwsgi_temp_path {d}/uwsgi;
-            scgi_temp_path {d}/scgi;
-            limit_req_zone $binary_remote_addr zone=bench:10m rate=100000r/s;
-            limit_req_status 429;
-            server {{
-                listen 127.0.0.1:{port};
-                keepalive_requests 100000000;
-                location / {{
-                    limit_req zone=bench burst=1000 nodelay;
-                    return 200;
-                }}
-            }}
-        }}
-        """)
 
 
 def _sidecar(cfg: Path, port: int, workers: int, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -106,7 +76,7 @@ def run(mode: Mode) -> Section:
             nd = d / f"nginx{n}"
             nd.mkdir()
             port = free_port()
-            (nd / "nginx.conf").write_text(_nginx_conf(nd, port, n))
+            (nd / "nginx.conf").write_text(_nginx_conf(nd, port, None, workers=n))
             p = subprocess.Popen([nginx, "-p", str(nd), "-c", str(nd / "nginx.conf")],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
             procs.append(p)
