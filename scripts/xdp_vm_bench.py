@@ -192,18 +192,20 @@ def main() -> int:
                     results["errors"][v] = err
                     print(f"[{v}] apply failed: {err}", flush=True)
                     continue
-                before = deny_counters(lim) if rnd == 0 else {}
+                # which layer dropped them, read around every run (outside the measured
+                # window): a variant whose drops moved to another layer shows in its round
+                before = deny_counters(lim)
                 r = one_run(lim, flood, args, liface, fiface, mac, flood_on=True)
-                if rnd == 0:
-                    after = deny_counters(lim)
-                    results["layers"][v] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                after = deny_counters(lim)
+                r["dropped_by"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                results["layers"].setdefault(v, r["dropped_by"])  # round 1's, as before
                 r["idle_cpu"] = idle["cpu"]
                 results["variants"][v].append(r)
                 k, a = busy(r["cpu"])
                 print(
                     f"[round {rnd + 1}] {v}: {r['rx']} received in {r['seconds']:.1f} s, kernel CPU {k:.2f} s, "
                     f"all {a:.2f} s; generator {r['generator']['sent']} sent; dropped by "
-                    f"{results['layers'].get(v, '?')}",
+                    f"{r['dropped_by']}",
                     flush=True,
                 )
     finally:
