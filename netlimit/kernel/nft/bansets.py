@@ -10,9 +10,13 @@ from ..objects import NFT_BAN_SETS, NFT_FAMILY, NFT_KERNEL_BAN_PREFIX, NFT_TABLE
 from . import elements as nfelements
 from .netlink import NetlinkError
 
-#: a prefix the kernel holds with this many seconds more or less than the list says is
-#: kept as it is (sync_prefixes); further off, it is written again with the list's time
-SYNC_TOLERANCE_S = 2.0
+#: a prefix the kernel holds with at most this many seconds less than the list says is
+#: kept as it is (sync_prefixes); shorter, it is written again with the list's time
+SYNC_SHORT_S = 2.0
+#: ... and with at most this many seconds more: the time a whole write of 100,000 takes
+#: on a busy host (the kernel's clock starts at the write, the list's before it); netlimitd
+#: removes it when the list's time is up (its index's expiry), the kernel at its own
+SYNC_LONG_S = 60.0
 
 
 class NftBanSets:
@@ -87,7 +91,7 @@ class NftBanSets:
         """replace_prefixes() for sets that may hold the list already (a restart after
         on_stop: keep or a crash, issue 35): read what they hold (one dump, matched as
         bytes) and write only the difference, in one transaction: a prefix held with its
-        time about right stays untouched, one held too short or too long is written anew
+        time about right stays untouched, one held too short (or far too long) is written anew
         (removed and added in that transaction: never missing), one not in the list goes.
         Flushing and rewriting 100,000 elements costs the kernel 3-4 times what writing
         them into empty sets does. Sets holding anything netlimit does not write, a
@@ -108,7 +112,7 @@ class NftBanSets:
         for v, a, p, left in prefixes:
             wanted.add((v, a, p))
             ms = held[v].get((a, p))
-            if ms is not None and abs(ms / 1000 - left) <= SYNC_TOLERANCE_S:
+            if ms is not None and -SYNC_SHORT_S <= ms / 1000 - left <= SYNC_LONG_S:
                 continue
             net = network_of(v, a, p)
             add[net] = left
