@@ -106,27 +106,34 @@ class NftBanSets:
                 return {"write": "whole", "held": -1, "added": len(prefixes), "removed": 0}
             held[f] = h
         n_held = len(held[4]) + len(held[6])
-        add: dict[IPNetwork, float] = {}
-        remove: list[IPNetwork] = []
+        whole: dict[str, int | str] = {"write": "whole", "held": n_held, "added": len(prefixes), "removed": n_held}
+        if not n_held:  # empty sets (a reboot, a new set): nothing to compare
+            self.replace_prefixes(prefixes)
+            return whole
+        # tuples first, networks only for a difference worth writing (100,000 network
+        # objects cost more than the whole write)
+        add_t: list[tuple[int, int, int, float]] = []
+        remove_t: list[tuple[int, int, int]] = []
         wanted: set[tuple[int, int, int]] = set()
         for v, a, p, left in prefixes:
             wanted.add((v, a, p))
             ms = held[v].get((a, p))
             if ms is not None and -SYNC_SHORT_S <= ms / 1000 - left <= SYNC_LONG_S:
                 continue
-            net = network_of(v, a, p)
-            add[net] = left
+            add_t.append((v, a, p, left))
             if ms is not None:
-                remove.append(net)
+                remove_t.append((v, a, p))
         for v in (4, 6):
-            remove.extend(network_of(v, a, p) for a, p in held[v] if (v, a, p) not in wanted)
-        done: dict[str, int | str] = {"write": "diff", "held": n_held, "added": len(add), "removed": len(remove)}
-        if not n_held or 2 * (len(add) + len(remove)) > len(prefixes):
+            remove_t.extend((v, a, p) for a, p in held[v] if (v, a, p) not in wanted)
+        if 2 * (len(add_t) + len(remove_t)) > len(prefixes):
             self.replace_prefixes(prefixes)
-            return dict(done, write="whole", added=len(prefixes), removed=n_held)
+            return whole
+        add = {network_of(v, a, p): left for v, a, p, left in add_t}
+        remove = [network_of(*k) for k in remove_t]
+        done: dict[str, int | str] = {"write": "diff", "held": n_held, "added": len(add), "removed": len(remove)}
         try:
             self.change(add, remove)
         except NetlinkError:  # an element expired between the dump and the write: the sets whole
             self.replace_prefixes(prefixes)
-            return dict(done, write="whole", added=len(prefixes), removed=n_held)
+            return whole
         return done
