@@ -201,12 +201,15 @@ class Fleet:
         )  # fmt: skip
         wait_for(lambda: (self.status(host) or {}).get("bans", {}).get("connected"), 30, f"daemon {host}", step=0.25)
 
-    def timed_start(self, host: str, n: int) -> dict:
+    def timed_start(self, host: str, n: int, tree: Path | None = None, keep: bool = False) -> dict:
         """Start host's daemon under a NOTIFY_SOCKET of ours: seconds from its start to
         READY=1 (sd_notify; a thread of its own waits for it, so its time is exact) and
         how many bans the kernel holds then; and to the kernel holding all `n` (the sets
         counted every 0.25 s, each count timed at its start: an older netlimitd sent
-        READY before the list was loaded). The set is emptied first, as after a reboot."""
+        READY before the list was loaded). The set is emptied first, as after a reboot,
+        unless `keep` (a restart after on_stop: keep or a crash: the kernel holds the
+        list already). `tree`: the netlimit source tree the daemon runs from (default:
+        this one)."""
         path = str(self.tmp / f"notify-{host}.sock")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -214,8 +217,11 @@ class Fleet:
         rx.bind(path)
         rx.settimeout(0.5)
         sets = ban_sets(self.backend)
-        run_in_netns(self.ns[host], lambda: sets.replace({}))
+        if not keep:
+            run_in_netns(self.ns[host], lambda: sets.replace({}))
         env = dict(os.environ, NETLIMIT_BACKEND=self.backend, NOTIFY_SOCKET=path)
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
         log = open(self.tmp / f"daemon-{host}.log", "a")
         got: dict = {}
         t0 = time.monotonic()
@@ -239,7 +245,7 @@ class Fleet:
             self.procs[f"daemon-{host}"] = subprocess.Popen(
                 [*NETLIMITD, "--config", str(self.config), "--netns", self.ns[host], "--resync", "30",
                  "--socket", self.daemon_sock(host)],
-                stdout=subprocess.DEVNULL, stderr=log, env=env,
+                stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=tree,
             )  # fmt: skip
             while loaded is None and time.monotonic() < deadline:
                 t_count = time.monotonic()
@@ -639,11 +645,14 @@ def load(f: Fleet, n: int) -> dict:
 # --- ready: a restart's time to READY=1 with the list in the kernel ------------------------------
 
 
-def ready(f: Fleet, n: int) -> dict:
+def ready(f: Fleet, n: int, rounds: int = 1, trees: list[Path] | None = None, keep: bool = False) -> dict:
     """`n` bans written straight into Redis (no channel messages: the daemons do not see
-    them), host B's daemon restarted with its sets emptied (as after a reboot): seconds
-    from its start to READY=1, the bans its kernel holds then, and to all of them."""
+    them), host B's daemon restarted with its sets emptied (as after a reboot; `keep`:
+    holding the list already, as after on_stop: keep or a crash): seconds from its start
+    to READY=1, the bans its kernel holds then, and to all of them. `rounds` starts, each
+    round one per tree in `trees` (interleaved: the host's load falls on all alike)."""
     lst = f.redis()
+    runs: list[dict] = []
     try:
         lst.flush()
         z, d, _c, _ch = keys("netlimit")
@@ -657,18 +666,37 @@ def ready(f: Fleet, n: int) -> dict:
             if i % 5000 == 4999:
                 pipe.execute()
         pipe.execute()
-        f.stop_daemon("b")
-        load_avg = round(os.getloadavg()[0], 2)
-        out = f.timed_start("b", n)
-        print(f"[{f.backend}] ready, the start: {json.dumps(out)}", flush=True)  # kept if what follows fails
-        wait_for(lambda: counter(f, "b", "lists") >= 1, 180, "the index after READY", step=0.25)  # a busy host: minutes
-        # where the daemon's time went, by its own clock (netlimit/daemon/startphases.py)
-        out = dict(out, phases=(f.status("b") or {}).get("start_phases", {}), load_avg=load_avg)
+        if keep:  # the kernel holds the list before the first timed start, as after a restart
+            f.stop_daemon("b")
+            f.timed_start("b", n)
+        for r in range(rounds):
+            for tree in trees or [None]:
+                runs.append(dict(_ready_once(f, n, tree, keep), round=r + 1, tree=str(tree or REPO)))
         lst.flush()
         wait_for(lambda: not f.kernel("b"), 60, "the flush in host B's kernel", step=0.25)
     finally:
         lst.close()
-    return dict(out, bans=n, goal_s=1.5, ok=out["in_kernel_at_ready"] == n)
+    out = dict(runs[-1]) if len(runs) == 1 else {"runs": runs}
+    return dict(out, bans=n, goal_s=1.5, keep=keep, ok=all(r["in_kernel_at_ready"] == n for r in runs))
+
+
+def _ready_once(f: Fleet, n: int, tree: Path | None, keep: bool) -> dict:
+    f.stop_daemon("b")
+    load_avg = round(os.getloadavg()[0], 2)
+    lines = (f.tmp / "daemon-b.log").read_text().count("\n") if (f.tmp / "daemon-b.log").exists() else 0
+    out = f.timed_start("b", n, tree=tree, keep=keep)
+    # printed at once: kept if what follows fails
+    print(f"[{f.backend}] ready, the start ({tree or REPO}): {json.dumps(out)}", flush=True)
+    wait_for(lambda: counter(f, "b", "lists") >= 1, 180, "the index after READY", step=0.25)  # a busy host: minutes
+    # where the daemon's time went, by its own clock (netlimit/daemon/startphases.py)
+    log = (f.tmp / "daemon-b.log").read_text().splitlines()[lines:]
+    said = [ln.split("ready: ", 1)[1] for ln in log if "ready: " in ln]
+    return dict(
+        out,
+        phases=(f.status("b") or {}).get("start_phases", {}),
+        load_avg=load_avg,
+        ready_line=said[-1] if said else None,
+    )
 
 
 # --- outage: Redis down ----------------------------------------------------------------------------
@@ -752,7 +780,8 @@ def run(backend: str, args) -> dict:
             out["load"] = load(f, args.bans)
             print(f"[{backend}] load: {json.dumps(out['load'])}")
         if "ready" in only:
-            out["ready"] = ready(f, args.bans)
+            trees = [Path(t).resolve() for t in args.tree] or None
+            out["ready"] = ready(f, args.bans, rounds=args.rounds, trees=trees, keep=args.keep)
             print(f"[{backend}] ready: {json.dumps(out['ready'])}")
         if "outage" in only:
             out["outage"] = outage(f)
@@ -770,6 +799,9 @@ def main() -> int:
     ap.add_argument("--backend", choices=("nftables", "restore", "both"), default="both")
     ap.add_argument("--only", default="", help="comma-separated: latency,load,ready,outage,restart")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--rounds", type=int, default=1, help="ready: starts per tree")
+    ap.add_argument("--tree", action="append", default=[], help="ready: netlimitd from this tree (repeat: interleaved)")
+    ap.add_argument("--keep", action="store_true", help="ready: the kernel holds the list at start (on_stop: keep)")
     ap.add_argument("--xdp", action="store_true", help="host A and B drop in XDP (nftables, latency only)")
     args = ap.parse_args()
     if args.xdp and (args.backend != "nftables" or args.only != "latency"):

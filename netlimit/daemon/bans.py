@@ -80,7 +80,8 @@ class BanFollower:
         self.loads = 0
         self.load_seconds = 0.0  # the last whole write of the sets
         self.list_timings: dict[str, Any] = {}  # the last whole list: read, index, kernel (ms)
-        self.load_timings: dict[str, float] = {}  # the last list written from its prefixes: read, filter, kernel (s)
+        # the last list written from its prefixes: read, filter, kernel (s); how (diff/whole)
+        self.load_timings: dict[str, Any] = {}
         self.lists = 0  # whole lists received (start, reconnects)
         self.ready_seconds = 0.0  # how long READY=1 waited for the first list (start)
         self.first_loaded = False  # a whole list has been in the kernel since start
@@ -363,8 +364,8 @@ class BanFollower:
                 lastv, lasthi = k[0], k[3]
             keep = out
         t0 = time.monotonic()
-        try:
-            self.kernel.bans_replace_prefixes([(v, a, p, left) for v, a, p, _hi, left in keep])
+        try:  # the sets may hold the list already (on_stop: keep, a crash): only the difference
+            done = self.kernel.bans_sync_prefixes([(v, a, p, left) for v, a, p, _hi, left in keep])
         except Exception as exc:  # the daemon outlives any refused write: counted, then a full reload
             self._failed(f"loading {len(keep)} bans (list loaded)", exc)
             return None
@@ -373,11 +374,13 @@ class BanFollower:
             "read_s": round(read_s, 3),
             "filter_s": round(t0 - t_filter, 3),
             "kernel_s": round(self.load_seconds, 3),
+            **{k: v for k, v in (done or {}).items() if k in ("write", "held", "added", "removed")},
         }
         self.loads += 1
         self.need_reload = False
         self.kernel_known = True
-        log.info("bans: %d in the kernel (list loaded, %.0f ms)", len(keep), self.load_seconds * 1000)
+        how = "" if not done or done.get("write") != "diff" else f"; {done['added']} written, {done['removed']} removed"
+        log.info("bans: %d in the kernel (list loaded%s, %.0f ms)", len(keep), how, self.load_seconds * 1000)
         return {(v, a, p) for v, a, p, _hi, _left in keep}
 
     def _settle(self) -> None:

@@ -126,6 +126,12 @@ class KernelOps:
 
         self._bans(replace_prefixes, prefixes)
 
+    def bans_sync_prefixes(self, prefixes) -> dict:
+        """bans_replace_prefixes writing only the difference from what the sets hold."""
+        from ..kernel.banset import sync_prefixes
+
+        return self._bans(sync_prefixes, prefixes)
+
     def bans_change(self, add, remove) -> None:
         self._bans(lambda s, a, r: s.change(a, r), add, remove)
 

@@ -59,8 +59,18 @@ class StartPhases:
             if read is not None:
                 ban += (
                     f" (its read {read:.2f}, beside the apply; filter {bans.get('filter_s', 0):.2f},"
-                    f" kernel {bans.get('kernel_s', 0):.2f})"
+                    f" kernel {bans.get('kernel_s', 0):.2f}{_write(bans)})"
                 )
             parts.append(ban)
         parts.append(f"the rest {s.get('rest', 0):.2f}")
         return ", ".join(parts) + f" s; CPU {s['cpu']:.2f} s"
+
+
+def _write(bans: dict[str, Any]) -> str:
+    """How the kernel write went: the difference from what the sets held (a restart that
+    found the list there), or the sets written whole."""
+    if bans.get("write") == "diff":
+        return f": {bans.get('added', 0)} written, {bans.get('removed', 0)} removed, {bans.get('held', 0)} held before"
+    if bans.get("write") == "whole":
+        return ", written whole"
+    return ""

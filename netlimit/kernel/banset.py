@@ -89,6 +89,22 @@ def replace_prefixes(sets: BanSets, prefixes: list[tuple[int, int, int, float]])
     sets.replace({_network(v, a, p): left for v, a, p, left in prefixes})
 
 
+def sync_prefixes(sets: BanSets, prefixes: list[tuple[int, int, int, float]]) -> dict[str, int | str]:
+    """replace_prefixes() writing only what the sets lack or hold in excess, where the
+    backend can (nftables: NftBanSets.sync_prefixes; a restart finds the list in the
+    kernel already); the others are written whole. What was done ({"write": "diff" or
+    "whole", ...})."""
+    sync = getattr(sets, "sync_prefixes", None)
+    if sync is not None:
+        return sync(prefixes)
+    replace_prefixes(sets, prefixes)
+    return {"write": "whole", "added": len(prefixes)}
+
+
+def network_of(version: int, first: int, plen: int) -> IPNetwork:
+    return _network(version, first, plen)
+
+
 def _network(version: int, first: int, plen: int) -> IPNetwork:
     if version == 4:
         return ipaddress.IPv4Network((first, plen))
@@ -136,6 +152,11 @@ class XdpMirror:
     def replace_prefixes(self, prefixes: list[tuple[int, int, int, float]]) -> None:
         replace_prefixes(self.inner, prefixes)
         self._xdp_replace({_network(v, a, p): left for v, a, p, left in prefixes})
+
+    def sync_prefixes(self, prefixes: list[tuple[int, int, int, float]]) -> dict[str, int | str]:
+        done = sync_prefixes(self.inner, prefixes)
+        self._xdp_replace({_network(v, a, p): left for v, a, p, left in prefixes})
+        return done
 
     def change(self, add: dict[IPNetwork, float], remove: list[IPNetwork]) -> None:
         p = self._path()

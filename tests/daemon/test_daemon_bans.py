@@ -298,3 +298,133 @@ def test_ready_means_the_whole_list_is_in_the_kernel(hosts, daemons, redis_serve
         assert not framework and "netlimit.cli" not in imported, framework
     finally:
         rx.close()
+
+
+ECHO = """
+import select, socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 7007))
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    if select.select([s], [], [], 0.2)[0]:
+        data, peer = s.recvfrom(64)
+        s.sendto(data, peer)
+"""
+
+PROBE = """
+import json, os, select, socket, sys, time
+srv, stop, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+socks = {}
+for src in sys.argv[4:]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((src, 0))
+    socks[s] = src
+got = dict.fromkeys(socks.values(), 0)
+sent = 0
+end = time.monotonic() + secs
+while time.monotonic() < end and not os.path.exists(stop):
+    for s in socks:
+        s.sendto(b"x", (srv, 7007))
+    sent += 1
+    for s in select.select(list(socks), [], [], 0.002)[0]:
+        while True:
+            try:
+                s.recv(64, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            got[socks[s]] += 1
+print(json.dumps({"sent": sent, "answered": got}))
+"""
+
+
+def _notified(rx, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if "READY=1" in rx.recv(4096).decode():
+                return
+        except TimeoutError:
+            continue
+    raise AssertionError(f"no READY=1 within {timeout} s ({what})")
+
+
+def test_a_restart_writes_only_the_difference_and_no_ban_lapses(topo, daemons, redis_server, redis_list, tmp_path):
+    """Issue 35: a restart that finds the list in the kernel's sets (on_stop: keep, a
+    crash) writes only the difference: the kernel holds list A, the store says B (some
+    bans lifted, some added, one renewed, one prefix in the kernel nobody listed); at
+    READY=1 the kernel holds exactly B, with B's times, the log and `status` say it was a
+    difference -- and a probe from a banned address is never answered across the restart
+    while one from an unbanned address is."""
+    import json
+    import socket
+
+    from netlimit.kernel.nft import elements as nfelements
+
+    prefix = f"nlt{os.getpid()}d"
+    lst = redis_list(prefix)
+    z, dkey, _n, _ch = keys(prefix)
+    secs, _us = lst.r.time()
+    details = '{"rule":"","reason":"diff test","by":"test","added":0,"origin":"manual"}'
+
+    def put(nets, seconds: int) -> None:
+        pipe = lst.r.pipeline(transaction=False)
+        for net in nets:
+            pipe.zadd(z, {str(net): (secs + seconds) * 1000})
+            pipe.hset(dkey, str(net), details)
+        pipe.execute()
+
+    a = [N(f"10.{i >> 8}.{i & 255}.0/24") for i in range(2000)] + [N(f"2001:db8:1:{i:x}::/64") for i in range(500)]
+    banned = N(f"{topo.cli4}/32")
+    put([*a, banned], 3600)
+    path = str(tmp_path / "notify.sock")
+    rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rx.bind(path)
+    rx.settimeout(1.0)
+    stop = tmp_path / "stop-probes"
+    echo = probe = None
+    try:
+        env = dict(os.environ, NOTIFY_SOCKET=path)
+        d = daemons(topo.srv, text(redis_server.url, prefix, on_stop="keep"), "a", env=env, netlimitd=True)
+        d.start()
+        _notified(rx, "the first start")
+        assert set(kernel(topo.srv)) == {*a, banned}
+        echo = subprocess.Popen(["ip", "netns", "exec", topo.srv, sys.executable, "-c", ECHO, topo.srv4, "120"])
+        probe = subprocess.Popen(
+            ["ip", "netns", "exec", topo.cli, sys.executable, "-c", PROBE, topo.srv4, str(stop), "110",
+             topo.cli4, topo.cli4b],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert d.stop() == 0
+        assert set(kernel(topo.srv)) == {*a, banned}  # kept while it is down
+        # while it is down: 300 lifted, 200 added, one renewed; one foreign prefix in the kernel
+        lifted, added, renewed = a[:300], [N(f"10.200.{i}.0/24") for i in range(200)], a[400]
+        lst.r.zrem(z, *map(str, lifted))
+        lst.r.hdel(dkey, *map(str, lifted))
+        put(added, 3600)
+        put([renewed], 7200)
+        run_in_netns(topo.srv, lambda: ban_sets("nftables").change({N("172.16.0.0/16"): 600.0}, []))
+        want = (set(a) - set(lifted)) | set(added) | {banned}
+        d.start()
+        _notified(rx, "the restart")
+        held = kernel(topo.srv)  # at READY=1, read at once
+        assert set(held) == want
+        assert 7100 < (held[renewed] or 0) <= 7200 and 3500 < (held[a[401]] or 0) <= 3600
+        starts = [e.key for e in run_in_netns(topo.srv, lambda: nfelements.read("netlimit", "bans4"))[:] if not e.end]
+        assert len(starts) == len(set(starts))  # each prefix once
+        last = d.status()["bans"]["last_load"]
+        assert last["write"] == "diff" and last["held"] == len(a) + 2, last
+        assert last["added"] == len(added) + 1 and last["removed"] == len(lifted) + 2, last
+        ready = [ln for ln in d.log.read_text().splitlines() if "ready: " in ln][-1]
+        assert f"{len(added) + 1} written, {len(lifted) + 2} removed" in ready, ready
+        stop.touch()
+        out, _ = probe.communicate(timeout=30)
+        seen = json.loads(out)
+        assert seen["answered"][topo.cli4] == 0, seen  # banned the whole time
+        assert seen["answered"][topo.cli4b] > 0, seen  # the probe itself works
+    finally:
+        stop.touch()
+        rx.close()
+        for p in (probe, echo):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)

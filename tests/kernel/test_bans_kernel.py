@@ -154,3 +154,52 @@ def test_netlink_batches_are_all_or_nothing(topo):
     held = run_in_netns(topo.srv, work)
     assert list(held) == [N("10.0.0.0/24")]
     assert run_in_netns(topo.srv, lambda: nfelements.read("netlimit", "no-such-set")) is None
+
+
+def test_what_the_sets_hold_read_fast_and_written_as_a_difference(topo):
+    """held_prefixes() (one dump matched as bytes, a restart's diff, issue 35) reads what
+    read() reads, the top of the address space and adjacent prefixes included; a set
+    holding what netlimit does not write (a range that is no prefix, an element without
+    a timeout) reads as None, and sync_prefixes() then writes the sets whole."""
+    import subprocess
+
+    topo.apply(CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate=""))
+    bans = {
+        N("10.0.0.0/24"): 600.0,
+        N("10.0.1.0/24"): 500.0,  # adjacent: its start is the previous one's end
+        N("10.0.2.7/32"): 400.0,
+        N("255.255.255.0/24"): 300.0,  # no end element: it reaches the top
+        N("2001:db8::/64"): 600.0,
+        N("2001:db8:0:1::/64"): 600.0,
+        N("ffff::/16"): 600.0,
+    }
+    s = ban_sets("nftables")
+    run_in_netns(topo.srv, lambda: s.replace(bans))
+
+    def held():
+        return {
+            **{N((a, p)): ms for (a, p), ms in (nfelements.held_prefixes("netlimit", "bans4", 4) or {}).items()},
+            **{
+                ipaddress.IPv6Network((a, p)): ms
+                for (a, p), ms in (nfelements.held_prefixes("netlimit", "bans6", 16) or {}).items()
+            },
+        }
+
+    got = run_in_netns(topo.srv, held)
+    assert set(got) == set(bans)
+    assert all(bans[n] * 1000 - 5000 < ms <= bans[n] * 1000 for n, ms in got.items()), got
+    prefixes = sorted((n.version, int(n.network_address), n.prefixlen, left) for n, left in bans.items())
+    # the same list again: nothing written; one lifted, one renewed: two removed, one added
+    assert run_in_netns(topo.srv, lambda: s.sync_prefixes(prefixes))["added"] == 0
+    less = [p if p[1] != int(ipaddress.ip_address("10.0.2.7")) else (*p[:3], 900.0) for p in prefixes[1:]]
+    done = run_in_netns(topo.srv, lambda: s.sync_prefixes(less))
+    assert (done["write"], done["added"], done["removed"]) == ("diff", 1, 2), done
+    after = run_in_netns(topo.srv, held)
+    assert set(after) == set(bans) - {N("10.0.0.0/24")} and after[N("10.0.2.7/32")] > 800_000
+    for odd in ("10.9.0.1-10.9.0.5 timeout 1h", "10.9.1.0/24"):  # a range; no timeout
+        subprocess.run(["ip", "netns", "exec", topo.srv, "nft", "add", "element", "inet", "netlimit", "bans4",
+                        f"{{ {odd} }}"], check=True, capture_output=True)  # fmt: skip
+        assert run_in_netns(topo.srv, lambda: nfelements.held_prefixes("netlimit", "bans4", 4)) is None
+        done = run_in_netns(topo.srv, lambda: s.sync_prefixes(less))
+        assert done["write"] == "whole"
+        assert set(run_in_netns(topo.srv, held)) == set(after)
