@@ -168,6 +168,7 @@ def test_a_signal_python_loses_still_interrupts():
             for _ in range(1000):  # the handler runs in here, its KeyboardInterrupt is lost
                 pass
 
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN in a background job without job control
     intr = demo._Interrupts().__enter__()
     try:
         Finalized()  # collected at once: the signal arrives and is handled inside __del__
@@ -178,4 +179,4 @@ def test_a_signal_python_loses_still_interrupts():
             intr.check()
     finally:
         intr.__exit__()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before  # what was there is put back
