@@ -289,8 +289,9 @@ def test_a_key_seen_once_is_only_marked_and_a_repeated_one_counted():
         return out
 
     tracked_once, hot_count, calls, decisions, trips, granted = asyncio.run(main())
-    # 5000 first sights in 2**18 slots: a few share a slot (counted once, from their first sight)
-    assert len(tracked_once) <= 50 and all(n == 1 for n in tracked_once.values()), tracked_once
+    # 5000 first sights in 2**18 slots: ~48 share a slot with an earlier one (expected
+    # 5000**2 / 2 / 2**18; such a key is counted from its first sight, once)
+    assert len(tracked_once) <= 200 and all(n == 1 for n in tracked_once.values()), tracked_once
     assert hot_count == 2  # three sights: the first marked, the next two counted
     assert len(calls) == 5003 and decisions == trips == 5003 and granted == 0
 
