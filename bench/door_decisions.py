@@ -2,8 +2,8 @@
 8 HttpConnections of the decision door on uvloop, one request per read as wrk
 sends them, answers batched per loop iteration as the server does, a transport
 that drops them (argv: RULES_FILE N).  ``STUB=handle`` answers with fixed bytes
-(the connection layer alone), ``STUB=check`` gives Limiter.check_fast a fixed
-result (the door without the engine)."""
+(the connection layer alone), ``STUB=check`` gives Limiter.check_fast and check_keyed (the
+connection's memoized descriptor) a fixed result (the door without the engine)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def main() -> None:
     elif stub == "check":
         res = sc.limiter.check_fast([[("remote_address", "127.0.0.1")]])
         sc.limiter.check_fast = lambda d, cost=1, rs=None: res  # type: ignore[method-assign]
+        sc.limiter.check_keyed = lambda rs, r, key, d: res  # type: ignore[method-assign]
     conns = []
     for _ in range(8):
         c = HttpConnection(sc.state, ep, Limits())

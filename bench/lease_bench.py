@@ -14,7 +14,7 @@ uvloop event loop (the order rotated every round); a figure is the median over
 rounds.  Round trips per decision are the server's ``INFO commandstats``
 (evalsha for netlimit, every command for limits) before and after each side.
 
-Run alone: ``python -m bench.lease_bench [--quick]``.
+Run alone: ``python -m bench.lease_bench [--quick] [--cold]`` (``--cold``: the cold-key row only).
 """
 
 from __future__ import annotations
@@ -221,8 +221,8 @@ async def _hot_cluster(url: str, ports: list[int], mode: Mode, sec: Section) -> 
 
 async def _cold(port: int, mode: Mode, sec: Section) -> None:
     """Every decision on a key never seen before (the long tail of per-address
-    keys), 16 clients: leases on (from_lease, then hit_leasing: the one-trip path
-    of a cold key) vs off (RedisStore.hit)."""
+    keys), 16 clients: leases on (as Limiter._hit: from_lease while leases are held,
+    then hit_leasing: the one-trip path of a cold key) vs off (RedisStore.hit)."""
     from netlimit.limit.algorithms import FIXED_WINDOW, Limit
     from netlimit.limit.stores import LeasedRedisStore, RedisStore
 
@@ -233,8 +233,8 @@ async def _cold(port: int, mode: Mode, sec: Section) -> None:
     keys, rounds = mode.pick((10_000, 4), (100_000, 10))
     per = keys // rounds
 
-    async def on(k: str) -> Any:
-        d = leased.from_lease(k, lim, 1)
+    async def on(k: str) -> Any:  # what Limiter._hit does
+        d = leased.from_lease(k, lim, 1) if leased._leases else None
         return d if d is not None else await leased.hit_leasing(k, lim, 1)
 
     async def off(k: str) -> Any:
@@ -245,15 +245,19 @@ async def _cold(port: int, mode: Mode, sec: Section) -> None:
         for i in range(100):
             await f(f"warm{i}")
     rates: dict[str, list[float]] = {k: [] for k in sides}
+    #: this process's CPU time per decision (us): what the load of other processes moves least
+    cpu: dict[str, list[float]] = {k: [] for k in sides}
     evalsha = {k: [0, 0] for k in sides}
     load0 = _load()
     for r in range(rounds):
         for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
             ks = [f"10.{r}.{i >> 8 & 255}.{i & 255}:{i}" for i in range(per)]
             a = _commandstats(port)
+            c0 = time.process_time()
             t0 = time.perf_counter()
             await asyncio.gather(*(_walk(sides[name], ks[c::16]) for c in range(16)))
             rates[name].append(per / (time.perf_counter() - t0))
+            cpu[name].append((time.process_time() - c0) / per * 1e6)
             b = _commandstats(port)
             evalsha[name][0] += per
             evalsha[name][1] += b.get("evalsha", 0) - a.get("evalsha", 0)
@@ -271,10 +275,14 @@ async def _cold(port: int, mode: Mode, sec: Section) -> None:
             ratio=ratio,
             note=f"EVALSHA/decision {evalsha['on'][1] / evalsha['on'][0]:.2f} vs "
             f"{evalsha['off'][1] / evalsha['off'][0]:.2f}; leases taken {leased.lease_stats.granted} "
-            f"(held {held}); load average {load0[0]} -> {_load()[0]}",
+            f"(held {held}); CPU per decision {median(cpu['on']):.1f} vs {median(cpu['off']):.1f} us "
+            f"(median per-round ratio {round_ratio(cpu, 'on', 'off'):.3f}); "
+            f"load average {load0[0]} -> {_load()[0]}",
         )
     )
     sec.details["cold_rates"] = rates
+    sec.details["cold_cpu_us"] = cpu
+    sec.details["cold_round_ratios"] = [x / y for x, y in zip(rates["on"], rates["off"])]
     await leased.close()
     await plain.close()
 
@@ -392,10 +400,24 @@ def run(mode: Mode) -> Section:
     return sec
 
 
+def run_cold(mode: Mode) -> Section:
+    """The cold-key row alone (``--cold``): leases on vs off, interleaved."""
+    import uvloop
+
+    sec = Section("leases", "cold keys, leases on vs off")
+    with redis_server("nlbench-lease-") as (port, _proc), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_cold(port, mode, sec))
+    return sec
+
+
 if __name__ == "__main__":
-    s = run(Mode(quick="--quick" in sys.argv))
+    s = (run_cold if "--cold" in sys.argv else run)(Mode(quick="--quick" in sys.argv))
     for r in s.rows:
         print(
             f"{r['case']}: {r['netlimit']:,.0f} vs {r['peer']:,.0f} {r['unit']} "
             f"({r['ratio']:.2f}x; goal {r['goal'] or '-'}; met {r['met']}); {r['note']}"
         )
+    if "cold_round_ratios" in s.details:
+        print("per round, on/off:", " ".join(f"{x:.3f}" for x in s.details["cold_round_ratios"]))
+        print("CPU us/decision on:", " ".join(f"{x:.1f}" for x in s.details["cold_cpu_us"]["on"]))
+        print("CPU us/decision off:", " ".join(f"{x:.1f}" for x in s.details["cold_cpu_us"]["off"]))

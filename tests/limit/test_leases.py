@@ -259,6 +259,63 @@ def test_exported():
     assert stores.LeasedRedisStore is LeasedRedisStore
 
 
+def test_a_key_seen_once_is_only_marked_and_a_repeated_one_counted():
+    """The cold path (issue 33): a key's first sight over this tick and the last is a
+    mark in a fixed table (nothing kept per key), it is counted from its second sight
+    on, and every cold decision is the store's own one-trip coroutine (no extra level)."""
+    lim = Limit("fixed_window", 100, 60.0, name="marks")
+
+    async def main():
+        store = LeasedRedisStore("redis://127.0.0.1:1/0", key_prefix=prefix())
+        store._lean = True  # the store's own client, as a lean URL gets
+        calls = []
+
+        async def one_trip(key, limit, cost=1):
+            calls.append(key)
+            return key
+
+        store.hit = one_trip  # type: ignore[method-assign]
+        keys = [f"10.1.{i >> 8}.{i & 255}" for i in range(5000)]
+        for k in keys:
+            c = store.hit_leasing(k, lim, 1)
+            assert c.cr_code is one_trip.__code__  # RedisStore.hit's coroutine itself
+            assert await c == k
+        tracked_once = dict(store._cur)
+        for _ in range(3):
+            assert await store.hit_leasing("hot", lim, 1) == "hot"
+        st = store.lease_stats
+        out = (tracked_once, store._cur.get(lim._ns + "hot"), calls, st.decisions, st.round_trips, st.granted)
+        store._stop_clock()
+        return out
+
+    tracked_once, hot_count, calls, decisions, trips, granted = asyncio.run(main())
+    # 5000 first sights in 2**18 slots: ~48 share a slot with an earlier one (expected
+    # 5000**2 / 2 / 2**18; such a key is counted from its first sight, once)
+    assert len(tracked_once) <= 200 and all(n == 1 for n in tracked_once.values()), tracked_once
+    assert hot_count == 2  # three sights: the first marked, the next two counted
+    assert len(calls) == 5003 and decisions == trips == 5003 and granted == 0
+
+
+def test_a_key_counted_from_its_second_sight_goes_hot_and_leases(redis_server):
+    """A key decided back to back leases after its sixth sight at most (five counted
+    within a tick: HOT_RATE * TICK), the ones before go the one-trip way."""
+    lim = Limit("fixed_window", 10_000, 60.0, name="goes-hot")
+
+    async def main():
+        store = LeasedRedisStore(redis_server.url, key_prefix=prefix())
+        try:
+            n = 0
+            while store.lease_stats.granted == 0 and n < 1000:
+                await decide(store, "k", lim)
+                n += 1
+            return n
+        finally:
+            await store.close()
+
+    n = asyncio.run(main())
+    assert 6 <= n <= 100, n  # >= 6: the first sight is not counted; a loaded host may stretch the tick
+
+
 def test_concurrent_clients_on_one_hot_key_share_one_renewal(redis_server):
     """64 concurrent decisions on one hot key: never over the limit in a window,
     and the renewals are not one per waiting client."""

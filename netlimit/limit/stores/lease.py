@@ -3,7 +3,9 @@ locally from quota reserved in Redis beforehand, still exact.
 
 A key is *hot* in this sidecar when its own recent local rate is at least
 :data:`HOT_RATE` decisions per second (counted over the last one to two
-:data:`TICK`).  For a hot key of a leasing algorithm (the two fixed windows,
+:data:`TICK`; a key's first sight over those ticks is only a mark in a fixed
+table, it is counted from its second sight on: the long tail of cold keys keeps
+nothing per key and reads no clock).  For a hot key of a leasing algorithm (the two fixed windows,
 the sliding window counter, the token bucket, the leaky bucket without ``delay``)
 the store makes one atomic Lua call (``lua/*_lease.lua``) that decides
 the hit exactly as today's script does and, when it is admitted, **reserves** up
@@ -43,6 +45,7 @@ import asyncio
 import hashlib
 import logging
 import math
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from importlib import resources
 from time import monotonic
@@ -78,8 +81,19 @@ LEASE_FRACTION = 0.05
 LEASE_TTL = 0.1
 #: most leases (keys) held at once; a key beyond is decided as a cold one
 MAX_LEASES = 10_000
+#: most limits whose leasing is remembered (LeasedRedisStore._learn)
+MAX_LIMITS = 4096
 #: most keys whose rate is counted per tick; a key beyond is a cold one
 MAX_TRACKED = 65_536
+#: fewer sights of a key over this tick and the last than this and its rate is below
+#: HOT_RATE whatever the time (the rate divides by at least one TICK): hit_leasing's cold
+#: path needs no division (the margin keeps it below the float rounding of the rate)
+_COLD_BELOW = HOT_RATE * TICK * (1 - 1e-9)
+#: slots of the first-sight marks (LeaseClock._marks: one byte each, 256 KiB); two keys
+#: in one slot (or a mark 255 ticks old) only make a key counted from its first sight
+#: instead of its second -- never more than its own sights: a cold key stays cold
+_MARK_SLOTS = 1 << 18
+_MARK_MASK = _MARK_SLOTS - 1
 #: most leases given back per sweep (the rest wait for the next tick)
 MAX_RETURNS = 256
 #: a lease call that admitted is confirmed on a replica (``WAIT 1 <ms>``) when the key's
@@ -169,15 +183,31 @@ class LeaseClock:
     _tick_start: float
     _tick_end: float
     _idle: asyncio.TimerHandle | None
+    _marks: bytearray
+    _stamp: int
+    _stamp_prev: int
+    _marking: bool
+    _marked_at: int
     lease_stats: LeaseStats
 
-    def _start_clock(self) -> None:
+    def _start_clock(self, marks: bool = False) -> None:
         self._cur = {}
         self._prev = {}
         self._tick_start = monotonic()
         self._tick_end = self._tick_start + TICK
         #: the idle sweep: leases past their time are given back even when no decision comes
         self._idle = None
+        #: first sights (``marks``: LeasedRedisStore.hit_leasing): per slot ``hash(key) &
+        #: _MARK_MASK``, the tick a key of the slot was last seen in (its stamp, 1-255, 0:
+        #: never); a key is counted in ``_cur`` from its second sight over this tick and the
+        #: last on (fixed size, no key kept, nothing to clear at a roll)
+        self._marks = bytearray(_MARK_SLOTS if marks else 0)
+        self._stamp = 1  # this tick's
+        self._stamp_prev = 0  # the last one's (0: the last tick is not the previous one)
+        #: first sights are being marked: the timer rolls the ticks (no decision reads the
+        #: clock), while leasing decisions come (their count at the last roll)
+        self._marking = False
+        self._marked_at = 0
 
     def _sweep_due(self, now: float) -> None:
         raise NotImplementedError
@@ -198,29 +228,48 @@ class LeaseClock:
         return (self._prev.get(k, 0) + self._cur.get(k, 0)) / (TICK + (now - self._tick_start))
 
     def _roll(self, now: float) -> None:
-        self._prev = self._cur if now - self._tick_end < TICK else {}
+        on = now - self._tick_end < TICK  # the last tick is the previous one (no tick without a roll between)
+        self._prev = self._cur if on else {}
         self._cur = {}
+        t = self._stamp
+        self._stamp_prev = t if on else 0
+        self._stamp = t % 255 + 1
         self._tick_start = now
         self._tick_end = now + TICK
         if self._leases:
             self._sweep_due(now)
 
     def _arm(self) -> None:
-        """Wake up one tick from now while leases are held: a store that goes quiet still
-        gives back what it did not use when its leases end, not at its next decision (which
-        may come after the window: early denials for every other process until then)."""
-        if self._idle is None and self._leases:
+        """Wake up when the tick ends while leases are held (or first sights marked): a
+        store that goes quiet still gives back what it did not use when its leases end,
+        not at its next decision (which may come after the window: early denials for
+        every other process until then); the marks age without a clock read per decision."""
+        if self._idle is None and (self._leases or self._marking):
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # outside a loop (tests of the rate alone): the next decision sweeps
                 return
-            self._idle = loop.call_later(TICK, self._on_idle)
+            self._idle = loop.call_later(max(self._tick_end - monotonic(), 0.001), self._on_idle)
+
+    def _mark(self) -> None:
+        """A first sight is marked with no timer running: the tick is brought up to date
+        and the timer started (LeasedRedisStore.hit_leasing)."""
+        now = monotonic()
+        if now >= self._tick_end:
+            self._roll(now)
+        self._marking = True
+        self._marked_at = self.lease_stats.decisions
+        self._arm()
 
     def _on_idle(self) -> None:
         self._idle = None
         now = monotonic()
         if now >= self._tick_end:
             self._roll(now)
+            if self._marking:  # the ticks go on while leasing decisions come
+                n = self.lease_stats.decisions
+                self._marking = n != self._marked_at
+                self._marked_at = n
         self._arm()
 
     def _take_due(self, now: float, everything: bool = False, most: int | None = None) -> list[tuple[str, Lease]]:
@@ -264,7 +313,9 @@ class LeasedRedisStore(LeaseClock, RedisStore):
         self._renewals: set[asyncio.Task] = set()
         #: per primary (address): until when it grants no lease (a replica did not confirm)
         self._unconfirmed: dict[str, float] = {}
-        self._start_clock()
+        #: per Limit._ns: whether its rule leases here (hit_leasing; bounded by MAX_LIMITS)
+        self._leasable: dict[str, bool] = {}
+        self._start_clock(marks=True)
 
     def _sweep_due(self, now: float) -> None:
         if self._sweeping is None or self._sweeping.done():
@@ -313,15 +364,71 @@ class LeasedRedisStore(LeaseClock, RedisStore):
         st.local += 1
         return d
 
-    async def hit_leasing(self, key: str, limit: Limit, cost: int = 1) -> Decision:
-        """A decision of a rule that leases, when :meth:`from_lease` had none: a
-        cold key (or one not leasing) goes the one-trip way; a hot one renews its
-        lease, giving back the previous one's rest in the same call."""
-        how = LEASING.get(limit.algorithm)
-        if how is None or limit._dynamic or limit.delay or cost <= 0 or not self._lean or limit._deny0:
-            return await self.hit(key, limit, cost)
-        _, counts_denied, windowed = how
-        k = limit._ns + key
+    def hit_leasing(self, key: str, limit: Limit, cost: int = 1) -> Coroutine[Any, Any, Decision]:
+        """A decision of a rule that leases, when :meth:`from_lease` had none (await
+        it): a cold key (or one not leasing) goes the one-trip way; a hot one renews
+        its lease, giving back the previous one's rest in the same call.
+
+        Not a coroutine itself: a cold key -- no lease, no call under way, fewer
+        sights over this tick and the last than a hot key needs
+        (:data:`_COLD_BELOW`) -- is counted here (:meth:`LeaseClock._seen`,
+        written out) and handed :meth:`RedisStore.hit`'s own coroutine, so the
+        long tail of per-address keys pays one dict update and a clock read for
+        leases, no extra coroutine level (issue 33: cold keys within 0.9-1.1x of
+        leases off)."""
+        leases = self._leasable.get(limit._ns)
+        if leases is None:
+            leases = self._learn(limit)
+        if not leases or cost <= 0:
+            return self.hit(key, limit, cost)
+        if self._inflight or self._leases:
+            k = limit._ns + key
+            if k in self._inflight or k in self._leases:
+                return self._hit_leasing(key, limit, cost, k, -1.0)
+        m = self._marks
+        h = hash(key) & _MARK_MASK
+        s = m[h]
+        if s and (s == self._stamp or s == self._stamp_prev):  # seen lately (this key, or one of its slot)
+            k = limit._ns + key
+            now = monotonic()
+            if self._seen_again(k, h, now) >= _COLD_BELOW:  # may be hot: the rate decides
+                return self._hit_leasing(key, limit, cost, k, now)
+        else:  # a first sight: marked only
+            m[h] = self._stamp
+            if self._idle is None:
+                self._mark()
+        st = self.lease_stats
+        st.decisions += 1
+        st.round_trips += 1
+        return self.hit(key, limit, cost)
+
+    def _learn(self, limit: Limit) -> bool:
+        """Whether hit_leasing leases for ``limit`` (its namespace: equal Limits share it):
+        an algorithm that leases, not an override, not queue mode, not a limit of 0, and
+        the store's own client (not redis-py)."""
+        ok = limit.algorithm in LEASING and not limit._dynamic and not limit.delay and not limit._deny0 and self._lean
+        if len(self._leasable) >= MAX_LIMITS:  # bounded: limits of reloads past
+            self._leasable.clear()
+        self._leasable[limit._ns] = ok
+        return ok
+
+    def _seen_again(self, k: str, h: int, now: float) -> float:
+        """Count a sight of ``k`` (of mark slot ``h``), and its sights over this tick and
+        the last (:meth:`LeaseClock._seen`, the first sight not counted)."""
+        if now >= self._tick_end:
+            self._roll(now)
+        self._marks[h] = self._stamp
+        cur = self._cur
+        n = cur.get(k, 0)
+        if n or len(cur) < MAX_TRACKED:
+            n += 1
+            cur[k] = n
+        return n + self._prev.get(k, 0) if self._prev else n
+
+    async def _hit_leasing(self, key: str, limit: Limit, cost: int, k: str, seen: float) -> Decision:
+        """:meth:`hit_leasing` of a key with a lease or a call under way, or one seen
+        often enough to be hot (``seen``: when it was counted; -1: not counted yet)."""
+        _, counts_denied, windowed = LEASING[limit.algorithm]
         while (fut := self._inflight.get(k)) is not None:  # a renewal of this key is under way: one at a time
             await asyncio.shield(fut)
             d = self.from_lease(key, limit, cost)
@@ -330,9 +437,9 @@ class LeasedRedisStore(LeaseClock, RedisStore):
         st = self.lease_stats
         st.decisions += 1
         st.round_trips += 1
-        now = monotonic()
+        now = monotonic() if seen < 0 else seen
         old = self._leases.pop(k, None)
-        if old is None:
+        if old is None and seen < 0:
             self._seen(k, now)
         rate = self._rate(k, now)
         back, bw = 0, -1
