@@ -348,8 +348,9 @@ class HttpConnection(asyncio.Protocol):
         if cur._size == 0 and not (
             self._line is None
             and self._at0
-            and self._piece.startswith(b"HTTP/", len(self.parser.get_method()) + len(cur._url) + 2)
-        ):  # the usual head began this piece, its protocol where it must be; else look (RTSP, ICE)
+            and self._piece.startswith(b"HTTP/", self._piece.find(b" ") + len(cur._url) + 2)
+        ):  # the usual head began this piece, its protocol where it must be (after the first
+            # space, the target and a space: no parser call); else look (RTSP, ICE)
             self._check_line(cur)
         cur._size += 1
         self.head_bytes += len(name) + len(value) + 4
