@@ -111,35 +111,43 @@ def json_response(status: int, doc: object, headers: dict[str, str] | None = Non
     return response(status, headers, json.dumps(doc, separators=(",", ":")).encode(), JSON_CT, **kw)
 
 
-_RULE_TEXT: dict[tuple[str, str], tuple[bytes, bytes]] = {}
-_OK_200 = (
-    b"HTTP/1.1 200 OK\r\nX-RateLimit-Limit: %d\r\nX-RateLimit-Remaining: %d\r\nRateLimit-Policy: %s\r\n"
-    b"RateLimit: %s;r=%d;t=%d\r\nContent-Length: 0\r\n%sServer: netlimit\r\nDate: %s\r\n\r\n"
-)
+#: per rule (limit, policy, name): the fixed bytes around an admitted decision's numbers
+_RULE_TEXT: dict[tuple[int, str, str], tuple[bytes, bytes]] = {}
+#: by keep * 2 + http10: what follows the numbers, with the ``Date`` of _tail_at
+_TAIL: list[bytes | None] = [None] * 4
+_tail_at = -1
 
 
 def ok_decision(limit: int, remaining: int, reset: float, policy: str, sf_name: str, keep: bool, http10: bool) -> bytes:
     """The 200 of an admitted decision request: the same bytes :func:`response`
-    writes with headers.rate_headers of that decision, without building them."""
+    writes with headers.rate_headers of that decision, without building them: the
+    rule's fixed text is encoded once, the tail (framing, ``Date``) once a second,
+    and only the two numbers are formatted per answer."""
+    global _tail_at
     t = _ceil(reset - 1e-6) if reset > 0 else 0
-    enc = _RULE_TEXT.get((policy, sf_name))
+    enc = _RULE_TEXT.get((limit, policy, sf_name))
     if enc is None:  # a rule's texts, encoded once
         if len(_RULE_TEXT) >= 4096:
             _RULE_TEXT.clear()
-        enc = _RULE_TEXT[(policy, sf_name)] = (
-            policy.encode("latin-1", "replace"),
-            sf_name.encode("latin-1", "replace"),
-        )
-    return _OK_200 % (
-        limit,
-        remaining,
-        enc[0],
-        enc[1],
-        remaining,
-        t,
-        b"" if keep and not http10 else _connection(keep, http10),
-        _date if int(_time()) == _date_at else http_date(),  # http_date's check, without its call
-    )
+        enc = _RULE_TEXT[(limit, policy, sf_name)] = (
+            b"HTTP/1.1 200 OK\r\nX-RateLimit-Limit: %d\r\nX-RateLimit-Remaining: " % limit,
+            b"\r\nRateLimit-Policy: " + policy.encode("latin-1", "replace") + b"\r\nRateLimit: "
+            + sf_name.encode("latin-1", "replace") + b";r=",
+        )  # fmt: skip
+    if int(_time()) != _tail_at:  # a new second: a new Date
+        date = http_date()
+        _TAIL[:] = (None, None, None, None)
+        _tail_at = _date_at
+    else:
+        date = _date
+    i = keep * 2 + http10
+    tail = _TAIL[i]
+    if tail is None:
+        tail = _TAIL[i] = (
+            b"\r\nContent-Length: 0\r\n" + _connection(keep, http10) + b"Server: netlimit\r\nDate: " + date
+            + b"\r\n\r\n"
+        )  # fmt: skip
+    return b"%s%d%s%d;t=%d%s" % (enc[0], remaining, enc[1], remaining, t, tail)
 
 
 class Reply:

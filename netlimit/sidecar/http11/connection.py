@@ -88,6 +88,7 @@ class HttpConnection(asyncio.Protocol):
         self._crlf_tail = False  # the last piece parsed ended with CR or LF in the middle of a head
         self._fresh = False  # the piece being parsed began between two messages
         self._at0 = False  # the head being parsed began at the start of its piece
+        self._v11 = False  # on_header saw the head's request line end in HTTP/1.1 (one piece)
 
     # -- state -------------------------------------------------------------------------
 
@@ -345,12 +346,16 @@ class HttpConnection(asyncio.Protocol):
         assert cur is not None
         if not self.in_head:  # a trailer field of a chunked body: dropped, as nginx does (never a header)
             return
-        if cur._size == 0 and not (
-            self._line is None
-            and self._at0
-            and self._piece.startswith(b"HTTP/", len(self.parser.get_method()) + len(cur._url) + 2)
-        ):  # the usual head began this piece, its protocol where it must be; else look (RTSP, ICE)
-            self._check_line(cur)
+        if cur._size == 0:
+            piece = self._piece
+            at = piece.find(b" ") + len(cur._url) + 2
+            if self._line is None and self._at0 and piece.startswith(b"HTTP/", at):
+                # the usual head began this piece, its protocol where it must be (after the
+                # first space, the target and a space: no parser call); its version is the
+                # bytes llhttp just accepted (get_http_version formats a string: 1.2 us)
+                self._v11 = piece.startswith(b"1.1\r\n", at + 5)
+            else:  # look (RTSP, ICE)
+                self._check_line(cur)
         cur._size += 1
         self.head_bytes += len(name) + len(value) + 4
         info = NAMES.get(name)
@@ -406,7 +411,11 @@ class HttpConnection(asyncio.Protocol):
         if method is None:  # llhttp's names: a bounded set
             method = _METHODS[m] = m.decode("latin-1")
         cur.method = method
-        version = p.get_http_version()
+        if self._v11:  # read by on_header from the request line llhttp accepted
+            self._v11 = False
+            version = "1.1"
+        else:
+            version = p.get_http_version()
         cur.http10 = version == "1.0"
         cur.keep = p.should_keep_alive()
         f = cur.fields

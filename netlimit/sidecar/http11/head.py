@@ -108,8 +108,23 @@ def check_head(req: Request, max_headers: int, version: str) -> ClientError | No
             return ClientError(400, "an invalid Host")
     if req.method == "CONNECT":
         return ClientError(405, "CONNECT is not allowed: this is a reverse proxy")
-    target = req._url.decode("latin-1")
-    req.target = target
+    known = _TARGETS.get(req._url)
+    if known is None:  # targets repeat (an auth_request location asks for one): split and checked once
+        known = _split_target(req._url.decode("latin-1"))
+        if known[0] is None:  # a refusal is built anew each time (an exception object is not shared)
+            if len(_TARGETS) >= 1024:  # clients choose them: bounded
+                _TARGETS.clear()
+            _TARGETS[req._url] = known
+    err, req.target, req.path, req.query = known
+    return err
+
+
+#: request targets as sent -> what _split_target made of them
+_TARGETS: dict[bytes, tuple[ClientError | None, str, str, str]] = {}
+
+
+def _split_target(target: str) -> tuple[ClientError | None, str, str, str]:
+    """A request target's refusal (None: served), the target, its path and query."""
     if target.startswith("/"):
         path = target
     elif target[:8].lower().startswith(("http://", "https://")):  # absolute-form (RFC 9112 §3.2.2): its path
@@ -117,28 +132,32 @@ def check_head(req: Request, max_headers: int, version: str) -> ClientError | No
         cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
         authority = rest[:cut]
         if not _AUTHORITY.match(authority) or not _valid_host(authority):
-            return ClientError(400, "an absolute-form target needs a host name or address, no user information")
+            return (
+                ClientError(400, "an absolute-form target needs a host name or address, no user information"),
+                target,
+                "",
+                "",
+            )
         path = rest[cut:] or "/"
         if path.startswith("?"):
             path = "/" + path
     elif target == "*":
-        return ClientError(400, "asterisk-form targets (OPTIONS *) are not served")
+        return ClientError(400, "asterisk-form targets (OPTIONS *) are not served"), target, "", ""
     else:
-        return ClientError(400, "the request target must be a path (origin-form) or an absolute URL")
+        return ClientError(400, "the request target must be a path (origin-form) or an absolute URL"), target, "", ""
     q = path.find("?")
+    query = ""
     if q >= 0:
-        req.path, req.query = path[:q], path[q + 1 :]
-    else:
-        req.path = path
+        path, query = path[:q], path[q + 1 :]
     # a '#fragment' (no client sends one, a hand-made request may): as nginx, the path
     # ends at '#' for matching and limiting (actions.path_of_uri) and the target is
     # forwarded as it came
-    p = req.path
+    p = path
     if "#" in p:
         p = p.partition("#")[0]
     if "%" in p or "/." in p:
-        return _check_path(p)
-    return None
+        return _check_path(p), target, path, query
+    return None, target, path, query
 
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
