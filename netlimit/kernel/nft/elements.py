@@ -265,16 +265,23 @@ class Element:
     left_ms: int | None  # time until it expires (None: no timeout)
 
 
-def read(table: str, set_name: str, family: str = "inet") -> list[Element] | None:
-    """Every element of the set, as the kernel holds it (None: no such set)."""
+def _dump(table: str, set_name: str, family: str) -> list[bytes] | None:
+    """The messages of one dump of the set's elements (None: no such set)."""
     payload = attr(NFTA_SET_ELEM_LIST_TABLE, cstr(table)) + attr(NFTA_SET_ELEM_LIST_SET, cstr(set_name))
     with Socket() as nl:
         try:
-            msgs = nl.request(NFT_MSG_GETSETELEM, NFPROTO[family], payload, dump=True)
+            return nl.request(NFT_MSG_GETSETELEM, NFPROTO[family], payload, dump=True)
         except NetlinkError as exc:
             if exc.errno == errno.ENOENT:
                 return None
             raise
+
+
+def read(table: str, set_name: str, family: str = "inet") -> list[Element] | None:
+    """Every element of the set, as the kernel holds it (None: no such set)."""
+    msgs = _dump(table, set_name, family)
+    if msgs is None:
+        return None
     out: list[Element] = []
     for buf in msgs:
         for typ, off, ln in walk(buf, 0, len(buf)):
@@ -302,14 +309,9 @@ def count(table: str, set_name: str, family: str = "inet") -> int | None:
     """How many elements the set holds, an interval's start and end counted once (None:
     no such set): `list` and `status` ask it of a set of 100,000 bans, so it reads only
     each element's flags (read() builds every element: several times slower)."""
-    payload = attr(NFTA_SET_ELEM_LIST_TABLE, cstr(table)) + attr(NFTA_SET_ELEM_LIST_SET, cstr(set_name))
-    with Socket() as nl:
-        try:
-            msgs = nl.request(NFT_MSG_GETSETELEM, NFPROTO[family], payload, dump=True)
-        except NetlinkError as exc:
-            if exc.errno == errno.ENOENT:
-                return None
-            raise
+    msgs = _dump(table, set_name, family)
+    if msgs is None:
+        return None
     unpack = struct.unpack_from
     n = 0
     for buf in msgs:
@@ -401,14 +403,9 @@ def held_prefixes(table: str, set_name: str, width: int, family: str = "inet") -
     an object per element: seconds for 100,000 prefixes). None when the set is missing
     or holds anything else (an element of another form, an interval that is not one CIDR
     prefix, one without a timeout): the caller then writes the set whole."""
-    payload = attr(NFTA_SET_ELEM_LIST_TABLE, cstr(table)) + attr(NFTA_SET_ELEM_LIST_SET, cstr(set_name))
-    with Socket() as nl:
-        try:
-            msgs = nl.request(NFT_MSG_GETSETELEM, NFPROTO[family], payload, dump=True)
-        except NetlinkError as exc:
-            if exc.errno == errno.ENOENT:
-                return None
-            raise
+    msgs = _dump(table, set_name, family)
+    if msgs is None:
+        return None
     pat, end_len, start_len = _held_pattern(width)
     starts: dict[int, int] = {}
     ends: list[int] = []
