@@ -86,7 +86,7 @@ def replace_prefixes(sets: BanSets, prefixes: list[tuple[int, int, int, float]])
     if fast is not None:
         fast(prefixes)
         return
-    sets.replace({_network(v, a, p): left for v, a, p, left in prefixes})
+    sets.replace({network_of(v, a, p): left for v, a, p, left in prefixes})
 
 
 def sync_prefixes(sets: BanSets, prefixes: list[tuple[int, int, int, float]]) -> dict[str, int | str]:
@@ -102,10 +102,6 @@ def sync_prefixes(sets: BanSets, prefixes: list[tuple[int, int, int, float]]) ->
 
 
 def network_of(version: int, first: int, plen: int) -> IPNetwork:
-    return _network(version, first, plen)
-
-
-def _network(version: int, first: int, plen: int) -> IPNetwork:
     if version == 4:
         return ipaddress.IPv4Network((first, plen))
     return ipaddress.IPv6Network((first, plen))
@@ -151,11 +147,11 @@ class XdpMirror:
 
     def replace_prefixes(self, prefixes: list[tuple[int, int, int, float]]) -> None:
         replace_prefixes(self.inner, prefixes)
-        self._xdp_replace({_network(v, a, p): left for v, a, p, left in prefixes})
+        self._xdp_replace({network_of(v, a, p): left for v, a, p, left in prefixes})
 
     def sync_prefixes(self, prefixes: list[tuple[int, int, int, float]]) -> dict[str, int | str]:
         done = sync_prefixes(self.inner, prefixes)
-        self._xdp_replace({_network(v, a, p): left for v, a, p, left in prefixes})
+        self._xdp_replace({network_of(v, a, p): left for v, a, p, left in prefixes})
         return done
 
     def change(self, add: dict[IPNetwork, float], remove: list[IPNetwork]) -> None:
