@@ -190,6 +190,12 @@ class LeaseClock:
     _marked_at: int
     lease_stats: LeaseStats
 
+    @property
+    def holds_leases(self) -> bool:
+        """Whether any lease is held: when not, :meth:`from_lease` has nothing to answer
+        and a cold decision skips the call (the limiter's hot path asks this first)."""
+        return bool(self._leases)
+
     def _start_clock(self, marks: bool = False) -> None:
         self._cur = {}
         self._prev = {}
