@@ -24,6 +24,7 @@ import logging
 import os
 import select
 import socket
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -48,8 +49,33 @@ KERNEL_POLL = 1.0
 FULL_CHECK_EVERY = 10
 #: the longest netlimitd waits at start for the list to be in the kernel before READY=1
 READY_WAIT = 30.0
+#: the longest a start's first write waits for the read of the sets begun beside the apply
+#: (it is then done sooner than a read begun anew; after that the write reads them itself)
+AHEAD_WAIT = 5.0
 #: distinct `rule` label values in the metrics (a list may carry any text; the rest: "other")
 MAX_RULE_LABELS = 100
+
+
+class ReadAhead:
+    """One call run in a thread of its own from now on; its result taken later (None
+    when it failed or is not done in time: the taker then does the work itself)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.result: Any = None
+        self.done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.result = fn()
+            except Exception as exc:  # only a read ahead: the taker reads the sets itself, nothing is lost
+                log.debug("bans: reading the kernel's sets ahead failed: %s", exc)
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name="bans-read-ahead", daemon=True).start()
+
+    def take(self, bound: float) -> Any:
+        return self.result if self.done.wait(bound) else None
 
 
 class BanFollower:
@@ -88,6 +114,11 @@ class BanFollower:
         # a whole list written to the kernel from its prefixes alone, its index still to
         # make: (the snapshot, when its handling began, what the kernel was given)
         self._unindexed: tuple[Snapshot, float, set[tuple[int, int, int]]] | None = None
+        # what the kernel's sets hold, read in a thread from here on (a start: the dump of
+        # 100,000 prefixes is kernel time, spent beside the apply and the list's read)
+        self._ahead: ReadAhead | None = None
+        if self.store_url != "memory" and hasattr(kernel, "bans_held_ahead"):
+            self._ahead = ReadAhead(lambda: kernel.bans_held_ahead(config))
         self.events = 0
         self.writes = 0
         self.write_errors = 0
@@ -334,7 +365,14 @@ class BanFollower:
                 self._unindexed = (snap, t0, written)
                 self.first_loaded = True
                 return
+        self._ahead = None  # not used: the path below writes the sets whole
         self._index_snapshot(snap, t0)
+
+    def _take_ahead(self) -> Any:
+        """What the read begun at start found in the sets (None: none, failed, too slow);
+        once: a later whole write reads the sets itself."""
+        ahead, self._ahead = self._ahead, None
+        return ahead.take(AHEAD_WAIT) if ahead is not None else None
 
     def _load_prefixes(
         self, prefixes: list[tuple[int, int, int, float]], waited: float, read_s: float = 0.0
@@ -363,18 +401,22 @@ class BanFollower:
                 out.append(k)
                 lastv, lasthi = k[0], k[3]
             keep = out
+        t_wait = time.monotonic()
+        held = self._take_ahead()
         t0 = time.monotonic()
         try:  # the sets may hold the list already (on_stop: keep, a crash): only the difference
-            done = self.kernel.bans_sync_prefixes([(v, a, p, left) for v, a, p, _hi, left in keep])
+            args: tuple[Any, ...] = () if held is None else (held,)
+            done = self.kernel.bans_sync_prefixes([(v, a, p, left) for v, a, p, _hi, left in keep], *args)
         except Exception as exc:  # the daemon outlives any refused write: counted, then a full reload
             self._failed(f"loading {len(keep)} bans (list loaded)", exc)
             return None
         self.load_seconds = time.monotonic() - t0
         self.load_timings = {
             "read_s": round(read_s, 3),
-            "filter_s": round(t0 - t_filter, 3),
+            "filter_s": round(t_wait - t_filter, 3),
+            "ahead_wait_s": round(t0 - t_wait, 3),  # for the read of the sets begun beside the apply
             "kernel_s": round(self.load_seconds, 3),
-            **{k: v for k, v in (done or {}).items() if k in ("write", "held", "added", "removed")},
+            **{k: v for k, v in (done or {}).items() if k in ("write", "held", "added", "removed", "held_from", "why")},
         }
         self.loads += 1
         self.need_reload = False
