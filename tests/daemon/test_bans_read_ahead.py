@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from netlimit.bans.store import Snapshot
 from netlimit.config.validate import load_string
@@ -92,3 +94,51 @@ def test_a_memory_store_reads_nothing_ahead():
     k = Kernel(lambda: pytest.fail("read ahead on store: memory"))
     f = BanFollower(load_string("version: 1\nbans: {store: memory}\n", "<t>").config, k, lambda: None)
     assert f._ahead is None
+
+
+# --- the first write's filter (the list's prefixes -> what the kernel is given) -------------
+
+
+def reference(prefixes, waited, protected, max_entries):
+    """The filter as it was before it was made cheaper: one allows() per prefix (and
+    max_entries' ties broken by address, as the filter now does)."""
+    keep = []
+    for v, a, p, left in sorted(prefixes):
+        left -= waited
+        hi = a + (1 << ((32 if v == 4 else 128) - p)) - 1
+        if left > 0.05 and protected.allows(v, a, hi):
+            keep.append((v, a, p, hi, left))
+    if len(keep) > max_entries:
+        keep = sorted(keep, key=lambda k: -k[4])[:max_entries]
+    keep.sort()
+    out, lastv, lasthi = [], 0, -1
+    for k in keep:
+        if k[0] == lastv and k[1] <= lasthi:
+            continue
+        out.append(k)
+        lastv, lasthi = k[0], k[3]
+    return [(v, a, p, left) for v, a, p, _hi, left in out]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 255), st.integers(20, 32), st.sampled_from([0.01, 30.0, 60.0, 90.0])),
+        max_size=40,
+        unique_by=lambda t: (t[0], t[1]),
+    ),
+    st.sampled_from(["", "exempt: [10.0.0.0/26]\n", "http: {domain: d, trusted_proxies: [10.0.0.77]}\n"]),
+    st.integers(1, 50),
+)
+def test_the_first_writes_filter_is_the_reference(bans, extra, max_entries):
+    text = f"version: 1\n{extra}bans: {{store: 'redis://127.0.0.1:1', max_entries: {max_entries}}}\n"
+    k = Kernel(lambda: None)
+    f = BanFollower(load_string(text, "<t>").config, k, lambda: None)
+    prefixes = []
+    for off, plen, left in bans:
+        a = (0x0A000000 + off) >> (32 - plen) << (32 - plen)
+        if all((a, plen) != (x[1], x[2]) for x in prefixes):
+            prefixes.append((4, a, plen, left))
+    written = f._load_prefixes(list(prefixes), 0.02)
+    assert written == reference(prefixes, 0.02, f.protected, f.max_entries)
+    assert k.syncs[-1][0] == written

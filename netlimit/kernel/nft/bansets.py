@@ -167,18 +167,21 @@ class NftBanSets:
         # objects cost more than the whole write)
         add_t: list[tuple[int, int, int, float]] = []
         remove_t: list[tuple[int, int, int]] = []
-        wanted: set[tuple[int, int, int]] = set()
         lo, hi = (age - SYNC_SHORT_S) * 1000, (age + SYNC_LONG_S) * 1000  # ms held then - ms wanted now
-        for v, a, p, left in prefixes:
-            wanted.add((v, a, p))
-            ms = found[v].get((a, p))
-            if ms is not None and lo <= ms - left * 1000 <= hi:
-                continue
-            add_t.append((v, a, p, left))
-            if ms is not None:
+        # what is left in `rest` after the walk is held but not wanted (a prefix twice in
+        # `prefixes`: its second is written again, never left out)
+        rest = {4: dict(found[4]), 6: dict(found[6])}
+        pop = {v: d.pop for v, d in rest.items()}
+        for t in prefixes:
+            v, a, p, left = t
+            ms = pop[v]((a, p), None)
+            if ms is None:
+                add_t.append(t)
+            elif not lo <= ms - left * 1000 <= hi:
+                add_t.append(t)
                 remove_t.append((v, a, p))
         for v in (4, 6):
-            remove_t.extend((v, a, p) for a, p in found[v] if (v, a, p) not in wanted)
+            remove_t.extend((v, a, p) for a, p in rest[v])
         if 2 * (len(add_t) + len(remove_t)) > len(prefixes):
             self.replace_prefixes(prefixes)
             return dict(whole, why="differs")
