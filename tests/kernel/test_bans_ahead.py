@@ -97,3 +97,31 @@ def test_a_read_ahead_of_missing_sets_is_not_used_once_they_exist(topo):
     done = run_in_netns(topo.srv, lambda: s.sync_prefixes(prefixes(BANS), held=ahead))
     assert (done["write"], done["held_from"], done.get("why")) == ("whole", "dump", "empty"), done
     assert set(held(topo)) == set(BANS)
+
+
+def test_held_prefixes_in_the_kernels_order_is_what_read_says(topo, monkeypatch):
+    """held_prefixes() pairs the elements in the order the kernel dumps them (one pass,
+    no sorting) for a set of 3,000 prefixes, many of them adjacent; the same as read()."""
+    import random
+
+    from netlimit.kernel.nft import elements as nfelements
+
+    topo.apply(CONFIG)
+    rnd = random.Random(5)
+    bans: dict = {}
+    a = 0x0A000000
+    while len(bans) < 3000:
+        plen = rnd.choice([32, 30, 28, 24])
+        a = (a + rnd.choice([0, 0, 1, 300]) * (1 << (32 - plen)) + (1 << (32 - plen)) - 1) >> (32 - plen) << (32 - plen)
+        bans[N((a, plen))] = float(rnd.randrange(100, 3000))
+        a += 1 << (32 - plen)
+    s = ban_sets("nftables")
+    run_in_netns(topo.srv, lambda: s.replace(bans))
+    in_order = []
+    pair = nfelements._pair_in_order
+    monkeypatch.setattr(nfelements, "_pair_in_order", lambda *a: in_order.append(pair(*a)) or in_order[-1])
+    got = run_in_netns(topo.srv, lambda: nfelements.held_prefixes("netlimit", "bans4", 4))
+    assert in_order and in_order[0] is not None  # the one pass was enough
+    read = run_in_netns(topo.srv, lambda: nfelements.prefixes(nfelements.read("netlimit", "bans4") or [], True))
+    assert {N(k) for k in got} == set(read) == set(bans)
+    assert all(abs(got[(int(n.network_address), n.prefixlen)] / 1000 - left) < 5 for n, left in read.items() if left)
