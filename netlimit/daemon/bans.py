@@ -65,12 +65,15 @@ class ReadAhead:
     """One call run in a thread of its own from now on; its result taken later (None
     when it failed or is not done in time: the taker then does the work itself)."""
 
+    _lock = threading.Lock()
+    _running = 0  # reads with a lowered switch interval
+    _before = 0.0  # the interval before the first of them
+
     def __init__(self, fn: Callable[[], Any], switch: float | None = None):
         self.result: Any = None
         self.done = threading.Event()
-        before = sys.getswitchinterval()
         if switch is not None:
-            sys.setswitchinterval(min(before, switch))
+            self._lower(switch)
 
         def run() -> None:
             try:
@@ -79,13 +82,29 @@ class ReadAhead:
                 log.debug("bans: reading the kernel's sets ahead failed: %s", exc)
             finally:
                 if switch is not None:
-                    sys.setswitchinterval(before)
+                    self._restore()
                 self.done.set()
 
         threading.Thread(target=run, name="bans-read-ahead", daemon=True).start()
 
     def take(self, bound: float) -> Any:
         return self.result if self.done.wait(bound) else None
+
+    @classmethod
+    def _lower(cls, switch: float) -> None:
+        with cls._lock:
+            if cls._running == 0:
+                cls._before = sys.getswitchinterval()
+            cls._running += 1
+            sys.setswitchinterval(min(cls._before, switch))
+
+    @classmethod
+    def _restore(cls) -> None:
+        """The last read running puts the interval back (reads may overlap)."""
+        with cls._lock:
+            cls._running -= 1
+            if cls._running == 0:
+                sys.setswitchinterval(cls._before)
 
 
 class BanFollower:

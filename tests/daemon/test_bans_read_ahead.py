@@ -142,3 +142,22 @@ def test_the_first_writes_filter_is_the_reference(bans, extra, max_entries):
     written = f._load_prefixes(list(prefixes), 0.02)
     assert written == reference(prefixes, 0.02, f.protected, f.max_entries)
     assert k.syncs[-1][0] == written
+
+
+def test_the_switch_interval_is_lowered_while_reads_run_and_put_back_after():
+    import sys
+
+    before = sys.getswitchinterval()
+    gates = [threading.Event(), threading.Event()]
+    a = ReadAhead(lambda: gates[0].wait(30), switch=0.0005)
+    b = ReadAhead(lambda: gates[1].wait(30), switch=0.0005)  # overlapping reads
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        gates[0].set()
+        assert a.take(30)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)  # b still runs
+    finally:
+        for g in gates:
+            g.set()
+    assert b.take(30)
+    assert sys.getswitchinterval() == pytest.approx(before)
