@@ -40,6 +40,13 @@ def generation() -> int:
         return nl.generation()
 
 
+def _generation_is(gen: int) -> bool:
+    try:
+        return generation() == gen
+    except OSError:  # NetlinkError too: the generation unknown, the read ahead is not trusted
+        return False
+
+
 class NftBanSets:
     key = "nftables"
     cover = True
@@ -67,7 +74,7 @@ class NftBanSets:
     def _held_now(self, held: Held | None) -> tuple[dict[int, dict[tuple[int, int], int]] | None, float, str]:
         """What the sets hold: `held` if no commit was made since it was read, else one
         dump now; and how old it is (s), and which it was ("prefetch" or "dump")."""
-        if held is not None and generation() == held.generation:
+        if held is not None and _generation_is(held.generation):
             return held.sets, time.monotonic() - held.at, "prefetch"
         return self._read_held(), 0.0, "dump"
 
