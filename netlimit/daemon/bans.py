@@ -24,6 +24,8 @@ import logging
 import os
 import select
 import socket
+import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -48,8 +50,61 @@ KERNEL_POLL = 1.0
 FULL_CHECK_EVERY = 10
 #: the longest netlimitd waits at start for the list to be in the kernel before READY=1
 READY_WAIT = 30.0
+#: the longest a start's first write waits for the read of the sets begun beside the apply
+#: (it is then done sooner than a read begun anew; after that the write reads them itself)
+AHEAD_WAIT = 5.0
+#: the interpreter's switch interval while that read runs: the dump comes in ~200 messages
+#: of 32 KiB (the most a netlink dump gives), each returned by a recvmsg that must take the
+#: GIL again from the apply and the list's read (5 ms each at the default 5 ms interval)
+AHEAD_SWITCH = 0.0005
 #: distinct `rule` label values in the metrics (a list may carry any text; the rest: "other")
 MAX_RULE_LABELS = 100
+
+
+class ReadAhead:
+    """One call run in a thread of its own from now on; its result taken later (None
+    when it failed or is not done in time: the taker then does the work itself)."""
+
+    _lock = threading.Lock()
+    _running = 0  # reads with a lowered switch interval
+    _before = 0.0  # the interval before the first of them
+
+    def __init__(self, fn: Callable[[], Any], switch: float | None = None):
+        self.result: Any = None
+        self.done = threading.Event()
+        if switch is not None:
+            self._lower(switch)
+
+        def run() -> None:
+            try:
+                self.result = fn()
+            except Exception as exc:  # only a read ahead: the taker reads the sets itself, nothing is lost
+                log.debug("bans: reading the kernel's sets ahead failed: %s", exc)
+            finally:
+                if switch is not None:
+                    self._restore()
+                self.done.set()
+
+        threading.Thread(target=run, name="bans-read-ahead", daemon=True).start()
+
+    def take(self, bound: float) -> Any:
+        return self.result if self.done.wait(bound) else None
+
+    @classmethod
+    def _lower(cls, switch: float) -> None:
+        with cls._lock:
+            if cls._running == 0:
+                cls._before = sys.getswitchinterval()
+            cls._running += 1
+            sys.setswitchinterval(min(cls._before, switch))
+
+    @classmethod
+    def _restore(cls) -> None:
+        """The last read running puts the interval back (reads may overlap)."""
+        with cls._lock:
+            cls._running -= 1
+            if cls._running == 0:
+                sys.setswitchinterval(cls._before)
 
 
 class BanFollower:
@@ -87,7 +142,12 @@ class BanFollower:
         self.first_loaded = False  # a whole list has been in the kernel since start
         # a whole list written to the kernel from its prefixes alone, its index still to
         # make: (the snapshot, when its handling began, what the kernel was given)
-        self._unindexed: tuple[Snapshot, float, set[tuple[int, int, int]]] | None = None
+        self._unindexed: tuple[Snapshot, float, list[tuple[int, int, int, float]]] | None = None
+        # what the kernel's sets hold, read in a thread from here on (a start: the dump of
+        # 100,000 prefixes is kernel time, spent beside the apply and the list's read)
+        self._ahead: ReadAhead | None = None
+        if self.store_url != "memory" and hasattr(kernel, "bans_held_ahead"):
+            self._ahead = ReadAhead(lambda: kernel.bans_held_ahead(config), switch=AHEAD_SWITCH)
         self.events = 0
         self.writes = 0
         self.write_errors = 0
@@ -334,54 +394,63 @@ class BanFollower:
                 self._unindexed = (snap, t0, written)
                 self.first_loaded = True
                 return
+        self._ahead = None  # not used: the path below writes the sets whole
         self._index_snapshot(snap, t0)
+
+    def _take_ahead(self) -> Any:
+        """What the read begun at start found in the sets (None: none, failed, too slow);
+        once: a later whole write reads the sets itself."""
+        ahead, self._ahead = self._ahead, None
+        return ahead.take(AHEAD_WAIT) if ahead is not None else None
 
     def _load_prefixes(
         self, prefixes: list[tuple[int, int, int, float]], waited: float, read_s: float = 0.0
-    ) -> set[tuple[int, int, int]] | None:
+    ) -> list[tuple[int, int, int, float]] | None:
         """Write the kernel's sets whole from (version, first, length, left) tuples: the
         protected ones left out, the outermost only where the sets refuse overlaps, the
         longest-lived max_entries. What was written (None: the kernel refused; the usual
         path then retries)."""
         t_filter = time.monotonic()
-        allows = self.protected.allows
-        keep = []
-        for v, a, p, left in prefixes:
-            left -= waited
-            hi = a + (1 << ((32 if v == 4 else 128) - p)) - 1
-            if left > 0.05 and allows(v, a, hi):
-                keep.append((v, a, p, hi, left))
-        if len(keep) > self.max_entries:
-            keep = sorted(keep, key=lambda k: -k[4])[: self.max_entries]
+        lim = waited + 0.05
+        keep = [(v, a, p, left - waited) for v, a, p, left in prefixes if left > lim]
         keep.sort()  # ascending: the order the kernel's interval tree takes fastest
+        keep = self.protected.drop_sorted(keep)  # counted as skipped when the index is made
+        if len(keep) > self.max_entries:
+            keep = sorted(sorted(keep, key=lambda k: -k[3])[: self.max_entries])
         if self.index.cover:  # by start, the shorter first: one nested in the last kept is hidden
-            out: list[tuple[int, int, int, int, float]] = []
+            out: list[tuple[int, int, int, float]] = []
+            add = out.append
             lastv, lasthi = 0, -1
             for k in keep:
-                if k[0] == lastv and k[1] <= lasthi:
+                v, a, p, _left = k
+                if v == lastv and a <= lasthi:
                     continue
-                out.append(k)
-                lastv, lasthi = k[0], k[3]
+                add(k)
+                lastv, lasthi = v, a + (1 << ((32 if v == 4 else 128) - p)) - 1
             keep = out
+        t_wait = time.monotonic()
+        held = self._take_ahead()
         t0 = time.monotonic()
         try:  # the sets may hold the list already (on_stop: keep, a crash): only the difference
-            done = self.kernel.bans_sync_prefixes([(v, a, p, left) for v, a, p, _hi, left in keep])
+            args: tuple[Any, ...] = () if held is None else (held,)
+            done = self.kernel.bans_sync_prefixes(keep, *args)
         except Exception as exc:  # the daemon outlives any refused write: counted, then a full reload
             self._failed(f"loading {len(keep)} bans (list loaded)", exc)
             return None
         self.load_seconds = time.monotonic() - t0
         self.load_timings = {
             "read_s": round(read_s, 3),
-            "filter_s": round(t0 - t_filter, 3),
+            "filter_s": round(t_wait - t_filter, 3),
+            "ahead_wait_s": round(t0 - t_wait, 3),  # for the read of the sets begun beside the apply
             "kernel_s": round(self.load_seconds, 3),
-            **{k: v for k, v in (done or {}).items() if k in ("write", "held", "added", "removed")},
+            **{k: v for k, v in (done or {}).items() if k in ("write", "held", "added", "removed", "held_from", "why")},
         }
         self.loads += 1
         self.need_reload = False
         self.kernel_known = True
         how = "" if not done or done.get("write") != "diff" else f"; {done['added']} written, {done['removed']} removed"
         log.info("bans: %d in the kernel (list loaded%s, %.0f ms)", len(keep), how, self.load_seconds * 1000)
-        return {(v, a, p) for v, a, p, _hi, _left in keep}
+        return keep
 
     def _settle(self) -> None:
         """Make the index of a list written ahead of it; write what differs from what
@@ -391,7 +460,7 @@ class BanFollower:
         snap, t0, written = self._unindexed
         self._unindexed = None
         t1 = time.monotonic()
-        self._index_snapshot(snap, t1, written=written)
+        self._index_snapshot(snap, t1, written={(v, a, p) for v, a, p, _left in written})
         self.list_timings["kernel_ms"] = round((t1 - t0) * 1000, 1)
         self.list_timings["index_after_kernel"] = True  # READY=1 came before index_ms
 

@@ -126,11 +126,29 @@ class KernelOps:
 
         self._bans(replace_prefixes, prefixes)
 
-    def bans_sync_prefixes(self, prefixes) -> dict:
-        """bans_replace_prefixes writing only the difference from what the sets hold."""
+    def bans_sync_prefixes(self, prefixes, held: Any = None) -> dict:
+        """bans_replace_prefixes writing only the difference from what the sets hold
+        (`held`: what bans_held_ahead read, if it still stands)."""
         from ..kernel.banset import sync_prefixes
 
-        return self._bans(sync_prefixes, prefixes)
+        return self._bans(sync_prefixes, prefixes, held)
+
+    def bans_held_ahead(self, config) -> Any:
+        """What the ban sets hold, read before the first apply chose the backend (a start,
+        issue 35: the dump runs beside the apply and the list's read): for
+        bans_sync_prefixes(held=...). No kernel lock: a read over netlink of its own,
+        checked against the ruleset's generation when it is used. None where the backend
+        cannot (the legacy ones) or the read failed (the sync then reads the sets itself)."""
+        from ..kernel.banset import ban_sets, held_ahead
+        from ..kernel.netns import run_in_netns
+        from ..kernel.registry import choose
+
+        try:
+            key = choose(self.flag, config.backend).key
+            return run_in_netns(self.netns, held_ahead, ban_sets(key))
+        except Exception as exc:  # only an early read: the sync reads the sets itself, nothing is lost
+            log.debug("bans: reading the sets ahead failed: %s", exc)
+            return None
 
     def bans_change(self, add, remove) -> None:
         self._bans(lambda s, a, r: s.change(a, r), add, remove)

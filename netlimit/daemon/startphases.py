@@ -59,18 +59,30 @@ class StartPhases:
             if read is not None:
                 ban += (
                     f" (its read {read:.2f}, beside the apply; filter {bans.get('filter_s', 0):.2f},"
-                    f" kernel {bans.get('kernel_s', 0):.2f}{_write(bans)})"
+                    f"{_ahead(bans)} kernel {bans.get('kernel_s', 0):.2f}{_write(bans)})"
                 )
             parts.append(ban)
         parts.append(f"the rest {s.get('rest', 0):.2f}")
         return ", ".join(parts) + f" s; CPU {s['cpu']:.2f} s"
 
 
+def _ahead(bans: dict[str, Any]) -> str:
+    """The wait for the read of the kernel's sets begun beside the apply (when it waited)."""
+    wait = bans.get("ahead_wait_s")
+    return f" waiting for the sets' read {wait:.2f}," if wait else ""
+
+
 def _write(bans: dict[str, Any]) -> str:
     """How the kernel write went: the difference from what the sets held (a restart that
     found the list there), or the sets written whole."""
     if bans.get("write") == "diff":
-        return f": {bans.get('added', 0)} written, {bans.get('removed', 0)} removed, {bans.get('held', 0)} held before"
+        ahead = ", read beside the apply" if bans.get("held_from") == "prefetch" else ""
+        return (
+            f": {bans.get('added', 0)} written, {bans.get('removed', 0)} removed,"
+            f" {bans.get('held', 0)} held before{ahead}"
+        )
     if bans.get("write") == "whole":
-        return ", written whole"
+        why = {"empty": "the sets were empty", "differs": "over half of it differed", "unread": "the sets unreadable"}
+        more = f" ({why.get(bans.get('why', ''), bans.get('why'))}, {bans.get('held_from')})" if "why" in bans else ""
+        return f", written whole{more}"
     return ""

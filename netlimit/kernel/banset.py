@@ -89,16 +89,25 @@ def replace_prefixes(sets: BanSets, prefixes: list[tuple[int, int, int, float]])
     sets.replace({network_of(v, a, p): left for v, a, p, left in prefixes})
 
 
-def sync_prefixes(sets: BanSets, prefixes: list[tuple[int, int, int, float]]) -> dict[str, int | str]:
+def sync_prefixes(
+    sets: BanSets, prefixes: list[tuple[int, int, int, float]], held: object = None
+) -> dict[str, int | str]:
     """replace_prefixes() writing only what the sets lack or hold in excess, where the
     backend can (nftables: NftBanSets.sync_prefixes; a restart finds the list in the
-    kernel already); the others are written whole. What was done ({"write": "diff" or
-    "whole", ...})."""
+    kernel already); the others are written whole. `held`: what held_ahead() read (the
+    backend checks it still stands). What was done ({"write": "diff" or "whole", ...})."""
     sync = getattr(sets, "sync_prefixes", None)
     if sync is not None:
-        return sync(prefixes)
+        return sync(prefixes) if held is None else sync(prefixes, held=held)
     replace_prefixes(sets, prefixes)
     return {"write": "whole", "added": len(prefixes)}
+
+
+def held_ahead(sets: BanSets) -> object:
+    """What the sets hold, read ahead of a sync_prefixes() (a start: beside the first
+    apply and the list's read, issue 35), where the backend can (nftables); else None."""
+    held = getattr(sets, "held", None)
+    return held() if held is not None else None
 
 
 def network_of(version: int, first: int, plen: int) -> IPNetwork:
@@ -149,8 +158,8 @@ class XdpMirror:
         replace_prefixes(self.inner, prefixes)
         self._xdp_replace({network_of(v, a, p): left for v, a, p, left in prefixes})
 
-    def sync_prefixes(self, prefixes: list[tuple[int, int, int, float]]) -> dict[str, int | str]:
-        done = sync_prefixes(self.inner, prefixes)
+    def sync_prefixes(self, prefixes: list[tuple[int, int, int, float]], held: object = None) -> dict[str, int | str]:
+        done = sync_prefixes(self.inner, prefixes, held)
         self._xdp_replace({network_of(v, a, p): left for v, a, p, left in prefixes})
         return done
 
@@ -164,6 +173,9 @@ class XdpMirror:
             p.remove_prefixes("bans", remove)
             p.add_bans({n: now + left for n, left in add.items()})
             self.inner.change(add, remove)
+
+    def held(self) -> object:
+        return held_ahead(self.inner)
 
     def read(self) -> dict[IPNetwork, float | None] | None:
         return self.inner.read()

@@ -4,11 +4,13 @@ netlimit over netlink (elements.py), and the per-rule sets the packet path fills
 from __future__ import annotations
 
 import ipaddress
+import time
+from dataclasses import dataclass
 
 from ..banset import IPNetwork, by_family, list_by_family, network_of
 from ..objects import NFT_BAN_SETS, NFT_FAMILY, NFT_KERNEL_BAN_PREFIX, NFT_TABLE
 from . import elements as nfelements
-from .netlink import NetlinkError
+from .netlink import NetlinkError, Socket
 
 #: a prefix the kernel holds with at most this many seconds less than the list says is
 #: kept as it is (sync_prefixes); shorter, it is written again with the list's time
@@ -19,9 +21,62 @@ SYNC_SHORT_S = 2.0
 SYNC_LONG_S = 60.0
 
 
+@dataclass(frozen=True)
+class Held:
+    """What the ban sets held (held_prefixes per family; None: a set missing or holding
+    what netlimit does not write), read ahead of the list at a start (issue 35: the dump
+    of 100,000 prefixes is ~0.4 s of kernel time, spent beside the first apply and the
+    list's read), with the ruleset's generation before and after the read: it stands for
+    what the sets hold for as long as the generation has not moved (no commit since, by
+    anyone: an apply that recreated a set, another tool's flush)."""
+
+    generation: int
+    sets: dict[int, dict[tuple[int, int], int]] | None
+    at: float  # time.monotonic() at the read's end (the times left count down from then)
+
+
+def generation() -> int:
+    with Socket() as nl:
+        return nl.generation()
+
+
+def _generation_is(gen: int) -> bool:
+    try:
+        return generation() == gen
+    except OSError:  # NetlinkError too: the generation unknown, the read ahead is not trusted
+        return False
+
+
 class NftBanSets:
     key = "nftables"
     cover = True
+
+    def held(self) -> Held | None:
+        """What the sets hold now, for a later sync_prefixes(held=...); None when the
+        ruleset changed while they were read (the sync then reads them itself)."""
+        g0 = generation()
+        sets = self._read_held()
+        # the times left as of the dump's end (its first elements were read earlier, up to
+        # a busy host's second or two: they then seem to have that much more; the sync takes
+        # up to SYNC_LONG_S more, only SYNC_SHORT_S less)
+        t = time.monotonic()
+        return Held(g0, sets, t) if generation() == g0 else None
+
+    def _read_held(self) -> dict[int, dict[tuple[int, int], int]] | None:
+        out: dict[int, dict[tuple[int, int], int]] = {}
+        for f, width in ((4, 4), (6, 16)):
+            h = nfelements.held_prefixes(NFT_TABLE, NFT_BAN_SETS[f], width, NFT_FAMILY)
+            if h is None:
+                return None
+            out[f] = h
+        return out
+
+    def _held_now(self, held: Held | None) -> tuple[dict[int, dict[tuple[int, int], int]] | None, float, str]:
+        """What the sets hold: `held` if no commit was made since it was read, else one
+        dump now; and how old it is (s), and which it was ("prefetch" or "dump")."""
+        if held is not None and _generation_is(held.generation):
+            return held.sets, time.monotonic() - held.at, "prefetch"
+        return self._read_held(), 0.0, "dump"
 
     def replace(self, bans: dict[IPNetwork, float]) -> None:
         fam = by_family(bans)
@@ -87,7 +142,9 @@ class NftBanSets:
             )
         nfelements.write(changes, NFT_FAMILY)
 
-    def sync_prefixes(self, prefixes: list[tuple[int, int, int, float]]) -> dict[str, int | str]:
+    def sync_prefixes(
+        self, prefixes: list[tuple[int, int, int, float]], held: Held | None = None
+    ) -> dict[str, int | str]:
         """replace_prefixes() for sets that may hold the list already (a restart after
         on_stop: keep or a crash, issue 35): read what they hold (one dump, matched as
         bytes) and write only the difference, in one transaction: a prefix held with its
@@ -96,44 +153,53 @@ class NftBanSets:
         Flushing and rewriting 100,000 elements costs the kernel 3-4 times what writing
         them into empty sets does. Sets holding anything netlimit does not write, a
         difference of more than half the list, or a refused write: the sets are written
-        whole (replace_prefixes). What was done: {"write": "diff"|"whole", "held", "added",
-        "removed"}."""
-        held: dict[int, dict[tuple[int, int], int]] = {}
-        for f, width in ((4, 4), (6, 16)):
-            h = nfelements.held_prefixes(NFT_TABLE, NFT_BAN_SETS[f], width, NFT_FAMILY)
-            if h is None:
-                self.replace_prefixes(prefixes)
-                return {"write": "whole", "held": -1, "added": len(prefixes), "removed": 0}
-            held[f] = h
-        n_held = len(held[4]) + len(held[6])
-        whole: dict[str, int | str] = {"write": "whole", "held": n_held, "added": len(prefixes), "removed": n_held}
+        whole (replace_prefixes). `held`: what the sets held a moment ago (held(), read
+        beside the start's other work), used when no commit was made since (the ruleset's
+        generation is the same), else the sets are read now. What was done: {"write":
+        "diff"|"whole", "held", "added", "removed", "held_from": "prefetch"|"dump"}."""
+        found, age, source = self._held_now(held)
+        if found is None:
+            self.replace_prefixes(prefixes)
+            return {
+                "write": "whole", "held": -1, "added": len(prefixes), "removed": 0, "held_from": source, "why": "unread"
+            }  # fmt: skip
+        n_held = len(found[4]) + len(found[6])
+        whole: dict[str, int | str] = {
+            "write": "whole", "held": n_held, "added": len(prefixes), "removed": n_held, "held_from": source
+        }  # fmt: skip
         if not n_held:  # empty sets (a reboot, a new set): nothing to compare
             self.replace_prefixes(prefixes)
-            return whole
+            return dict(whole, why="empty")
         # tuples first, networks only for a difference worth writing (100,000 network
         # objects cost more than the whole write)
         add_t: list[tuple[int, int, int, float]] = []
         remove_t: list[tuple[int, int, int]] = []
-        wanted: set[tuple[int, int, int]] = set()
-        for v, a, p, left in prefixes:
-            wanted.add((v, a, p))
-            ms = held[v].get((a, p))
-            if ms is not None and -SYNC_SHORT_S <= ms / 1000 - left <= SYNC_LONG_S:
-                continue
-            add_t.append((v, a, p, left))
-            if ms is not None:
+        lo, hi = (age - SYNC_SHORT_S) * 1000, (age + SYNC_LONG_S) * 1000  # ms held then - ms wanted now
+        # what is left in `rest` after the walk is held but not wanted (a prefix twice in
+        # `prefixes`: its second is written again, never left out)
+        rest = {4: dict(found[4]), 6: dict(found[6])}
+        pop = {v: d.pop for v, d in rest.items()}
+        for t in prefixes:
+            v, a, p, left = t
+            ms = pop[v]((a, p), None)
+            if ms is None:
+                add_t.append(t)
+            elif not lo <= ms - left * 1000 <= hi:
+                add_t.append(t)
                 remove_t.append((v, a, p))
         for v in (4, 6):
-            remove_t.extend((v, a, p) for a, p in held[v] if (v, a, p) not in wanted)
+            remove_t.extend((v, a, p) for a, p in rest[v])
         if 2 * (len(add_t) + len(remove_t)) > len(prefixes):
             self.replace_prefixes(prefixes)
-            return whole
+            return dict(whole, why="differs")
         add = {network_of(v, a, p): left for v, a, p, left in add_t}
         remove = [network_of(*k) for k in remove_t]
-        done: dict[str, int | str] = {"write": "diff", "held": n_held, "added": len(add), "removed": len(remove)}
+        done: dict[str, int | str] = {
+            "write": "diff", "held": n_held, "added": len(add), "removed": len(remove), "held_from": source
+        }  # fmt: skip
         try:
             self.change(add, remove)
         except NetlinkError:  # an element expired between the dump and the write: the sets whole
             self.replace_prefixes(prefixes)
-            return whole
+            return dict(whole, why="refused")
         return done

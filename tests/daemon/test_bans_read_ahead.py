@@ -1,0 +1,163 @@
+"""netlimitd's read of the kernel's ban sets begun at start, beside the first apply and
+the list's read (issue 35): the first whole write hands it to the sync once; a read that
+failed, or is still running after AHEAD_WAIT, is not waited for (the sync reads the sets
+itself); later writes never see it. The kernel side (the generation check, the
+difference written) is tests/kernel/test_bans_ahead.py; here the follower's logic."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from netlimit.bans.store import Snapshot
+from netlimit.config.validate import load_string
+from netlimit.daemon import bans as daemon_bans
+from netlimit.daemon.bans import BanFollower, ReadAhead
+
+FILE = "version: 1\nbans: {store: 'redis://127.0.0.1:1'}\n"
+PREFIXES = [(4, 0x0A000000, 24, 600.0), (4, 0x0A000107, 32, 500.0), (6, 0x20010DB8 << 96, 64, 600.0)]
+
+
+class Kernel:
+    """What BanFollower asks of KernelOps at a start, recorded."""
+
+    def __init__(self, ahead):
+        self.ahead = ahead
+        self.syncs: list[tuple[list, tuple]] = []
+
+    def ban_sets_cover(self) -> bool:
+        return True
+
+    def bans_held_ahead(self, config):
+        return self.ahead()
+
+    def bans_sync_prefixes(self, prefixes, *held):
+        self.syncs.append((prefixes, held))
+        return {"write": "diff", "held": len(prefixes), "added": 0, "removed": 0}
+
+
+def follower(kernel: Kernel) -> BanFollower:
+    return BanFollower(load_string(FILE, "<t>").config, kernel, lambda: None)
+
+
+def snapshot() -> Snapshot:
+    return Snapshot([], prefixes=list(PREFIXES), build=lambda: [])
+
+
+def test_the_first_write_gets_the_read_ahead_once():
+    token = object()
+    k = Kernel(lambda: token)
+    f = follower(k)
+    f._snapshot(snapshot())
+    assert [held for _p, held in k.syncs] == [(token,)]
+    assert [p[:3] for p in k.syncs[0][0]] == [p[:3] for p in PREFIXES]
+    assert f._ahead is None and f.first_loaded
+    f.kernel_known = False  # a later whole write (after an apply, a refusal): reads the sets itself
+    f._unindexed = None
+    f._snapshot(snapshot())
+    assert [held for _p, held in k.syncs] == [(token,), ()]
+
+
+def test_a_failed_read_ahead_leaves_the_sync_to_read_the_sets():
+    def boom():
+        raise OSError(105, "No buffer space available")  # a netlink dump that failed mid-way
+
+    k = Kernel(boom)
+    f = follower(k)
+    f._snapshot(snapshot())
+    assert [held for _p, held in k.syncs] == [()]
+    assert f.first_loaded
+
+
+def test_a_read_ahead_still_running_is_waited_for_at_most_ahead_wait(monkeypatch):
+    release = threading.Event()
+    k = Kernel(lambda: release.wait(30) and "late")
+    monkeypatch.setattr(daemon_bans, "AHEAD_WAIT", 0.2)
+    f = follower(k)
+    try:
+        f._snapshot(snapshot())
+        assert [held for _p, held in k.syncs] == [()]
+        assert f.load_timings["ahead_wait_s"] >= 0.2
+    finally:
+        release.set()
+
+
+def test_read_ahead_returns_the_result_or_none():
+    assert ReadAhead(lambda: 42).take(10) == 42
+    assert ReadAhead(lambda: 1 / 0).take(10) is None
+
+
+def test_a_memory_store_reads_nothing_ahead():
+    k = Kernel(lambda: pytest.fail("read ahead on store: memory"))
+    f = BanFollower(load_string("version: 1\nbans: {store: memory}\n", "<t>").config, k, lambda: None)
+    assert f._ahead is None
+
+
+# --- the first write's filter (the list's prefixes -> what the kernel is given) -------------
+
+
+def reference(prefixes, waited, protected, max_entries):
+    """The filter as it was before it was made cheaper: one allows() per prefix (and
+    max_entries' ties broken by address, as the filter now does)."""
+    keep = []
+    for v, a, p, left in sorted(prefixes):
+        left -= waited
+        hi = a + (1 << ((32 if v == 4 else 128) - p)) - 1
+        if left > 0.05 and protected.allows(v, a, hi):
+            keep.append((v, a, p, hi, left))
+    if len(keep) > max_entries:
+        keep = sorted(keep, key=lambda k: -k[4])[:max_entries]
+    keep.sort()
+    out, lastv, lasthi = [], 0, -1
+    for k in keep:
+        if k[0] == lastv and k[1] <= lasthi:
+            continue
+        out.append(k)
+        lastv, lasthi = k[0], k[3]
+    return [(v, a, p, left) for v, a, p, _hi, left in out]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 255), st.integers(20, 32), st.sampled_from([0.01, 30.0, 60.0, 90.0])),
+        max_size=40,
+        unique_by=lambda t: (t[0], t[1]),
+    ),
+    st.sampled_from(["", "exempt: [10.0.0.0/26]\n", "http: {domain: d, trusted_proxies: [10.0.0.77]}\n"]),
+    st.integers(1, 50),
+)
+def test_the_first_writes_filter_is_the_reference(bans, extra, max_entries):
+    text = f"version: 1\n{extra}bans: {{store: 'redis://127.0.0.1:1', max_entries: {max_entries}}}\n"
+    k = Kernel(lambda: None)
+    f = BanFollower(load_string(text, "<t>").config, k, lambda: None)
+    prefixes = []
+    for off, plen, left in bans:
+        a = (0x0A000000 + off) >> (32 - plen) << (32 - plen)
+        if all((a, plen) != (x[1], x[2]) for x in prefixes):
+            prefixes.append((4, a, plen, left))
+    written = f._load_prefixes(list(prefixes), 0.02)
+    assert written == reference(prefixes, 0.02, f.protected, f.max_entries)
+    assert k.syncs[-1][0] == written
+
+
+def test_the_switch_interval_is_lowered_while_reads_run_and_put_back_after():
+    import sys
+
+    before = sys.getswitchinterval()
+    gates = [threading.Event(), threading.Event()]
+    a = ReadAhead(lambda: gates[0].wait(30), switch=0.0005)
+    b = ReadAhead(lambda: gates[1].wait(30), switch=0.0005)  # overlapping reads
+    try:
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        gates[0].set()
+        assert a.take(30)
+        assert sys.getswitchinterval() == pytest.approx(0.0005)  # b still runs
+    finally:
+        for g in gates:
+            g.set()
+    assert b.take(30)
+    assert sys.getswitchinterval() == pytest.approx(before)
