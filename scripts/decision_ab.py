@@ -8,11 +8,15 @@ with one thread and 8 connections), with a sidecar started from each tree
 round; ratios are taken per round and their median printed.  Everything
 listens on 127.0.0.1 and is stopped in ``finally``.
 
-Placement is the same for every server: each (nginx, and each sidecar with all
-its threads) runs on CPU ``--server-cpu`` and wrk on ``--client-cpu``
-(taskset), so that no run depends on where the scheduler happened to put the
-server and the load generator (on 2 CPUs, one sharing the other's core halved
-a run).  ``--no-pin`` runs them where the scheduler puts them.
+Placement is bench/http_bench.py's by default: the scheduler places every
+server and wrk (as it does nginx and the sidecar in production), so this
+script's ratio and the bench table's measure the same thing.  ``--pin`` puts
+each server (nginx, and each sidecar with all its threads) on CPU
+``--server-cpu`` and wrk on ``--client-cpu`` (taskset): steadier, but not the
+fair comparison — every request then crosses CPUs, which costs the
+latency-bound nginx far more than the CPU-bound sidecar (2026-11-28, 2 CPUs:
+nginx 40k req/s pinned vs 100k unpinned, the sidecar 21k vs 39k; ratio 0.52
+pinned vs 0.38 unpinned in the same hour).  ``--no-pin`` is accepted (the default).
 """
 
 from __future__ import annotations
@@ -38,10 +42,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--server-cpu", type=int, default=0)
     ap.add_argument("--client-cpu", type=int, default=1)
-    ap.add_argument("--no-pin", action="store_true", help="let the scheduler place servers and wrk")
+    ap.add_argument("--no-pin", action="store_true", help="let the scheduler place servers and wrk (the default)")
+    ap.add_argument(
+        "--pin", action="store_true", help="servers on --server-cpu, wrk on --client-cpu (kinder to netlimit)"
+    )
     a = ap.parse_args()
-    pin = [] if a.no_pin else ["taskset", "-c", str(a.server_cpu)]
-    cpu = None if a.no_pin else a.client_cpu
+    pinned = a.pin and not a.no_pin
+    pin = ["taskset", "-c", str(a.server_cpu)] if pinned else []
+    cpu = a.client_cpu if pinned else None
     trees = dict(t.split("=", 1) for t in a.trees)
     exe = Path(sys.executable).with_name("netlimit")
     d = Path(tempfile.mkdtemp(prefix="nl-ab-"))
@@ -74,7 +82,7 @@ def main() -> int:
             for n in names[r % len(names) :] + names[: r % len(names)]:
                 res[n].append(wrk(urls[n], 8, a.seconds, hdr, cpu)["rps"])
         la1 = os.getloadavg()[0]
-        where = "unpinned" if a.no_pin else f"servers on CPU {a.server_cpu}, wrk on CPU {a.client_cpu}"
+        where = "unpinned" if not pinned else f"servers on CPU {a.server_cpu}, wrk on CPU {a.client_cpu}"
         print(
             f"load average {la0:.1f} -> {la1:.1f}; {a.rounds} rounds of {a.seconds:g} s, 8 connections, "
             f"wrk -t1; {where}"

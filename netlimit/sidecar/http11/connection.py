@@ -79,6 +79,7 @@ class HttpConnection(asyncio.Protocol):
         self.stopped = False  # no more requests are parsed (a parse error, an upgrade, a last answer)
         self.closing = False
         self.last = _monotonic()  # the last answer (or the connection's start): idle since
+        self.now = self.last  # the clock at the read being parsed (data_received, _feed_pending, _wait)
         self.out_total = 0  # bytes handed to the transport (sweep: send_timeout)
         self.out_mark = 0  # out_total when write() last flushed the batch early (see write)
         self.sent_mark = 0
@@ -124,7 +125,7 @@ class HttpConnection(asyncio.Protocol):
             self.reading = True
             self.transport.resume_reading()
             if self.in_head:  # the time we were not reading is not the client's
-                self.head_since = _monotonic()
+                self.head_since = self.now = _monotonic()
 
     def _feed_pending(self) -> None:
         data, self.pending = self.pending, None
@@ -133,6 +134,7 @@ class HttpConnection(asyncio.Protocol):
         if self.paused:  # paused again meanwhile: keep waiting
             self.pending = data
             return
+        self.now = _monotonic()
         self._feed(data)
         if not self.paused:
             self._read_again()
@@ -211,6 +213,7 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes, piece: bool = False) -> None:
         """A read (or, from :meth:`_feed`, a piece of one that fits the queue)."""
         if not piece:
+            self.now = _monotonic()
             if self.stopped or self.lingering:
                 return
             if self.pending is not None:  # a read delivered while paused: keep the order
@@ -326,18 +329,23 @@ class HttpConnection(asyncio.Protocol):
 
     # -- llhttp callbacks ----------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self.cur = Request()
-        self.wanted = self.handler.wanted  # per request: a reload may change what the actions read
-        self.head_bytes = 0
-        self.in_head = True
-        self.head_since = _monotonic()
-        self._line = None
-        self._at0, self._fresh = self._fresh, False
+    # No on_message_begin: httptools calls only the callbacks the protocol defines, and
+    # the first piece of the target begins the request (one llhttp callback less per
+    # request).  A method cut short by the end of a read is no head yet: the connection
+    # stays idle (keepalive_timeout) until its target begins.
 
     def on_url(self, url: bytes) -> None:
         cur = self.cur
-        assert cur is not None
+        if cur is None:  # the request begins
+            cur = self.cur = Request()
+            self.wanted = self.handler.wanted  # per request: a reload may change what the actions read
+            self.head_bytes = len(url)
+            self.in_head = True
+            self.head_since = self.now  # the read that brought it (one clock read per read)
+            self._line = None
+            self._at0, self._fresh = self._fresh, False
+            cur._url = url
+            return
         cur._url += url
         self.head_bytes += len(url)
 
@@ -516,6 +524,7 @@ class HttpConnection(asyncio.Protocol):
             out = responses.problem(500, "Internal Server Error", err.detail, keep=False)
             req.keep = False
         self.task = None
+        self.now = _monotonic()
         self._done(req, out)
         if not self.closing:
             self._loop().call_soon(self._process)
@@ -537,10 +546,17 @@ class HttpConnection(asyncio.Protocol):
 
     def _done(self, req: Request, out: bytes | None) -> None:
         """The answer of the oldest request is complete: send it and go on."""
-        if self.queue and self.queue[0] is req:
-            self.queue.popleft()
-        self.last = _monotonic()  # idle from now (keepalive_timeout)
+        q = self.queue
+        if q and q[0] is req:
+            q.popleft()
+        self.last = self.now  # idle from now (keepalive_timeout): the read just parsed, or _wait's clock
         body = req.body
+        if body is None:  # the usual request (no body): fewer tests
+            if out:
+                self.write(out)
+            if not req.keep or (self.stopped and not q):
+                self._finish(linger=False)
+            return
         unread = body is not None and not body.done
         if out:
             self.write(out, close=False)
