@@ -8,7 +8,8 @@
     restore), --json for the figures
 
 kill9: a 1,000-rule file A is in the kernel; `netlimit apply B` (500 rules removed,
-    500 added) is killed with SIGKILL at a random moment of its run. Afterwards each
+    500 added) is killed with SIGKILL at a random moment of its run (the next round
+    goes back, B to A, from where this one converged). Afterwards each
     family (legacy) or the table (nftables) must hold exactly A's rules or exactly B's,
     never a mix, never a duplicate; one `netlimit apply B` must converge and the next
     must change nothing; that apply reports how many owned objects it found (adopted).
@@ -152,28 +153,32 @@ def drill_kill9(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
     res = {"backend": backend, "rounds": 0, "old": 0, "new": 0, "mixed": 0, "duplicates": 0, "not_converged": 0}
     problems: list[str] = []
     with netns(f"k9{backend[:3]}") as ns, busy_cores(busy):
-        for path in (a, b):
-            p = apply(ns, backend, path)
-            if p.returncode:
-                raise SystemExit(f"apply {path.name}: {p.stderr}")
-        want_b = owned(ns, backend)
-        apply(ns, backend, a)
-        want_a = owned(ns, backend)
+        p = apply(ns, backend, a)
+        if p.returncode:
+            raise SystemExit(f"apply {a.name}: {p.stderr}")
         t0 = time.monotonic()
-        apply(ns, backend, b)
+        p = apply(ns, backend, b)  # the transition the kills interrupt, timed
         full = time.monotonic() - t0
+        if p.returncode:
+            raise SystemExit(f"apply {b.name}: {p.stderr}")
         res["apply_seconds"] = round(full, 3)
+        want = {b: owned(ns, backend)}
+        apply(ns, backend, a)
+        want[a] = owned(ns, backend)
+        # the rounds alternate the direction (A -> B, then B -> A: 500 rules removed and
+        # 500 added either way), so each round starts where the last converged
+        old, new = a, b
         for rnd in range(rounds):
-            if owned(ns, backend) != want_a:
-                p = apply(ns, backend, a)
+            if owned(ns, backend) != want[old]:
+                p = apply(ns, backend, old)
                 if p.returncode:
-                    problems.append(f"round {rnd}: re-applying A failed: {p.stderr.strip()}")
+                    problems.append(f"round {rnd}: re-applying {old.name} failed: {p.stderr.strip()}")
                     break
             # half the kills anywhere in the run, half in its last 40 % (where the kernel
             # is read and written; before that the process is still starting)
             at = random.uniform(0.0, full * 1.1) if rnd % 2 else random.uniform(full * 0.6, full * 1.05)
             proc = subprocess.Popen(
-                [EXE, "apply", str(b), "--netns", ns, "--backend", backend, "-q"],
+                [EXE, "apply", str(new), "--netns", ns, "--backend", backend, "-q"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -196,17 +201,17 @@ def drill_kill9(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
             units = [("inet", list(got))] if backend == "nftables" else [(k, [k]) for k in got]
             for unit, keys in units:
                 g = {k: got.get(k) for k in keys}
-                if g == {k: want_a.get(k) for k in keys}:
+                if g == {k: want[old].get(k) for k in keys}:
                     res["old"] += 1
-                elif g == {k: want_b.get(k) for k in keys}:
+                elif g == {k: want[new].get(k) for k in keys}:
                     res["new"] += 1
                 else:
                     res["mixed"] += 1
                     n = sum(len(v or []) for v in g.values())
                     problems.append(f"round {rnd} (kill at {at:.2f} s): {unit} is a mix ({n} objects)")
-            p1 = apply(ns, backend, b)
-            p2 = sh(EXE, "plan", str(b), "--netns", ns, "--backend", backend, check=False)
-            if p1.returncode or owned(ns, backend) != want_b or "no changes" not in p2.stdout.lower():
+            p1 = apply(ns, backend, new)
+            p2 = sh(EXE, "plan", str(new), "--netns", ns, "--backend", backend, check=False)
+            if p1.returncode or owned(ns, backend) != want[new] or "no changes" not in p2.stdout.lower():
                 res["not_converged"] += 1
                 problems.append(f"round {rnd}: did not converge in one apply: {p1.stderr.strip()[:300]}")
             # the converging apply says what it found in place (adopted)
@@ -219,6 +224,7 @@ def drill_kill9(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
                 )
             else:
                 res.setdefault("adopted", []).append(int(m.group(1) or m.group(2)))
+            old, new = new, old
     res["problems"] = problems
     return res
 

@@ -93,6 +93,11 @@ PHASES = {
     "iperf3": "[demo] iperf3 client -> server",
     "escalation": "[demo] escalation",
 }
+# the phase after each: its line must never appear (the signal landed in the phase meant)
+NEXT = {"udp": "[demo] tcp connection", "tcp": "[demo] iperf3", "iperf3": "[demo] escalation"}
+# each traffic run 2 s instead of 4: the phases before the one interrupted go by sooner,
+# the one interrupted still runs 1.5 s beyond the signal (NEXT checks it did)
+INTERRUPTED_CMD = [*CMD, "--seconds", "2"]
 
 
 @pytest.mark.parametrize(
@@ -111,10 +116,11 @@ def test_demo_interrupted_tears_down(phase, sig):
     on a busy host)."""
     if os.geteuid() != 0:
         pytest.fail("the demo needs root", pytrace=False)
-    p = subprocess.Popen(CMD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(INTERRUPTED_CMD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    q: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=_lines, args=(p.stderr, q), daemon=True)
     try:
-        q: queue.Queue = queue.Queue()
-        threading.Thread(target=_lines, args=(p.stderr, q), daemon=True).start()
+        reader.start()
         deadline = time.monotonic() + 90
         ns_seen: list[str] = []
         while time.monotonic() < deadline and p.poll() is None:
@@ -135,7 +141,7 @@ def test_demo_interrupted_tears_down(phase, sig):
         if phase != "setup":
             assert children, f"the demo runs nothing during the {phase} phase"
         p.send_signal(sig)
-        out, _ = p.communicate(timeout=60)
+        out, err_tail = p.communicate(timeout=60)  # stderr: what the reader thread did not take
     finally:
         if p.poll() is None:  # the test failed before the demo ended: let it clean up, then make sure
             p.send_signal(signal.SIGTERM)
@@ -148,6 +154,12 @@ def test_demo_interrupted_tears_down(phase, sig):
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     assert p.returncode == 128 + sig, out
     assert f"interrupted ({signal.Signals(sig).name})" in out
+    reader.join(timeout=10)  # the demo has exited: its stderr is at its end
+    later: list[str] = (err_tail or "").splitlines()  # the lines after the one the test waited for
+    while not q.empty():
+        later.append(q.get_nowait())
+    if phase in NEXT:
+        assert not [x for x in later if x.startswith(NEXT[phase])], f"interrupted after the {phase} phase: {later}"
     assert "all within tolerance" not in out
     assert _demo_namespaces(p.pid) == []
     deadline = time.monotonic() + 10

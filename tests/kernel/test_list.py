@@ -118,8 +118,9 @@ def test_list_one_line_per_rule_verbose_in_plan_spelling_and_comments(topo, tmp_
     assert any(x.startswith("udp-flood") and " ? " in x for x in bare.splitlines()), bare
     filed = _cli("list", "--netns", topo.srv, "--file", str(f)).stdout
     assert "udp dport 5000,6000-6010" in filed and "--file FILE" not in filed
+    filed_verbose = _cli("list", "--netns", topo.srv, "--file", str(f), "-v").stdout  # one read, every command
     for cmd in tc_plan:
-        assert cmd in _cli("list", "--netns", topo.srv, "--file", str(f), "-v").stdout
+        assert cmd in filed_verbose, (cmd, filed_verbose)
 
     fl = _cli("flush", "--netns", topo.srv)
     assert fl.returncode == 0 and not os.path.exists(f"/run/netlimit/rules-{topo.srv}.json")
