@@ -187,10 +187,16 @@ def drill_kill9(backend: str, rounds: int, tmp: Path, busy: bool) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
             proc.wait(timeout=60)
-            # an orphaned iptables-legacy-restore child may still be committing its input
+            # an orphaned writer (iptables-legacy-restore, or nft -f: a commit landing between
+            # the dumps of one `nft list` reads as a mix) may still be committing its input:
+            # wait until no process is left in the namespace (this one, not any on the host)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and sh("pgrep", "-f", "legacy-restore --noflush", check=False).stdout:
+            while time.monotonic() < deadline and (
+                orphans := sh("ip", "netns", "pids", ns, check=False).stdout.split()
+            ):
                 time.sleep(0.05)
+            if orphans:
+                problems.append(f"round {rnd}: processes still in the namespace 30 s after the kill: {orphans}")
             got = owned(ns, backend)
             res["rounds"] += 1
             d = dupes(got)
