@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from rootfs import ROOT, ensure_rootfs
@@ -49,13 +50,16 @@ def _find_init(root_pid: int) -> int | None:
 
 
 def _build_backend_installed() -> bool:
-    """pyproject.toml's build requirement (setuptools>=77; its bdist_wheel is built in)
-    is in this venv: the wheel can be built without an isolated build environment."""
+    """pyproject.toml's build requirement on setuptools (its bdist_wheel is built in) is
+    met by this venv: the wheel can be built without an isolated build environment."""
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    wanted = next((r.split(">=", 1)[1] for r in requires if r.replace(" ", "").startswith("setuptools>=")), None)
     try:
-        major = int(importlib.metadata.version("setuptools").split(".")[0])
+        have = int(importlib.metadata.version("setuptools").split(".")[0])
+        need = int(wanted.split(".")[0]) if wanted else None
     except (importlib.metadata.PackageNotFoundError, ValueError):  # absent or odd: build isolated
         return False
-    return major >= 77
+    return need is not None and have >= need
 
 
 @functools.cache
