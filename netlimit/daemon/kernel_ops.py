@@ -138,17 +138,13 @@ class KernelOps:
         issue 35: the dump runs beside the apply and the list's read): for
         bans_sync_prefixes(held=...). No kernel lock: a read over netlink of its own,
         checked against the ruleset's generation when it is used. None where the backend
-        cannot (the legacy ones) or the read failed (the sync then reads the sets itself)."""
+        cannot (the legacy ones). Run in a ReadAhead, which takes a failure as no read (the
+        sync then reads the sets itself)."""
         from ..kernel.banset import ban_sets, held_ahead
         from ..kernel.netns import run_in_netns
         from ..kernel.registry import choose
 
-        try:
-            key = choose(self.flag, config.backend).key
-            return run_in_netns(self.netns, held_ahead, ban_sets(key))
-        except Exception as exc:  # only an early read: the sync reads the sets itself, nothing is lost
-            log.debug("bans: reading the sets ahead failed: %s", exc)
-            return None
+        return run_in_netns(self.netns, held_ahead, ban_sets(choose(self.flag, config.backend).key))
 
     def bans_change(self, add, remove) -> None:
         self._bans(lambda s, a, r: s.change(a, r), add, remove)
