@@ -24,8 +24,6 @@ import logging
 import os
 import select
 import socket
-import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +35,7 @@ from ..bans.model import Ban, IPNetwork, Protected, network_of, parse_target
 from ..bans.store import BanEvent, MemoryBanList, Snapshot
 from ..logevery import LogEvery
 from .kernel_ops import KernelOps
+from .readahead import AHEAD_SWITCH, ReadAhead
 
 log = logging.getLogger("netlimit.daemon")
 
@@ -53,58 +52,8 @@ READY_WAIT = 30.0
 #: the longest a start's first write waits for the read of the sets begun beside the apply
 #: (it is then done sooner than a read begun anew; after that the write reads them itself)
 AHEAD_WAIT = 5.0
-#: the interpreter's switch interval while that read runs: the dump comes in ~200 messages
-#: of 32 KiB (the most a netlink dump gives), each returned by a recvmsg that must take the
-#: GIL again from the apply and the list's read (5 ms each at the default 5 ms interval)
-AHEAD_SWITCH = 0.0005
 #: distinct `rule` label values in the metrics (a list may carry any text; the rest: "other")
 MAX_RULE_LABELS = 100
-
-
-class ReadAhead:
-    """One call run in a thread of its own from now on; its result taken later (None
-    when it failed or is not done in time: the taker then does the work itself)."""
-
-    _lock = threading.Lock()
-    _running = 0  # reads with a lowered switch interval
-    _before = 0.0  # the interval before the first of them
-
-    def __init__(self, fn: Callable[[], Any], switch: float | None = None):
-        self.result: Any = None
-        self.done = threading.Event()
-        if switch is not None:
-            self._lower(switch)
-
-        def run() -> None:
-            try:
-                self.result = fn()
-            except Exception as exc:  # only a read ahead: the taker reads the sets itself, nothing is lost
-                log.debug("bans: reading the kernel's sets ahead failed: %s", exc)
-            finally:
-                if switch is not None:
-                    self._restore()
-                self.done.set()
-
-        threading.Thread(target=run, name="bans-read-ahead", daemon=True).start()
-
-    def take(self, bound: float) -> Any:
-        return self.result if self.done.wait(bound) else None
-
-    @classmethod
-    def _lower(cls, switch: float) -> None:
-        with cls._lock:
-            if cls._running == 0:
-                cls._before = sys.getswitchinterval()
-            cls._running += 1
-            sys.setswitchinterval(min(cls._before, switch))
-
-    @classmethod
-    def _restore(cls) -> None:
-        """The last read running puts the interval back (reads may overlap)."""
-        with cls._lock:
-            cls._running -= 1
-            if cls._running == 0:
-                sys.setswitchinterval(cls._before)
 
 
 class BanFollower:

@@ -139,12 +139,18 @@ class KernelOps:
         bans_sync_prefixes(held=...). No kernel lock: a read over netlink of its own,
         checked against the ruleset's generation when it is used. None where the backend
         cannot (the legacy ones). Run in a ReadAhead, which takes a failure as no read (the
-        sync then reads the sets itself)."""
+        sync then reads the sets itself). The read netlimitd began before its imports is
+        taken where it was made for this namespace and backend (daemon/readahead.py)."""
         from ..kernel.banset import ban_sets, held_ahead
         from ..kernel.netns import run_in_netns
         from ..kernel.registry import choose
+        from .readahead import EARLY_WAIT, take_early
 
-        return run_in_netns(self.netns, held_ahead, ban_sets(choose(self.flag, config.backend).key))
+        key = choose(self.flag, config.backend).key
+        early = take_early(self.netns, key)  # netlimitd began it before its imports
+        if early is not None:
+            return early.take(EARLY_WAIT)
+        return run_in_netns(self.netns, held_ahead, ban_sets(key))
 
     def bans_change(self, add, remove) -> None:
         self._bans(lambda s, a, r: s.change(a, r), add, remove)

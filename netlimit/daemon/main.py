@@ -118,7 +118,20 @@ def main() -> None:
     opts = parse(sys.argv[1:])
     if opts is None:  # typer's answer (help, a usage error): `netlimit daemon` in this process's place
         os.execv(sys.executable, [sys.executable, "-c", _TYPER, *sys.argv[1:]])
+    _begin_early(opts)
     sys.exit(run(**opts))  # type: ignore[arg-type]
+
+
+def _begin_early(opts: dict[str, object]) -> None:
+    """Begin reading the nftables ban sets before the imports (daemon/readahead.py),
+    unless the backend is already known to be another one (--backend, $NETLIMIT_BACKEND)
+    or we are not root (run() refuses to start)."""
+    chosen = str(opts.get("backend") or os.environ.get("NETLIMIT_BACKEND", "")).strip().lower()
+    if os.geteuid() != 0 or chosen not in ("", "auto", "nftables", "nft"):
+        return
+    from .readahead import begin_early
+
+    begin_early(opts["netns"])  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -161,3 +161,42 @@ def test_the_switch_interval_is_lowered_while_reads_run_and_put_back_after():
             g.set()
     assert b.take(30)
     assert sys.getswitchinterval() == pytest.approx(before)
+
+
+def test_the_early_read_is_taken_once_and_only_for_its_namespace_and_backend(monkeypatch):
+    """netlimitd begins reading the nftables sets before its imports (readahead.begin_early):
+    the start takes that read only where it guessed right, and only once."""
+    from netlimit.daemon import readahead
+
+    calls: list[tuple[str | None, str]] = []
+    monkeypatch.setattr(readahead, "_early", None)
+
+    def fake(netns, backend):
+        calls.append((netns, backend))
+        readahead._early = (netns, backend, ReadAhead(lambda: ("held", netns, backend)))
+
+    monkeypatch.setattr(readahead, "begin_early", fake)
+    readahead.begin_early("ns-a", "nftables")
+    assert readahead.take_early("ns-b", "nftables") is None  # another namespace: never taken...
+    assert readahead.take_early("ns-a", "nftables") is None  # ...and gone: a guess is tried once
+    readahead.begin_early("ns-a", "nftables")
+    assert readahead.take_early("ns-a", "restore") is None  # the file chose another backend
+    readahead.begin_early(None, "nftables")
+    got = readahead.take_early(None, "nftables")
+    assert got is not None and got.take(30) == ("held", None, "nftables")
+    assert readahead.take_early(None, "nftables") is None  # once: a later read reads the sets anew
+
+
+def test_kernel_ops_takes_the_early_read_instead_of_reading_again(monkeypatch):
+    from netlimit.daemon import readahead
+    from netlimit.daemon.kernel_ops import KernelOps
+
+    monkeypatch.setenv("NETLIMIT_BACKEND", "nftables")
+    monkeypatch.setattr(readahead, "_early", (None, "nftables", ReadAhead(lambda: "read before the imports")))
+    k = KernelOps(None)
+
+    class Config:
+        backend = None
+
+    assert k.bans_held_ahead(Config()) == "read before the imports"
+    assert readahead._early is None
