@@ -19,6 +19,9 @@ class KernelOps:
         self.backend_reason = ""
         self.desired: Any = None  # the last compiled config (Desired), to name tc objects in counters
         self.config: Any = None  # the last config compiled (for configured rates in metrics)
+        #: where bans_held_ahead's read was begun: "imports" (netlimitd, before its imports)
+        #: or "apply" (beside the first apply); status and the ready line say it
+        self.ahead_from: str | None = None
 
     def _compile(self, config):
         from ..kernel.compile import compile_config
@@ -149,7 +152,9 @@ class KernelOps:
         key = choose(self.flag, config.backend).key
         early = take_early(self.netns, key)  # netlimitd began it before its imports
         if early is not None:
+            self.ahead_from = "imports"
             return early.take(EARLY_WAIT)
+        self.ahead_from = "apply"
         return run_in_netns(self.netns, held_ahead, ban_sets(key))
 
     def bans_change(self, add, remove) -> None:

@@ -76,7 +76,8 @@ def _write(bans: dict[str, Any]) -> str:
     """How the kernel write went: the difference from what the sets held (a restart that
     found the list there), or the sets written whole."""
     if bans.get("write") == "diff":
-        ahead = ", read beside the apply" if bans.get("held_from") == "prefetch" else ""
+        where = "before the imports" if bans.get("ahead_from") == "imports" else "beside the apply"
+        ahead = f", read {where}" if bans.get("held_from") == "prefetch" else ""
         return (
             f": {bans.get('added', 0)} written, {bans.get('removed', 0)} removed,"
             f" {bans.get('held', 0)} held before{ahead}"
