@@ -24,9 +24,11 @@ load     `--bans` prefixes (IPv4 /32 and /24, IPv6 /64 and /128, no two overlapp
          100,000) and made to reconnect: read + index + kernel, as the daemon reports
          them. Per backend.
 ready    `--bans` prefixes straight into Redis, host B's daemon restarted with its sets
-         emptied: seconds from its start to READY=1 (and the bans in its kernel then:
-         all of them, the promise) and to all of them in its kernel (goal <= 1.5 s for
-         100,000, issue 35; docs/reliability.md).
+         emptied (`--keep`: holding the list): seconds from its start to READY=1 (and the
+         bans in its kernel then: all of them, the promise) and to all of them in its
+         kernel (goal <= 1.5 s for 100,000, issue 35; docs/reliability.md). netlimitd
+         runs as installed, its bytecode compiled (`--no-bytecode`: compiled at start,
+         as on the .deb's first start).
 outage   a client banned for 4 s; Redis is killed: host B keeps dropping it, then lets
          it through again when its time is up (measured against the expiry); Redis comes
          back empty and the daemons follow it again.
@@ -223,6 +225,7 @@ class Fleet:
         env = dict(os.environ, NETLIMIT_BACKEND=self.backend, NOTIFY_SOCKET=path)
         if tree is not None:
             env["PYTHONPATH"] = str(tree)
+        bytecode(env, tree or REPO, self.tmp)
         log = open(self.tmp / f"daemon-{host}.log", "a")
         got: dict = {}
         t0 = time.monotonic()
@@ -389,6 +392,31 @@ def fleet(backend: str, clients: int, max_entries: int, xdp: bool = False):
         for ns in f.ns.values():
             sh("ip", "netns", "del", ns, check=False)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+#: ready: netlimitd starts as installed, with netlimit's bytecode compiled (--no-bytecode: without)
+BYTECODE = True
+_compiled: set[Path] = set()
+
+
+def bytecode(env: dict, tree: Path, tmp: Path) -> None:
+    """A timed start's bytecode, in `env`. By default as installed: pip compiles a wheel's
+    modules at install, the OCI image at its build, and netlimitd (root) writes its own on
+    the .deb's first start, so a restart does not compile; `tree`'s are compiled here once
+    (a source tree run with PYTHONDONTWRITEBYTECODE=1 has none, and its starts measured
+    ~0.15-0.2 s of CPU compiling). --no-bytecode: every module compiled at the start
+    (the .deb's first start: it ships no bytecode), from an empty cache nothing is written to."""
+    if not BYTECODE:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["PYTHONPYCACHEPREFIX"] = str(tmp / "no-bytecode")  # empty: nothing found, nothing written
+        return
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    if tree not in _compiled:
+        import compileall
+
+        compileall.compile_dir(str(tree / "netlimit"), quiet=1)
+        _compiled.add(tree)
 
 
 # --- latency: Nth denial on A -> dropped on B -------------------------------------------------
@@ -812,7 +840,10 @@ def main() -> int:
     ap.add_argument("--tree", action="append", default=[], help="ready: netlimitd from this tree (repeat: interleaved)")
     ap.add_argument("--keep", action="store_true", help="ready: the kernel holds the list at start (on_stop: keep)")
     ap.add_argument("--xdp", action="store_true", help="host A and B drop in XDP (nftables, latency only)")
+    ap.add_argument("--no-bytecode", action="store_true", help="ready: netlimitd compiles its modules at start")
     args = ap.parse_args()
+    global BYTECODE
+    BYTECODE = not args.no_bytecode
     if args.xdp and (args.backend != "nftables" or args.only != "latency"):
         print("ban_drills.py: --xdp goes with --backend nftables --only latency", file=sys.stderr)
         return 64
