@@ -123,15 +123,15 @@ def main() -> None:
 
 
 def _begin_early(opts: dict[str, object]) -> None:
-    """Begin reading the nftables ban sets before the imports (daemon/readahead.py),
-    unless the backend is already known to be another one (--backend, $NETLIMIT_BACKEND)
-    or we are not root (run() refuses to start)."""
-    chosen = str(opts.get("backend") or os.environ.get("NETLIMIT_BACKEND", "")).strip().lower()
-    if os.geteuid() != 0 or chosen not in ("", "auto", "nftables", "nft"):
+    """Begin reading the ban sets before the imports (daemon/readahead.py), of the backend
+    --backend or $NETLIMIT_BACKEND names, else the default; not when we are not root
+    (run() refuses to start). A backend that cannot read its sets ahead reads nothing."""
+    if os.geteuid() != 0:
         return
+    from ..kernel.registry import guess
     from .readahead import begin_early
 
-    begin_early(opts["netns"])  # type: ignore[arg-type]
+    begin_early(opts["netns"], guess(opts["backend"]))  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

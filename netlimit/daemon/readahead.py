@@ -5,14 +5,16 @@ kernel within 1.5 s of the start).
 when it failed or was not done in time (the taker then does the work itself).
 
 The earliest of them, `begin_early`: netlimitd (daemon/main.py) starts the read of what
-the nftables ban sets hold before it imports the config's models and the service (about
-0.3 s of Python), so that the dump's kernel part (about 0.35 s for 100,000 prefixes,
-spent in recvmsg, without the GIL) runs beside those imports instead of beside the first
-apply. It is a guess made before the file is read: the file may choose another backend or
-have no bans, and the first apply may commit (the read is then out of date). A wrong guess
-costs one read: a read for another namespace or backend is never taken
-(`take_early`), and a taken one is used only if the ruleset's generation has not moved
-since it was made (kernel/nft's sync_prefixes checks it), else the sets are read again.
+the ban sets hold (of the backend --backend or $NETLIMIT_BACKEND names, else nftables, the
+default) before it imports the config's models and the service (about 0.2 s of Python),
+so that the dump's kernel part (about 0.35 s for 100,000 prefixes, spent in recvmsg,
+without the GIL) runs beside those imports instead of beside the first apply. It is a
+guess made before the file is read: the file may choose another backend or have no bans,
+and the first apply may commit (the read is then out of date). A wrong guess costs one
+read: a read for another namespace or backend is never taken (`take_early`), one nobody
+took is let go at READY=1 (`discard_early`), and a taken one is used only if the
+ruleset's generation has not moved since it was made (kernel/nft's sync_prefixes checks
+it), else the sets are read again. The legacy backends cannot read ahead: nothing is read.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ _early: tuple[str | None, str, ReadAhead] | None = None
 _early_lock = threading.Lock()
 
 
-def begin_early(netns: str | None, backend: str = "nftables") -> None:
+def begin_early(netns: str | None, backend: str) -> None:
     """Begin reading what `backend`'s ban sets in `netns` hold (netlimitd, before its
     imports). The kernel modules are imported in the read's thread."""
     global _early
@@ -109,3 +111,12 @@ def take_early(netns: str | None, backend: str) -> ReadAhead | None:
     if early is None or early[:2] != (netns, backend):
         return None
     return early[2]
+
+
+def discard_early() -> None:
+    """Let an early read nobody took go (a file without bans, a memory store, another
+    backend): what it read is not kept for the daemon's life. At READY=1, when the start
+    has taken it if it wanted it."""
+    global _early
+    with _early_lock:
+        _early = None

@@ -34,6 +34,7 @@ from ..logs import problem_fields
 from ..reload import DropGuard
 from ..watch import DirWatch, FileWatch
 from .kernel_ops import KernelOps
+from .readahead import discard_early
 from .startphases import StartPhases
 from .status import Status, open_status_socket, remove_status_socket, socket_path_problem
 
@@ -328,6 +329,7 @@ class Daemon:
             log.info(f"metrics on http://{self.metrics_addr}/metrics")
         log.info(f"running: {self.status.summary()}; status socket {self.socket_path}")
         phases.mark("rest")
+        discard_early()
         self.status.start_phases = phases.seconds()
         if self.bans is not None:
             log.info(f"ready: {phases.describe(self.bans.load_timings)}")

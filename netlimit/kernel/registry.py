@@ -184,6 +184,20 @@ def choose(name: str | None = None, configured: str | None = None) -> Choice:
     return _auto()
 
 
+def guess(name: str | None = None) -> str:
+    """The backend a start can name before its file is read: `name` (--backend), else
+    $NETLIMIT_BACKEND, else DEFAULT (also for auto, or a name choose() will refuse).
+    netlimitd's early read of the ban sets goes by it (daemon/readahead.py); the file
+    or auto may choose otherwise, and then that read is not taken."""
+    env = os.environ.get(BACKEND_ENV, "").strip()
+    for value in (name, env):
+        choice = (value or "").strip().lower()
+        if choice and choice != "auto":
+            key = _ALIASES.get(choice, choice)
+            return key if key in BACKENDS else DEFAULT
+    return DEFAULT
+
+
 def _auto() -> Choice:
     variant, version = host_iptables_variant()
     legacy_why = legacy_unusable()

@@ -200,3 +200,27 @@ def test_kernel_ops_takes_the_early_read_instead_of_reading_again(monkeypatch):
 
     assert k.bans_held_ahead(Config()) == "read before the imports"
     assert readahead._early is None
+
+
+def test_an_early_read_nobody_took_is_let_go_at_ready(monkeypatch):
+    """A file without bans (or a memory store) never takes the early read: it must not
+    keep what it read (100,000 prefixes) for the daemon's life."""
+    from netlimit.daemon import readahead
+
+    monkeypatch.setattr(readahead, "_early", (None, "nftables", ReadAhead(lambda: {"held": 1})))
+    readahead.discard_early()
+    assert readahead._early is None
+    assert readahead.take_early(None, "nftables") is None
+
+
+def test_the_early_read_goes_by_the_backend_named_before_the_file(monkeypatch):
+    from netlimit.kernel.registry import DEFAULT, guess
+
+    monkeypatch.delenv("NETLIMIT_BACKEND", raising=False)
+    assert guess(None) == DEFAULT == "nftables"
+    assert guess("auto") == DEFAULT
+    assert guess("iptables-legacy-restore") == "restore"  # an alias
+    assert guess("no-such-backend") == DEFAULT  # choose() refuses it later, with the error
+    monkeypatch.setenv("NETLIMIT_BACKEND", "iptc")
+    assert guess(None) == "python-iptables"
+    assert guess("nft") == "nftables"  # --backend before the variable
