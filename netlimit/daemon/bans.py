@@ -394,8 +394,10 @@ class BanFollower:
             "kernel_s": round(self.load_seconds, 3),
             **{k: v for k, v in (done or {}).items() if k in ("write", "held", "added", "removed", "held_from", "why")},
         }
-        if self.load_timings.get("held_from") == "prefetch":  # begun before the imports or beside the apply
-            self.load_timings["ahead_from"] = getattr(self.kernel, "ahead_from", None)
+        if getattr(self.kernel, "ahead_from", None):  # the read ahead: begun before the imports or beside the apply
+            self.load_timings["ahead_from"] = self.kernel.ahead_from
+            if getattr(self.kernel, "ahead_miss", None):  # it gave nothing: why
+                self.load_timings["ahead_miss"] = self.kernel.ahead_miss
         self.loads += 1
         self.need_reload = False
         self.kernel_known = True

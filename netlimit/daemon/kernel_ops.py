@@ -22,6 +22,7 @@ class KernelOps:
         #: where bans_held_ahead's read was begun: "imports" (netlimitd, before its imports)
         #: or "apply" (beside the first apply); status and the ready line say it
         self.ahead_from: str | None = None
+        self.ahead_miss: str | None = None  # why the read begun before the imports gave nothing
 
     def _compile(self, config):
         from ..kernel.compile import compile_config
@@ -153,7 +154,10 @@ class KernelOps:
         early = take_early(self.netns, key)  # netlimitd began it before its imports
         if early is not None:
             self.ahead_from = "imports"
-            return early.take(EARLY_WAIT)
+            held = early.take(EARLY_WAIT)
+            if held is None:
+                self.ahead_miss = early.why_none(EARLY_WAIT)
+            return held
         self.ahead_from = "apply"
         return run_in_netns(self.netns, held_ahead, ban_sets(key))
 

@@ -46,6 +46,7 @@ class ReadAhead:
 
     def __init__(self, fn: Callable[[], Any], switch: float | None = None):
         self.result: Any = None
+        self.error: str | None = None  # why the call failed (status: why a read was not used)
         self.done = threading.Event()
         if switch is not None:
             self._lower(switch)
@@ -54,6 +55,7 @@ class ReadAhead:
             try:
                 self.result = fn()
             except Exception as exc:  # only a read ahead: the taker reads the sets itself, nothing is lost
+                self.error = f"{type(exc).__name__}: {exc}"[:200]
                 log.debug("bans: reading the kernel's sets ahead failed: %s", exc)
             finally:
                 if switch is not None:
@@ -64,6 +66,12 @@ class ReadAhead:
 
     def take(self, bound: float) -> Any:
         return self.result if self.done.wait(bound) else None
+
+    def why_none(self, bound: float) -> str:
+        """Why take(bound) gave None (for status and the ready line)."""
+        if not self.done.is_set():
+            return f"not done in {bound:g} s"
+        return self.error or "the ruleset changed while it was read"
 
     @classmethod
     def _lower(cls, switch: float) -> None:

@@ -72,12 +72,24 @@ def _ahead(bans: dict[str, Any]) -> str:
     return f" waiting for the sets' read {wait:.2f}," if wait else ""
 
 
+def _ahead_source(bans: dict[str, Any]) -> str:
+    """Where what the sets held was read: ahead (before the imports, beside the apply),
+    or, when the read ahead could not be used, why."""
+    where = "before the imports" if bans.get("ahead_from") == "imports" else "beside the apply"
+    if bans.get("held_from") == "prefetch":
+        return f", read {where}"
+    if bans.get("ahead_miss"):
+        return f", the read begun {where} not used ({bans['ahead_miss']})"
+    if bans.get("ahead_from"):
+        return f", the read begun {where} out of date (a commit since)"
+    return ""
+
+
 def _write(bans: dict[str, Any]) -> str:
     """How the kernel write went: the difference from what the sets held (a restart that
     found the list there), or the sets written whole."""
     if bans.get("write") == "diff":
-        where = "before the imports" if bans.get("ahead_from") == "imports" else "beside the apply"
-        ahead = f", read {where}" if bans.get("held_from") == "prefetch" else ""
+        ahead = _ahead_source(bans)
         return (
             f": {bans.get('added', 0)} written, {bans.get('removed', 0)} removed,"
             f" {bans.get('held', 0)} held before{ahead}"

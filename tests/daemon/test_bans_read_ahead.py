@@ -224,3 +224,27 @@ def test_the_early_read_goes_by_the_backend_named_before_the_file(monkeypatch):
     monkeypatch.setenv("NETLIMIT_BACKEND", "iptc")
     assert guess(None) == "python-iptables"
     assert guess("nft") == "nftables"  # --backend before the variable
+
+
+def test_the_ready_line_says_where_the_sets_were_read_and_why_a_read_ahead_was_not_used():
+    from netlimit.daemon.startphases import _ahead_source
+
+    diff = {"write": "diff", "added": 0, "removed": 0, "held": 5}
+    assert _ahead_source(dict(diff, held_from="prefetch", ahead_from="imports")) == ", read before the imports"
+    assert _ahead_source(dict(diff, held_from="prefetch", ahead_from="apply")) == ", read beside the apply"
+    miss = dict(diff, held_from="dump", ahead_from="imports", ahead_miss="not done in 5 s")
+    assert _ahead_source(miss) == ", the read begun before the imports not used (not done in 5 s)"
+    stale = dict(diff, held_from="dump", ahead_from="imports")
+    assert _ahead_source(stale) == ", the read begun before the imports out of date (a commit since)"
+    assert _ahead_source(dict(diff, held_from="dump")) == ""
+
+
+def test_a_read_ahead_says_why_it_gave_nothing():
+    gate = threading.Event()
+    slow = ReadAhead(lambda: gate.wait(30))
+    assert slow.take(0.01) is None and slow.why_none(0.01) == "not done in 0.01 s"
+    gate.set()
+    failed = ReadAhead(lambda: 1 / 0)
+    assert failed.take(10) is None and failed.why_none(10) == "ZeroDivisionError: division by zero"
+    changed = ReadAhead(lambda: None)  # held() gives None when the ruleset moved during the dump
+    assert changed.take(10) is None and changed.why_none(10) == "the ruleset changed while it was read"
