@@ -49,9 +49,11 @@ KERNEL_POLL = 1.0
 FULL_CHECK_EVERY = 10
 #: the longest netlimitd waits at start for the list to be in the kernel before READY=1
 READY_WAIT = 30.0
-#: the longest a start's first write waits for the read of the sets begun beside the apply
-#: (it is then done sooner than a read begun anew; after that the write reads them itself)
-AHEAD_WAIT = 5.0
+#: the longest a start's first write waits for the read of the sets begun ahead (it is
+#: then done sooner than a read begun anew, which a busy host makes as slow; the bound is
+#: for a read that never ends: after it the write reads them itself). 5 s was too short at
+#: a load of 11: the write dumped the sets again beside a read nearly done.
+AHEAD_WAIT = 15.0
 #: distinct `rule` label values in the metrics (a list may carry any text; the rest: "other")
 MAX_RULE_LABELS = 100
 

@@ -32,8 +32,8 @@ log = logging.getLogger("netlimit.daemon")
 #: GIL again from the imports, the apply and the list's read (5 ms each at the default 5 ms)
 AHEAD_SWITCH = 0.0005
 #: the longest the start waits for the early read (begun before the imports) when it is
-#: taken; after that the sets are read again
-EARLY_WAIT = 5.0
+#: taken; after that the sets are read again (as bans.AHEAD_WAIT, which bounds the same wait)
+EARLY_WAIT = 15.0
 
 
 class ReadAhead:
