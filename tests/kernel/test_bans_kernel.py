@@ -42,14 +42,6 @@ def send(topo, src: str, dst: str, n: int = 20, port: int = 5001) -> None:
     topo.cx("python3", "-c", code)
 
 
-def permanent_neighbours(topo) -> None:
-    """Static IPv6 neighbour entries both ways: no neighbour discovery between the two."""
-    smac = topo.sx("cat", f"/sys/class/net/{topo.srv_if}/address").stdout.strip()
-    cmac = topo.cx("cat", f"/sys/class/net/{topo.cli_if}/address").stdout.strip()
-    topo.sx("ip", "-6", "neigh", "replace", topo.cli6, "lladdr", cmac, "dev", topo.srv_if, "nud", "permanent")
-    topo.cx("ip", "-6", "neigh", "replace", topo.srv6, "lladdr", smac, "dev", topo.cli_if, "nud", "permanent")
-
-
 def dropped(topo, backend: str) -> int:
     rows = reconcile.list_owned(topo.srv, backend=backend)
     return sum(int(r["dropped"] or 0) for r in rows if r["rule"] == "(bans)")
@@ -73,10 +65,8 @@ def sets(topo, backend: str, fn):
 def test_banned_sources_are_dropped_until_their_ban_ends(topo, any_backend):
     text = CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate="")
     topo.apply(text)
-    # the ban drops ICMPv6 too: the neighbours are made permanent before it, or a
-    # neighbour probe from the banned cli6 (on a busy host, once the entry went stale
-    # during the test) is one more drop than the packets sent
-    permanent_neighbours(topo)
+    # the ban drops ICMPv6 too: the topology's neighbours are permanent (netns_topo),
+    # or a neighbour probe from the banned cli6 would be one more drop than the packets sent
     base = dropped(topo, any_backend)
     assert base == 0
     # every ban long enough to outlive the sends on a busy host (a 2 s one expired

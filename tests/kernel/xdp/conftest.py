@@ -4,7 +4,6 @@ netlimit's XDP program on the server's veth, always detached and unpinned in fin
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 
@@ -17,30 +16,14 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), capture_output=True, text=True, check=check, timeout=30)
 
 
-def _mac(ns: str, dev: str) -> str:
-    out = sh("ip", "-n", ns, "-o", "link", "show", dev).stdout
-    m = re.search(r"link/ether ([0-9a-f:]{17})", out)
-    assert m, out
-    return m.group(1)
-
-
-def pin_neighbours(topo) -> None:
-    """Permanent neighbour entries both ways: a ban on a source also drops that
-    source's neighbour solicitations, which must not starve the other flows."""
-    smac, cmac = _mac(topo.srv, topo.srv_if), _mac(topo.cli, topo.cli_if)
-    for addr in (topo.srv4, topo.srv6):
-        sh("ip", "-n", topo.cli, "neigh", "replace", addr, "lladdr", smac, "dev", topo.cli_if, "nud", "permanent")
-    for addr in (topo.cli4, topo.cli4b, topo.cli6, topo.cli6b):
-        sh("ip", "-n", topo.srv, "neigh", "replace", addr, "lladdr", cmac, "dev", topo.srv_if, "nud", "permanent")
-
-
 @pytest.fixture
 def xdp(topo):
     """An XdpPath for the server namespace, loaded; flushed (detach + unpin) in finally."""
     for tool in ("clang", "iptables-legacy"):
         if not shutil.which(tool):
             pytest.fail(f"{tool} missing: run scripts/setup.sh (apt-get install clang llvm libbpf-dev)", pytrace=False)
-    pin_neighbours(topo)
+    # the topology's neighbours are permanent (netns_topo): a ban on a source also drops
+    # its neighbour solicitations, which must not starve the other flows
     path = XdpPath(topo.srv)
     try:
         path.load()
