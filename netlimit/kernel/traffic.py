@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import NetlimitError
 from .netns import exec_prefix
@@ -34,6 +34,7 @@ def need(tool: str) -> str:
 _UDP_FLOOD = r"""
 import socket, sys, time, json
 src, dst, port, pps, secs, fam = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+timed = len(sys.argv) > 7 and sys.argv[7] == "times"
 s = socket.socket(socket.AF_INET if fam == 4 else socket.AF_INET6, socket.SOCK_DGRAM)
 s.bind((src, 0))
 payload = b"x" * 32
@@ -41,6 +42,7 @@ n_total = int(pps * secs)
 t0 = time.monotonic()
 sent = 0
 last = t0
+times = []
 while sent < n_total:
     due = t0 + sent / pps
     now = time.monotonic()
@@ -52,8 +54,10 @@ while sent < n_total:
     except OSError:
         pass
     last = time.monotonic()
+    if timed:
+        times.append(round(last - t0, 6))
     sent += 1
-print(json.dumps({"sent": sent, "duration": last - t0, "start": t0, "end": last}))
+print(json.dumps({"sent": sent, "duration": last - t0, "start": t0, "end": last, "times": times}))
 """
 
 
@@ -63,16 +67,22 @@ class FloodResult:
     duration: float
     start: float = 0.0  # CLOCK_MONOTONIC (one clock for every namespace) of the first and last send
     end: float = 0.0
+    times: list[float] = field(default_factory=list)  # each send, s after the start (udp_flood_start times=True)
 
     @property
     def pps(self) -> float:
         return self.sent / self.duration if self.duration > 0 else 0.0
 
 
-def udp_flood_start(ns: str, src: str, dst: str, port: int, pps: float, seconds: float) -> subprocess.Popen:
+def udp_flood_start(
+    ns: str, src: str, dst: str, port: int, pps: float, seconds: float, times: bool = False
+) -> subprocess.Popen:
+    """A UDP flood from `src` in `ns`; `times`: its result lists each send's time."""
     fam = 6 if ":" in dst else 4
     return subprocess.Popen(
-        exec_prefix(ns) + [PY, "-c", _UDP_FLOOD, src, dst, str(port), str(pps), str(seconds), str(fam)],
+        exec_prefix(ns)
+        + [PY, "-c", _UDP_FLOOD, src, dst, str(port), str(pps), str(seconds), str(fam)]
+        + (["times"] if times else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -84,7 +94,24 @@ def flood_result(p: subprocess.Popen, timeout: float = 60) -> FloodResult:
     if p.returncode != 0:
         raise RuntimeError(f"udp flood failed: {errout.strip()}")
     d = json.loads(out)
-    return FloodResult(d["sent"], d["duration"], d.get("start", 0.0), d.get("end", 0.0))
+    return FloodResult(d["sent"], d["duration"], d.get("start", 0.0), d.get("end", 0.0), d.get("times") or [])
+
+
+def bucket_passes(times: list[float], rate: float, burst: int) -> int:
+    """How many packets sent at `times` (s) a token bucket of `rate` per second and
+    `burst` deep, full at the start, lets pass: rate x span + burst when the sender kept
+    up, fewer when it paused (a busy host): the bucket banks at most `burst` for a pause,
+    and the sender's catch-up comes as a clump. (vagrant/scenario.py has the same replay
+    over the limiter NIC's arrival times; it runs where netlimit is not importable.)"""
+    tokens, prev, passed = float(burst), None, 0
+    for t in times:
+        if prev is not None:
+            tokens = min(float(burst), tokens + rate * (t - prev))
+        prev = t
+        if tokens >= 1.0:
+            tokens -= 1.0
+            passed += 1
+    return passed
 
 
 def udp_flood(ns: str, src: str, dst: str, port: int, pps: float, seconds: float) -> FloodResult:

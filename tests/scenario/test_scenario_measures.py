@@ -100,3 +100,32 @@ def test_stall_watch_notices_a_stopped_process():
             p.wait()
     res = json.loads(out.strip().splitlines()[-1])
     assert res["longest_stall_s"] >= 0.7, res
+
+
+@given(
+    st.lists(st.floats(0, 0.05), max_size=400),
+    st.floats(1, 500),
+    st.integers(1, 50),
+)
+def test_the_demo_replays_the_same_bucket_as_the_scenario(gaps, rate, burst):
+    """netlimit demo's expectation (kernel/traffic.py, over its flood's send times) is the
+    scenario's bucket (over the limiter's arrival times): two copies, since scenario.py
+    runs where netlimit is not importable; this keeps them one rule."""
+    from itertools import accumulate
+
+    from netlimit.kernel.traffic import bucket_passes
+
+    times = list(accumulate(gaps))
+    assert bucket_passes(times, rate, burst) == sc.bucket_passes(times, rate, burst)
+
+
+def test_the_demo_expects_fewer_when_its_sender_paused():
+    from netlimit.kernel.traffic import bucket_passes
+
+    even = [i / 2000 for i in range(8000)]  # 2000/s for 4 s, as the demo floods
+    kept_up = bucket_passes(even, 100, 10)
+    assert abs(kept_up - (100 * even[-1] + 10)) <= 1  # rate x T + burst
+    paused = [t if t < 2 else t + 0.5 for t in even]  # the sender stalled 0.5 s halfway
+    got = bucket_passes(paused, 100, 10)
+    assert 0 < got - kept_up <= 10  # the pause banks the burst, no more
+    assert got < 100 * paused[-1] + 10 - 30  # rate x (the span with the pause) + burst: 41 more
