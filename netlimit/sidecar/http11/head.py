@@ -29,6 +29,25 @@ def field_name(raw: bytes) -> tuple[str, tuple[int, bool, int] | None]:
     return info
 
 
+#: per set of wanted names (Handler.wanted): field names as sent that on_header only
+#: collects (no SPECIAL entry) -> their lower-case text if wanted, "" if not; learnt
+#: by on_header's general path, so the usual field costs one lookup
+_PLAIN: dict[frozenset[str], dict[bytes, str]] = {}
+
+
+def plain_names(wanted: frozenset[str] | None) -> dict[bytes, str]:
+    """The table of plain field names for ``wanted`` (None, every field collected
+    as sent: an empty table, never learnt into)."""
+    if wanted is None:
+        return {}
+    table = _PLAIN.get(wanted)
+    if table is None:
+        if len(_PLAIN) >= 64:  # one per reload at most: bounded anyway
+            _PLAIN.clear()
+        table = _PLAIN[wanted] = {}
+    return table
+
+
 class Request:
     """One parsed request head (and its body, if any)."""
 
