@@ -206,6 +206,8 @@ class Sidecar:
                 path,
             )
         self.plan = plan
+        self.state.plans += 1  # the connections ask their handler again which fields it reads
+        self.admin_state.plans += 1
         self.limiter.set_rules(rules, http.on_store_failure)
         self.escalator.configure(loaded.config)
         self.loaded = loaded

@@ -43,7 +43,8 @@ class Handler(Protocol):
     @property
     def wanted(self) -> frozenset[str] | None:
         """The header names the handler reads (lower case), or None for every field
-        (a proxy forwards them all); the others are not even decoded."""
+        (a proxy forwards them all); the others are not even decoded.  Asked when
+        the connection starts and after each reload (ServerState.plans)."""
         ...
 
     def handle(self, conn: HttpConnection, req: Request) -> bytes | Awaitable[bytes | None]:
@@ -63,6 +64,7 @@ class HttpConnection(asyncio.Protocol):
         self.handler = handler
         self.limits = limits
         self.wanted = handler.wanted
+        self._plans = state.plans  # the reloads `wanted` is as of (ServerState.plans)
         self._plain = plain_names(self.wanted)  # on_header's one-lookup fields (head.plain_names)
         self.parser = httptools.HttpRequestParser(self)
         self.transport: Any = None
@@ -345,10 +347,12 @@ class HttpConnection(asyncio.Protocol):
         cur = self.cur
         if cur is None:  # the request begins
             cur = self.cur = Request()
-            wanted = self.handler.wanted  # per request: a reload may change what the actions read
-            if wanted is not self.wanted:
-                self.wanted = wanted
-                self._plain = plain_names(wanted)
+            if self._plans != self.state.plans:  # a reload since: the actions may read other fields
+                self._plans = self.state.plans
+                wanted = self.handler.wanted
+                if wanted is not self.wanted:
+                    self.wanted = wanted
+                    self._plain = plain_names(wanted)
             self.head_bytes = len(url)
             self.in_head = True
             self.head_since = self.now  # the read that brought it (one clock read per read)

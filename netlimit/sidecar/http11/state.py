@@ -24,7 +24,9 @@ class ServerState:
     :meth:`HttpConnection.write`).  Each listener has its own, so a flood on
     one cannot take the other's connections."""
 
-    __slots__ = ("conns", "out_batch", "max_connections", "shed", "refused", "timeouts", "queued_max", "errors")
+    __slots__ = (
+        "conns", "out_batch", "max_connections", "shed", "refused", "timeouts", "queued_max", "errors", "plans",
+    )  # fmt: skip
 
     def __init__(self, max_connections: int = 10_000) -> None:
         self.conns: dict[Any, None] = {}  # insertion order: the oldest first
@@ -35,6 +37,9 @@ class ServerState:
         self.timeouts = {"header": 0, "body": 0, "keepalive": 0, "send": 0}
         self.queued_max = 0  # the most requests one connection had queued at once
         self.errors = 0  # requests answered 500 because the sidecar failed
+        #: bumped at each reload (Sidecar.reload): only then may a handler read other
+        #: fields (Handler.wanted), so only then do the connections ask it again
+        self.plans = 0
 
     def add(self, conn: Any) -> bool:
         """Register a new connection; at the cap, shed the one that has been waiting on
