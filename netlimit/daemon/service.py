@@ -18,6 +18,7 @@ rules stay; the next start adopts them (apply is a diff).
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
@@ -597,6 +598,9 @@ def run_daemon(
     config: Path, resync: float, netns: str | None, socket_path: str, metrics: str | None, backend: str | None = None
 ) -> int:
     d = Daemon(config, resync, netns, socket_path, metrics, backend=backend)
+    # `kill -USR1` writes every thread's stack to stderr (the journal), from a C handler:
+    # it answers even when the main thread is stuck in a call that never returns
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # No cyclic collector until READY=1: a start with 100,000 bans makes a million small
     # objects (the list's tuples, the elements), and the collector's passes over the
     # whole heap meanwhile took half the read's time (issue 35; daemon/main.py pauses it

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 
 import pytest
 from daemon_proc import config_text, wait_for
@@ -70,3 +71,19 @@ def test_json_lines_with_the_problem_position_and_the_level_from_the_environment
     assert lines and all(
         re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (WARNING|ERROR) netlimitd: ", x) for x in lines
     )
+
+
+def test_sigusr1_writes_every_threads_stack_to_the_log_and_the_daemon_goes_on(daemon_factory):
+    """Where a daemon hangs (the soak once saw one not stop within 40 s of SIGTERM):
+    `kill -USR1` makes it write every thread's stack to stderr, from a C handler that
+    answers even when the main thread is stuck in a call; the daemon keeps running."""
+    d = daemon_factory(config_text())
+    d.start()
+    size = d.log.stat().st_size
+    assert d.proc is not None
+    d.proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: "Current thread" in d.log.read_text()[size:], 10, "the stacks")
+    dump = d.log.read_text()[size:]
+    assert "service.py" in dump and "Thread 0x" in dump, dump[-3000:]
+    assert d.status()["pid"] == d.proc.pid  # still answering
+    assert d.stop() == 0

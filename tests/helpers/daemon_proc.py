@@ -150,7 +150,19 @@ class Daemon:
     def stop(self, sig=signal.SIGTERM, timeout: float = 30) -> int:
         assert self.proc is not None
         self.proc.send_signal(sig)
-        return self.proc.wait(timeout=timeout)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # netlimitd writes every thread's stack on SIGUSR1 (faulthandler): where it hangs
+            size = self.log.stat().st_size
+            self.proc.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 5
+            while self.log.stat().st_size == size and time.monotonic() < deadline:
+                time.sleep(0.1)
+            raise AssertionError(
+                f"the daemon did not stop within {timeout} s of {signal.Signals(sig).name}; its threads:\n"
+                + self.log.read_text()[size:][-8000:]
+            ) from None
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
