@@ -234,7 +234,7 @@ async def _cold(port: int, mode: Mode, sec: Section) -> None:
     per = keys // rounds
 
     async def on(k: str) -> Any:  # what Limiter._hit does
-        d = leased.from_lease(k, lim, 1) if leased.holds_leases else None
+        d = leased.from_lease(k, lim, 1) if leased.leases else None
         return d if d is not None else await leased.hit_leasing(k, lim, 1)
 
     async def off(k: str) -> Any:

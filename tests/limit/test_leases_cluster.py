@@ -253,7 +253,7 @@ def test_a_replica_that_does_not_confirm_stops_leasing_on_its_primary(redis_clus
             finally:
                 shard.replicas[0].proc.send_signal(signal.SIGCONT)
             granted1 = st.granted
-            return answers, granted0, granted1, dict(store._unconfirmed), st
+            return answers, granted0, granted1, dict(store._aside.unconfirmed), st
         finally:
             await store.close()
 

@@ -46,7 +46,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from time import monotonic
 from typing import Any
@@ -90,7 +90,7 @@ MAX_TRACKED = 65_536
 #: path needs no division (the margin keeps it below the float rounding of the rate)
 _COLD_BELOW = HOT_RATE * TICK * (1 - 1e-9)
 #: slots of the first-sight marks (LeaseClock._marks: one byte each, 256 KiB); two keys
-#: in one slot (or a mark 255 ticks old) only make a key counted from its first sight
+#: in one slot only make a key counted from its first sight
 #: instead of its second -- never more than its own sights: a cold key stays cold
 _MARK_SLOTS = 1 << 18
 _MARK_MASK = _MARK_SLOTS - 1
@@ -153,6 +153,22 @@ class LeaseStats:
     unconfirmed: int = 0  # ... not confirmed in time: the lease was dropped (its units stay counted)
 
 
+@dataclass(slots=True)
+class _Aside:
+    """What a LeasedRedisStore keeps off the decision's path, in one attribute: a store
+    instance with more than 29 attributes loses CPython 3.11's shared-key attribute
+    fast path, which every cold decision's attribute reads pay (issue 33)."""
+
+    #: the give-back sweep under way (LeasedRedisStore._sweep_due)
+    sweeping: asyncio.Task | None = None
+    #: renewals ahead under way (RENEW_AT)
+    renewals: set[asyncio.Task] = field(default_factory=set)
+    #: per primary (address): (its replicas as ROLE said, until when that is trusted)
+    replicas: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: per primary (address): until when it grants no lease (a replica did not confirm)
+    unconfirmed: dict[str, float] = field(default_factory=dict)
+
+
 _LEASE_LUA: dict[str, tuple[str, bytes]] = {}
 
 
@@ -180,13 +196,11 @@ class LeaseClock:
     _leases: dict[str, Lease]
     _cur: dict[str, int]
     _prev: dict[str, int]
-    _tick_start: float
     _tick_end: float
     _idle: asyncio.TimerHandle | None
     _marks: bytearray
     _stamp: int
-    _stamp_prev: int
-    _marking: bool
+    _fresh: int
     _marked_at: int
     lease_stats: LeaseStats
 
@@ -199,21 +213,22 @@ class LeaseClock:
     def _start_clock(self, marks: bool = False) -> None:
         self._cur = {}
         self._prev = {}
-        self._tick_start = monotonic()
-        self._tick_end = self._tick_start + TICK
+        #: when this tick ends (it began TICK before)
+        self._tick_end = monotonic() + TICK
         #: the idle sweep: leases past their time are given back even when no decision comes
         self._idle = None
         #: first sights (``marks``: LeasedRedisStore.hit_leasing): per slot ``hash(key) &
         #: _MARK_MASK``, the tick a key of the slot was last seen in (its stamp, 1-255, 0:
         #: never); a key is counted in ``_cur`` from its second sight over this tick and the
-        #: last on (fixed size, no key kept, nothing to clear at a roll)
+        #: last on (fixed size, no key kept; zeroed when the stamps wrap, every 255 ticks)
         self._marks = bytearray(_MARK_SLOTS if marks else 0)
-        self._stamp = 1  # this tick's
-        self._stamp_prev = 0  # the last one's (0: the last tick is not the previous one)
+        self._stamp = 1  # this tick's (the stamps only grow: the table is cleared when they start again)
+        #: a mark at least this is of this tick or the last (the last one's stamp, or this
+        #: one's when the last tick is not the previous one)
+        self._fresh = 1
         #: first sights are being marked: the timer rolls the ticks (no decision reads the
-        #: clock), while leasing decisions come (their count at the last roll)
-        self._marking = False
-        self._marked_at = 0
+        #: clock) while leasing decisions come (their count at the last roll; -1: not marking)
+        self._marked_at = -1
 
     def _sweep_due(self, now: float) -> None:
         raise NotImplementedError
@@ -231,16 +246,18 @@ class LeaseClock:
 
     def _rate(self, k: str, now: float) -> float:
         """Decisions per second on ``k`` over the previous tick and this one."""
-        return (self._prev.get(k, 0) + self._cur.get(k, 0)) / (TICK + (now - self._tick_start))
+        return (self._prev.get(k, 0) + self._cur.get(k, 0)) / (TICK + TICK + (now - self._tick_end))
 
     def _roll(self, now: float) -> None:
         on = now - self._tick_end < TICK  # the last tick is the previous one (no tick without a roll between)
         self._prev = self._cur if on else {}
         self._cur = {}
         t = self._stamp
-        self._stamp_prev = t if on else 0
-        self._stamp = t % 255 + 1
-        self._tick_start = now
+        if t == 255:  # the stamps start again from an empty table (256 KiB zeroed every 25.5 s at most)
+            self._marks[:] = bytes(len(self._marks))
+            t = 0
+        self._stamp = t + 1
+        self._fresh = t if on and t else t + 1
         self._tick_end = now + TICK
         if self._leases:
             self._sweep_due(now)
@@ -250,7 +267,7 @@ class LeaseClock:
         store that goes quiet still gives back what it did not use when its leases end,
         not at its next decision (which may come after the window: early denials for
         every other process until then); the marks age without a clock read per decision."""
-        if self._idle is None and (self._leases or self._marking):
+        if self._idle is None and (self._leases or self._marked_at >= 0):
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # outside a loop (tests of the rate alone): the next decision sweeps
@@ -263,7 +280,6 @@ class LeaseClock:
         now = monotonic()
         if now >= self._tick_end:
             self._roll(now)
-        self._marking = True
         self._marked_at = self.lease_stats.decisions
         self._arm()
 
@@ -272,10 +288,9 @@ class LeaseClock:
         now = monotonic()
         if now >= self._tick_end:
             self._roll(now)
-            if self._marking:  # the ticks go on while leasing decisions come
+            if self._marked_at >= 0:  # the ticks go on while leasing decisions come
                 n = self.lease_stats.decisions
-                self._marking = n != self._marked_at
-                self._marked_at = n
+                self._marked_at = n if n != self._marked_at else -1
         self._arm()
 
     def _take_due(self, now: float, everything: bool = False, most: int | None = None) -> list[tuple[str, Lease]]:
@@ -308,28 +323,40 @@ class LeasedRedisStore(LeaseClock, RedisStore):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.lease_stats = LeaseStats()
+        self._stats = LeaseStats()
+        #: cold decisions (hit_leasing's one-trip path) not yet added to the stats' decisions
+        #: and round trips (one counter on the cold path instead of two: :attr:`lease_stats`)
+        self._cold = 0
         self._leases: dict[str, Lease] = {}
-        self._sweeping: asyncio.Task | None = None
+        #: the leases in hand (the same dict, never replaced; read-only outside): the limiter
+        #: asks from_lease only while it is not empty (an attribute read, not a call)
+        self.leases = self._leases
         #: the keys whose lease call is under way (other decisions on them wait for it)
         self._inflight: dict[str, asyncio.Future] = {}
-        #: per primary (address): (its replicas as ROLE said, until when that is trusted)
-        self._replicas: dict[str, tuple[int, float]] = {}
-        #: renewals ahead under way (RENEW_AT)
-        self._renewals: set[asyncio.Task] = set()
-        #: per primary (address): until when it grants no lease (a replica did not confirm)
-        self._unconfirmed: dict[str, float] = {}
+        self._aside = _Aside()
         #: per Limit._ns: whether its rule leases here (hit_leasing; bounded by MAX_LIMITS)
         self._leasable: dict[str, bool] = {}
         self._start_clock(marks=True)
 
+    @property
+    def lease_stats(self) -> LeaseStats:  # type: ignore[override]  # LeaseClock declares it; read-only here
+        """The counters (:class:`LeaseStats`), the cold decisions counted so far included."""
+        st = self._stats
+        n = self._cold
+        if n:
+            self._cold = 0
+            st.decisions += n
+            st.round_trips += n
+        return st
+
     def _sweep_due(self, now: float) -> None:
-        if self._sweeping is None or self._sweeping.done():
+        a = self._aside
+        if a.sweeping is None or a.sweeping.done():
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # called outside a loop (tests of the rate alone): no sweep
                 return
-            self._sweeping = loop.create_task(self._sweep(now))
+            a.sweeping = loop.create_task(self._sweep(now))
 
     # -- the decision -------------------------------------------------------------
 
@@ -346,7 +373,7 @@ class LeasedRedisStore(LeaseClock, RedisStore):
         self._seen(k, now)
         if now >= ls.until:
             return None
-        st = self.lease_stats
+        st = self._stats
         d = _new(Decision)
         d.limit = limit._cap  # the limit (windows), the burst (buckets)
         d.reset = ls.resets - now if ls.resets > now else 0.0
@@ -377,13 +404,16 @@ class LeasedRedisStore(LeaseClock, RedisStore):
 
         Not a coroutine itself: a cold key -- no lease, no call under way, fewer
         sights over this tick and the last than a hot key needs
-        (:data:`_COLD_BELOW`) -- is counted here (:meth:`LeaseClock._seen`,
-        written out) and handed :meth:`RedisStore.hit`'s own coroutine, so the
-        long tail of per-address keys pays one dict update and a clock read for
+        (:data:`_COLD_BELOW`) -- is handed :meth:`RedisStore.hit`'s own coroutine.
+        Its first sight over this tick and the last is only a mark (a byte in
+        ``_marks``: no clock read, nothing kept per key), and it is counted in
+        one int (``_cold``, folded into :attr:`lease_stats` when read), so the
+        long tail of per-address keys pays a hash and a few attribute reads for
         leases, no extra coroutine level (issue 33: cold keys within 0.9-1.1x of
         leases off)."""
-        leases = self._leasable.get(limit._ns)
-        if leases is None:
+        try:
+            leases = self._leasable[limit._ns]
+        except KeyError:
             leases = self._learn(limit)
         if not leases or cost <= 0:
             return self.hit(key, limit, cost)
@@ -393,8 +423,7 @@ class LeasedRedisStore(LeaseClock, RedisStore):
                 return self._hit_leasing(key, limit, cost, k, -1.0)
         m = self._marks
         h = hash(key) & _MARK_MASK
-        s = m[h]
-        if s and (s == self._stamp or s == self._stamp_prev):  # seen lately (this key, or one of its slot)
+        if m[h] >= self._fresh:  # seen over this tick or the last (this key, or one of its slot)
             k = limit._ns + key
             now = monotonic()
             if self._seen_again(k, h, now) >= _COLD_BELOW:  # may be hot: the rate decides
@@ -403,9 +432,7 @@ class LeasedRedisStore(LeaseClock, RedisStore):
             m[h] = self._stamp
             if self._idle is None:
                 self._mark()
-        st = self.lease_stats
-        st.decisions += 1
-        st.round_trips += 1
+        self._cold += 1  # a decision and its round trip (lease_stats)
         return self.hit(key, limit, cost)
 
     def _learn(self, limit: Limit) -> bool:
@@ -440,7 +467,7 @@ class LeasedRedisStore(LeaseClock, RedisStore):
             d = self.from_lease(key, limit, cost)
             if d is not None:
                 return d
-        st = self.lease_stats
+        st = self._stats
         st.decisions += 1
         st.round_trips += 1
         now = monotonic() if seen < 0 else seen
@@ -455,7 +482,8 @@ class LeasedRedisStore(LeaseClock, RedisStore):
             else:
                 st.expired_units += old.left
         hot = rate >= HOT_RATE and (old is not None or len(self._leases) < MAX_LEASES)
-        if hot and self._unconfirmed and self._unconfirmed.get(self._where_of(key, limit), 0.0) > now:
+        unconfirmed = self._aside.unconfirmed
+        if hot and unconfirmed and unconfirmed.get(self._where_of(key, limit), 0.0) > now:
             hot = False  # its replica did not confirm lately: the one-trip path (see CONFIRM_MS)
         if not hot and not back:
             return await self.hit(key, limit, cost)
@@ -524,14 +552,15 @@ class LeasedRedisStore(LeaseClock, RedisStore):
         fut = self._inflight[k] = loop.create_future()
         ls.pending = extra  # reserved in Redis before its reply comes: not reported as remaining meanwhile
         t = loop.create_task(self._renew(k, key, limit, fut, extra, ls))
-        self._renewals.add(t)  # at most one per key (the in-flight mark)
-        t.add_done_callback(self._renewals.discard)
+        self._aside.renewals.add(t)  # at most one per key (the in-flight mark)
+        t.add_done_callback(self._aside.renewals.discard)
 
     async def _renew(self, k: str, key: str, limit: Limit, fut: asyncio.Future, extra: int, was: Lease) -> None:
-        st = self.lease_stats
+        st = self._stats
         try:
             now = monotonic()
-            if self._unconfirmed and self._unconfirmed.get(self._where_of(key, limit), 0.0) > now:
+            unconfirmed = self._aside.unconfirmed
+            if unconfirmed and unconfirmed.get(self._where_of(key, limit), 0.0) > now:
                 return
             sent = monotonic()
             st.round_trips += 1
@@ -640,17 +669,18 @@ class LeasedRedisStore(LeaseClock, RedisStore):
         if node is None:  # the map was dropped meanwhile: nothing to wait on, nothing leased
             return False
         where = str(node.address)
-        st = self.lease_stats
+        st = self._stats
         now = monotonic()
         try:
-            known = self._replicas.get(where)
+            replicas = self._aside.replicas
+            known = replicas.get(where)
             if known is None or known[1] <= now:
                 st.round_trips += 1
                 role = await node.execute_command(b"ROLE")
                 n = len(role[2]) if role and role[0] == b"master" and len(role) > 2 else 0
-                if len(self._replicas) >= 1024:  # bounded: a cluster has a few primaries
-                    self._replicas.clear()
-                self._replicas[where] = known = (n, now + ROLE_TTL)
+                if len(replicas) >= 1024:  # bounded: a cluster has a few primaries
+                    replicas.clear()
+                replicas[where] = known = (n, now + ROLE_TTL)
             if known[0] == 0:
                 return True
             st.round_trips += 1
@@ -662,9 +692,10 @@ class LeasedRedisStore(LeaseClock, RedisStore):
         if int(acked) >= 1:
             return True
         st.unconfirmed += 1
-        if len(self._unconfirmed) >= 1024:
-            self._unconfirmed.clear()
-        self._unconfirmed[where] = monotonic() + UNCONFIRMED_S
+        unconfirmed = self._aside.unconfirmed
+        if len(unconfirmed) >= 1024:
+            unconfirmed.clear()
+        unconfirmed[where] = monotonic() + UNCONFIRMED_S
         log.warning("redis lease: no replica of %s confirmed within %d ms: no leases there for %.0f s",
                     where, ms, UNCONFIRMED_S)  # fmt: skip
         return False
@@ -672,7 +703,7 @@ class LeasedRedisStore(LeaseClock, RedisStore):
     async def _sweep(self, now: float, everything: bool = False) -> None:
         """Give back the unused part of the leases past their time (all of them
         with ``everything``), at most MAX_RETURNS per sweep."""
-        st = self.lease_stats
+        st = self._stats
         calls = []
         for k, ls in self._take_due(now, everything, None if everything else MAX_RETURNS):
             limit, key = _limit_key(k)
@@ -701,10 +732,11 @@ class LeasedRedisStore(LeaseClock, RedisStore):
     async def close(self) -> None:
         """Give back every lease (best effort, within the store's timeout), then close."""
         self._stop_clock()
-        if self._sweeping is not None and not self._sweeping.done():
-            await asyncio.gather(self._sweeping, return_exceptions=True)
-        if self._renewals:
-            await asyncio.gather(*self._renewals, return_exceptions=True)
+        a = self._aside
+        if a.sweeping is not None and not a.sweeping.done():
+            await asyncio.gather(a.sweeping, return_exceptions=True)
+        if a.renewals:
+            await asyncio.gather(*a.renewals, return_exceptions=True)
         if self._leases:
             await self._sweep(monotonic(), everything=True)
         await super().close()
