@@ -97,6 +97,7 @@ class BanFollower:
         # what the kernel's sets hold, read in a thread from here on (a start: the dump of
         # 100,000 prefixes is kernel time, spent beside the apply and the list's read)
         self._ahead: ReadAhead | None = None
+        self._ahead_miss: str | None = None  # why the read ahead gave nothing (status)
         if self.store_url != "memory" and hasattr(kernel, "bans_held_ahead"):
             self._ahead = ReadAhead(lambda: kernel.bans_held_ahead(config), switch=AHEAD_SWITCH)
         self.events = 0
@@ -352,7 +353,12 @@ class BanFollower:
         """What the read begun at start found in the sets (None: none, failed, too slow);
         once: a later whole write reads the sets itself."""
         ahead, self._ahead = self._ahead, None
-        return ahead.take(AHEAD_WAIT) if ahead is not None else None
+        if ahead is None:
+            return None
+        held = ahead.take(AHEAD_WAIT)
+        if held is None:  # why (status, the ready line): the early read's own reason first
+            self._ahead_miss = getattr(self.kernel, "ahead_miss", None) or ahead.why_none(AHEAD_WAIT)
+        return held
 
     def _load_prefixes(
         self, prefixes: list[tuple[int, int, int, float]], waited: float, read_s: float = 0.0
@@ -398,8 +404,8 @@ class BanFollower:
         }
         if getattr(self.kernel, "ahead_from", None):  # the read ahead: begun before the imports or beside the apply
             self.load_timings["ahead_from"] = self.kernel.ahead_from
-            if getattr(self.kernel, "ahead_miss", None):  # it gave nothing: why
-                self.load_timings["ahead_miss"] = self.kernel.ahead_miss
+            if self._ahead_miss:  # it gave nothing: why
+                self.load_timings["ahead_miss"] = self._ahead_miss
         self.loads += 1
         self.need_reload = False
         self.kernel_known = True

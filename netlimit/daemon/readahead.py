@@ -71,7 +71,7 @@ class ReadAhead:
         """Why take(bound) gave None (for status and the ready line)."""
         if not self.done.is_set():
             return f"not done in {bound:g} s"
-        return self.error or "the ruleset changed while it was read"
+        return self.error or "nothing read: the ruleset changed during the read, or the backend cannot read ahead"
 
     @classmethod
     def _lower(cls, switch: float) -> None:

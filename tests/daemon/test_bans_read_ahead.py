@@ -24,6 +24,8 @@ PREFIXES = [(4, 0x0A000000, 24, 600.0), (4, 0x0A000107, 32, 500.0), (6, 0x20010D
 class Kernel:
     """What BanFollower asks of KernelOps at a start, recorded."""
 
+    ahead_from = "apply"  # KernelOps says where its read ahead was begun
+
     def __init__(self, ahead):
         self.ahead = ahead
         self.syncs: list[tuple[list, tuple]] = []
@@ -70,6 +72,7 @@ def test_a_failed_read_ahead_leaves_the_sync_to_read_the_sets():
     f._snapshot(snapshot())
     assert [held for _p, held in k.syncs] == [()]
     assert f.first_loaded
+    assert f.load_timings["ahead_miss"] == "OSError: [Errno 105] No buffer space available"  # status says why
 
 
 def test_a_read_ahead_still_running_is_waited_for_at_most_ahead_wait(monkeypatch):
@@ -81,6 +84,7 @@ def test_a_read_ahead_still_running_is_waited_for_at_most_ahead_wait(monkeypatch
         f._snapshot(snapshot())
         assert [held for _p, held in k.syncs] == [()]
         assert f.load_timings["ahead_wait_s"] >= 0.2
+        assert f.load_timings["ahead_miss"] == "not done in 0.2 s"
     finally:
         release.set()
 
@@ -247,4 +251,5 @@ def test_a_read_ahead_says_why_it_gave_nothing():
     failed = ReadAhead(lambda: 1 / 0)
     assert failed.take(10) is None and failed.why_none(10) == "ZeroDivisionError: division by zero"
     changed = ReadAhead(lambda: None)  # held() gives None when the ruleset moved during the dump
-    assert changed.take(10) is None and changed.why_none(10) == "the ruleset changed while it was read"
+    assert changed.take(10) is None
+    assert changed.why_none(10) == "nothing read: the ruleset changed during the read, or the backend cannot read ahead"
