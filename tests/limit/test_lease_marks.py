@@ -10,6 +10,7 @@ then really leases from a real redis-server is in test_leases.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from hypothesis import assume, given, settings
@@ -56,6 +57,18 @@ ops = st.lists(
 )
 
 
+@contextlib.contextmanager
+def clock_in_leases(clock):
+    """The lease module reads `clock` for monotonic() meanwhile (a hypothesis test cannot
+    take pytest's function-scoped monkeypatch)."""
+    real = lease_mod.monotonic
+    lease_mod.monotonic = clock
+    try:
+        yield
+    finally:
+        lease_mod.monotonic = real
+
+
 @settings(max_examples=150, deadline=None)
 @given(ops)
 def test_first_sights_are_marked_repeats_counted_and_hot_keys_lease(seq):
@@ -65,8 +78,6 @@ def test_first_sights_are_marked_repeats_counted_and_hot_keys_lease(seq):
     other decision is one cold decision (and one round trip) in the stats."""
     assume(len({hash(k) & lease_mod._MARK_MASK for k in KEYS}) == len(KEYS))  # no two keys in one slot
     clock = Clock()
-    real = lease_mod.monotonic
-    lease_mod.monotonic = clock
 
     async def run() -> None:
         store, calls = recorded_store()
@@ -104,10 +115,8 @@ def test_first_sights_are_marked_repeats_counted_and_hot_keys_lease(seq):
         finally:
             store._stop_clock()
 
-    try:
+    with clock_in_leases(clock):
         asyncio.run(run())
-    finally:
-        lease_mod.monotonic = real
 
 
 def test_a_key_seen_once_per_tick_is_never_counted_even_across_a_stamp_wrap():
@@ -116,8 +125,6 @@ def test_a_key_seen_once_per_tick_is_never_counted_even_across_a_stamp_wrap():
     its second sight, also across the wrap (its mark from before it is gone: counted
     from its next sight on, never more than its own sights)."""
     clock = Clock()
-    real = lease_mod.monotonic
-    lease_mod.monotonic = clock
 
     async def run() -> None:
         store, calls = recorded_store()
@@ -148,10 +155,8 @@ def test_a_key_seen_once_per_tick_is_never_counted_even_across_a_stamp_wrap():
         finally:
             store._stop_clock()
 
-    try:
+    with clock_in_leases(clock):
         asyncio.run(run())
-    finally:
-        lease_mod.monotonic = real
 
 
 def test_the_store_keeps_few_enough_attributes_for_the_fast_attribute_path():
