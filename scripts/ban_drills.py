@@ -207,9 +207,13 @@ class Fleet:
     def timed_start(self, host: str, n: int, tree: Path | None = None, keep: bool = False) -> dict:
         """Start host's daemon under a NOTIFY_SOCKET of ours: seconds from its start to
         READY=1 (sd_notify; a thread of its own waits for it, so its time is exact) and
-        how many bans the kernel holds then; and to the kernel holding all `n` (the sets
-        counted every 0.25 s, each count timed at its start: an older netlimitd sent
-        READY before the list was loaded). The set is emptied first, as after a reboot,
+        how many bans the kernel holds then; and to the kernel holding all `n`: READY's
+        time where they were all there, else the sets counted every 0.25 s after READY,
+        each count timed at its start (an older netlimitd sent READY before the list was
+        loaded). Nothing counts the sets before READY: a count is a dump of the sets,
+        and one every 0.25 s during the daemon's write of 100,000 bans took a core of
+        this 2-core host and the sets' lock from it, which no installed start has beside
+        it. The set is emptied first, as after a reboot,
         unless `keep` (a restart after on_stop: keep or a crash: the kernel holds the
         list already). `tree`: the netlimit source tree the daemon runs from (default:
         this one)."""
@@ -251,13 +255,17 @@ class Fleet:
                  "--socket", self.daemon_sock(host)],
                 stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=tree,
             )  # fmt: skip
+            while waiter.is_alive() and time.monotonic() < deadline:  # READY first, nothing counting
+                waiter.join(0.25)
+                if self.procs[f"daemon-{host}"].poll() is not None:
+                    break
+            if got.get("at_ready", 0) >= n:  # all there when READY came
+                loaded = got["ready"]
             while loaded is None and time.monotonic() < deadline:
                 t_count = time.monotonic()
                 with contextlib.suppress(Exception):  # the sets may not exist yet
                     if (run_in_netns(self.ns[host], sets.count) or 0) >= n:
                         loaded = t_count - t0
-                if got.get("at_ready", 0) >= n:  # all there when READY came
-                    loaded = min(loaded if loaded is not None else got["ready"], got["ready"])
                 time.sleep(max(0.0, t_count + 0.25 - time.monotonic()))
             waiter.join(max(0.0, deadline - time.monotonic()))
         finally:
