@@ -260,6 +260,7 @@ SHARED = (
     "netlimit.extras",
     "netlimit.buildinfo",
     "netlimit.statusclient",
+    "netlimit.prefixes",
     "netlimit.cliutil",  # the commands' helpers: only command modules import it (test_the_registry_...)
 )
 MAY_IMPORT = {

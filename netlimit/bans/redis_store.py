@@ -29,7 +29,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .model import Ban, IPNetwork, parse_target, prefix_ints
+from ..prefixes import prefix_ints
+from .model import Ban, IPNetwork, parse_target
 from .store import AddResult, BanEvent, Snapshot
 
 log = logging.getLogger("netlimit.bans")

@@ -31,9 +31,10 @@ from typing import Any
 
 from ..bans.follow import Inbox, RedisFollower
 from ..bans.index import BanIndex, Delta
-from ..bans.model import Ban, IPNetwork, Protected, network_of, parse_target
+from ..bans.model import Ban, IPNetwork, Protected, parse_target
 from ..bans.store import BanEvent, MemoryBanList, Snapshot
 from ..logevery import LogEvery
+from ..prefixes import network_of
 from .kernel_ops import KernelOps
 from .readahead import AHEAD_SWITCH, ReadAhead
 

@@ -21,11 +21,10 @@ thread's network namespace (netns.run_in_netns).
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from typing import Protocol
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from ..prefixes import IPNetwork, network_of
 
 
 class BanSets(Protocol):
@@ -108,12 +107,6 @@ def held_ahead(sets: BanSets) -> object:
     apply and the list's read, issue 35), where the backend can (nftables); else None."""
     held = getattr(sets, "held", None)
     return held() if held is not None else None
-
-
-def network_of(version: int, first: int, plen: int) -> IPNetwork:
-    if version == 4:
-        return ipaddress.IPv4Network((first, plen))
-    return ipaddress.IPv6Network((first, plen))
 
 
 class XdpMirror:

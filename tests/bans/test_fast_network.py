@@ -1,4 +1,4 @@
-"""model.fast_network: the networks of a 100,000-ban list built with 1.6x less CPU (issue 35
+"""prefixes.fast_network (netlimit/prefixes.py): the networks of a 100,000-ban list built with 1.6x less CPU (issue 35
 item 4), and exactly ipaddress's networks, for any text."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from netlimit.bans import model
-from netlimit.bans.model import Ban, fast_network
+from netlimit import prefixes
+from netlimit.bans.model import Ban
+from netlimit.prefixes import fast_network
 
 
 def test_the_raw_construction_is_in_use_here():
-    assert model._RAW_OK  # this Python's ipaddress matches what _raw_network sets
+    assert prefixes._RAW_OK  # this Python's ipaddress matches what _raw_network sets
 
 
 def _same(text: str) -> None:
@@ -64,16 +65,16 @@ def test_bans_from_the_store_use_it():
 
 
 def _same_ints(text: str) -> None:
-    """model.prefix_ints (a restart's kernel write, issue 35) describes what fast_network
+    """prefixes.prefix_ints (a restart's kernel write, issue 35) describes what fast_network
     makes, or is None where it raises; network_of makes that network back."""
     try:
         want = fast_network(text)
     except ValueError:
-        assert model.prefix_ints(text) is None
+        assert prefixes.prefix_ints(text) is None
         return
-    got = model.prefix_ints(text)
+    got = prefixes.prefix_ints(text)
     assert got == (want.version, int(want.network_address), want.prefixlen)
-    back = model.network_of(*got)  # a scope (fe80::1%eth0) is not the kernel's: the address is
+    back = prefixes.network_of(*got)  # a scope (fe80::1%eth0) is not the kernel's: the address is
     assert back == want or ("%" in text and str(back) == str(want).replace(f"%{want.network_address.scope_id}", ""))
 
 

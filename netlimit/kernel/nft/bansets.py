@@ -7,7 +7,8 @@ import ipaddress
 import time
 from dataclasses import dataclass
 
-from ..banset import IPNetwork, by_family, list_by_family, network_of
+from ...prefixes import IPNetwork, network_of
+from ..banset import by_family, list_by_family
 from ..objects import NFT_BAN_SETS, NFT_FAMILY, NFT_KERNEL_BAN_PREFIX, NFT_TABLE
 from . import elements as nfelements
 from .netlink import NetlinkError, Socket
