@@ -68,6 +68,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from redis import exceptions as redis_exceptions  # noqa: E402
+
 from netlimit.bans.redis_store import ADD_LUA, RedisBanList, history_keys, keys  # noqa: E402 - after the sys.path entry
 from netlimit.demo import check_status  # noqa: E402
 from netlimit.kernel.banset import ban_sets  # noqa: E402
@@ -176,12 +178,28 @@ class Fleet:
 
     # processes
     def start_redis(self) -> None:
+        # a killed redis leaves its socket file behind (stop_redis, the outage drill): gone
+        # first, or the wait below finds the old path and pings before the new server binds
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.sock)
         self.procs["redis"] = subprocess.Popen(
             ["redis-server", "--port", "0", "--unixsocket", self.sock, "--unixsocketperm", "700", "--save", "",
              "--appendonly", "no", "--dir", str(self.tmp), "--logfile", str(self.tmp / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        wait_for(lambda: os.path.exists(self.sock) and self.redis().r.ping(), 10, "redis")
+        wait_for(self._redis_answers, 10, "redis")
+
+    def _redis_answers(self) -> bool:
+        """The server answers a PING on its socket (refused or not there yet: False)."""
+        if not os.path.exists(self.sock):
+            return False
+        lst = self.redis()
+        try:
+            return bool(lst.r.ping())
+        except (OSError, redis_exceptions.ConnectionError):  # not listening yet
+            return False
+        finally:
+            lst.close()
 
     def stop_redis(self) -> None:
         p = self.procs.pop("redis", None)
