@@ -828,7 +828,11 @@ class Scenario:
         def bans_rows() -> dict[str, int]:
             out = self.lim.run(nl + ["list", "--json"], timeout=120).stdout
             rows = json.loads(out).get("objects", [])
-            return {r["layer"]: r.get("packets", 0) for r in rows if r.get("rule") == "(bans)"}
+            by_layer: dict[str, int] = {}  # several (bans) rows per layer (a set per family): summed
+            for r in rows:
+                if r.get("rule") == "(bans)":
+                    by_layer[r["layer"]] = by_layer.get(r["layer"], 0) + (r.get("packets") or 0)
+            return by_layer
 
         conf = ["--config", self.deploy.config_path]
         self.lim.run(nl + ["ban", "add", f"{src}/32", "--ttl", "10m", "--reason", "scenario xdp phase", *conf])
