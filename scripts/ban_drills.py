@@ -596,12 +596,18 @@ def xdp_drops(f: Fleet, host: str) -> dict:
     for item in listing["nftables"]:
         exprs = item.get("rule", {}).get("expr", [])
         sets = {str(e["match"]["right"]) for e in exprs if "match" in e}
-        if any(s in ("@bans4", "@bans6") for s in sets):
+        if any(s in ("@bans4", "@bans6", "@banhosts4", "@banhosts6") for s in sets):
             input_bans += sum(e["counter"]["packets"] for e in exprs if "counter" in e)
     return {"xdp_banned": banned, "input_chain_bans": input_bans}
 
 
 # --- load: a large list into the kernel -----------------------------------------------------------
+
+
+def ban_elements() -> list:
+    """Every element of the ban list's nftables sets (the addresses' hash sets and the
+    prefixes' interval sets, both families): each start once means each ban once."""
+    return [e for name in ("banhosts4", "bans4", "banhosts6", "bans6") for e in nfelements.read("netlimit", name) or []]
 
 
 def many_bans(n: int, seed: int = 7) -> dict:
@@ -655,8 +661,7 @@ def load(f: Fleet, n: int) -> dict:
         read_s = time.monotonic() - t0
         kernel_ok = set(held) == set(bans)
         if f.backend == "nftables":
-            els = run_in_netns(host, lambda: nfelements.read("netlimit", "bans4")) or []
-            starts = [e.key for e in els if not e.end]
+            starts = [e.key for e in run_in_netns(host, ban_elements) if not e.end]
             kernel_ok = kernel_ok and len(starts) == len(set(starts))
         run_in_netns(host, lambda: sets.replace({}))
     finally:
@@ -809,10 +814,7 @@ def restart(f: Fleet, n: int) -> dict:
         after = f.kernel("b")
         dupes = 0
         if f.backend == "nftables":
-            els = run_in_netns(f.ns["b"], lambda: nfelements.read("netlimit", "bans4") or []) + (
-                run_in_netns(f.ns["b"], lambda: nfelements.read("netlimit", "bans6") or [])
-            )
-            starts = [e.key for e in els if not e.end]
+            starts = [e.key for e in run_in_netns(f.ns["b"], ban_elements) if not e.end]
             dupes = len(starts) - len(set(starts))
         lst.flush()
     finally:

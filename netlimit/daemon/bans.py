@@ -627,9 +627,14 @@ class BanFollower:
     def kernel_sizes(self) -> dict[str, int]:
         """The ban sets' sizes as written (what `counters` shows instead of counting them)."""
         n = {4: 0, 6: 0}
+        hosts = {4: 0, 6: 0}  # nftables: single addresses in banhosts4/6, wider prefixes in bans4/6
         for net in list(self.index.shown):  # one C-level copy: the main loop may be changing it
             n[net.version] += 1
-        return {"bans4": n[4], "bans6": n[6], "netlimit-bans4": n[4], "netlimit-bans6": n[6]}
+            hosts[net.version] += net.prefixlen == net.max_prefixlen
+        return {
+            "banhosts4": hosts[4], "banhosts6": hosts[6], "bans4": n[4] - hosts[4], "bans6": n[6] - hosts[6],
+            "netlimit-bans4": n[4], "netlimit-bans6": n[6],
+        }  # fmt: skip
 
     def status(self) -> dict[str, Any]:
         r = self.redis

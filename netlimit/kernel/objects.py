@@ -163,10 +163,12 @@ NFT_INGRESS_CHAIN = "ingress"
 NFT_INGRESS_PRIORITY = -500
 NFT_RULE_CHAIN_PREFIX = "rule-"  # each network rule's own chain: rule-<name>, jumped to in file order
 NFT_TAG_LEN = 12  # hex digits of the fingerprint in every comment
-# The ban list every netlimitd follows (netlimit.bans): one interval set per family whose
-# elements (prefix + timeout) the daemon writes; a rule's own bans (escalate on a network
-# rule) go to a dynamic set per rule and family that the packet path fills itself.
+# The ban list every netlimitd follows (netlimit.bans): per family, a hash set of single
+# addresses (/32, /128: most bans) and an interval set of wider prefixes, whose elements
+# (key + timeout) the daemon writes; a rule's own bans (escalate on a network rule) go to
+# a dynamic set per rule and family that the packet path fills itself.
 NFT_BAN_SETS = {4: "bans4", 6: "bans6"}
+NFT_BAN_HOST_SETS = {4: "banhosts4", 6: "banhosts6"}
 NFT_DENY_SETS = {4: "deny4", 6: "deny6"}  # the file's `deny:` list (interval sets, no timeout)
 NFT_KERNEL_BAN_PREFIX = "kban"  # kban4-<rule>: sources a network rule's escalation banned
 NFT_ESCALATE_PREFIX = "esc"  # esc4-<rule>: over-limit packets per source, counted for escalation

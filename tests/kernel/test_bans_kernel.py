@@ -95,7 +95,11 @@ def test_banned_sources_are_dropped_until_their_ban_ends(topo, any_backend):
     assert dropped(topo, any_backend) == 60
     rows = reconcile.list_owned(topo.srv, backend=any_backend)
     sizes = {r["table"]: r["table_entries"] for r in rows if r["rule"] == "(bans)" and r.get("table")}
-    assert sorted(sizes.values()) == [0, 3] and any("bans4" in k for k, v in sizes.items() if v == 3), sizes
+    # nftables: the addresses in banhosts4, the /24 in bans4; ipset: all in netlimit-bans4
+    v4 = {k: v for k, v in sizes.items() if k.endswith("4")}
+    assert sum(v4.values()) == 3 and sum(sizes.values()) == 3, sizes
+    want4 = {"set banhosts4": 2, "set bans4": 1} if any_backend == "nftables" else {"ipset netlimit-bans4": 3}
+    assert v4 == want4, sizes
 
 
 def test_applies_leave_the_elements_alone(topo, any_backend):
@@ -167,13 +171,15 @@ def test_what_the_sets_hold_read_fast_and_written_as_a_difference(topo):
     run_in_netns(topo.srv, lambda: s.replace(bans))
 
     def held():
-        return {
-            **{N((a, p)): ms for (a, p), ms in (nfelements.held_prefixes("netlimit", "bans4", 4) or {}).items()},
-            **{
-                ipaddress.IPv6Network((a, p)): ms
-                for (a, p), ms in (nfelements.held_prefixes("netlimit", "bans6", 16) or {}).items()
-            },
-        }
+        out = {}
+        for width, make in ((4, ipaddress.IPv4Network), (16, ipaddress.IPv6Network)):
+            v = 4 if width == 4 else 6
+            for found in (
+                nfelements.held_prefixes("netlimit", f"bans{v}", width),
+                nfelements.held_addresses("netlimit", f"banhosts{v}", width),
+            ):
+                out.update({make((a, p)): ms for (a, p), ms in (found or {}).items()})
+        return out
 
     got = run_in_netns(topo.srv, held)
     assert set(got) == set(bans)
@@ -186,10 +192,20 @@ def test_what_the_sets_hold_read_fast_and_written_as_a_difference(topo):
     assert (done["write"], done["added"], done["removed"]) == ("diff", 1, 2), done
     after = run_in_netns(topo.srv, held)
     assert set(after) == set(bans) - {N("10.0.0.0/24")} and after[N("10.0.2.7/32")] > 800_000
-    for odd in ("10.9.0.1-10.9.0.5 timeout 1h", "10.9.1.0/24"):  # a range; no timeout
-        subprocess.run(["ip", "netns", "exec", topo.srv, "nft", "add", "element", "inet", "netlimit", "bans4",
+    addresses = run_in_netns(topo.srv, lambda: nfelements.held_addresses("netlimit", "banhosts4", 4))
+    assert list(addresses or {}) == [(int(ipaddress.ip_address("10.0.2.7")), 32)], (
+        addresses
+    )  # the hash set: addresses only
+    for where, odd in (
+        ("bans4", "10.9.0.1-10.9.0.5 timeout 1h"),  # a range
+        ("bans4", "10.9.1.0/24"),  # no timeout
+        ("banhosts4", "10.9.2.2"),  # no timeout
+        ("bans4", "10.9.3.3 timeout 1h"),  # an address in the interval set, as netlimit wrote it before
+    ):
+        subprocess.run(["ip", "netns", "exec", topo.srv, "nft", "add", "element", "inet", "netlimit", where,
                         f"{{ {odd} }}"], check=True, capture_output=True)  # fmt: skip
-        assert run_in_netns(topo.srv, lambda: nfelements.held_prefixes("netlimit", "bans4", 4)) is None
+        assert run_in_netns(topo.srv, s._read_held) is None, odd
         done = run_in_netns(topo.srv, lambda: s.sync_prefixes(less))
-        assert done["write"] == "whole"
+        assert done["write"] == "whole", (odd, done)
         assert set(run_in_netns(topo.srv, held)) == set(after)
+        assert set(run_in_netns(topo.srv, s.read)) == set(after)

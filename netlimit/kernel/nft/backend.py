@@ -56,6 +56,7 @@ from ..objects import (
     COMMENT_DENY,
     COMMENT_EXEMPT,
     COMMENT_PREFIX,
+    NFT_BAN_HOST_SETS,
     NFT_BAN_SETS,
     NFT_DENY_SETS,
     NFT_FAMILY,
@@ -542,15 +543,15 @@ class NftablesBackend:
                 if dyn:
                     first_set[r.handle] = dyn[0]
         wanted = sorted(set(first_set.values()))
-        intervals = [n for n in wanted if n in NFT_BAN_SETS.values()]
+        ban_sets = [n for n in wanted if n in NFT_BAN_SETS.values() or n in NFT_BAN_HOST_SETS.values()]
         denied = [n for n in wanted if n in NFT_DENY_SETS.values()]  # static: counted always
         sizes = (
-            nfnetlink.set_sizes(NFT_TABLE, [n for n in wanted if n not in intervals + denied], NFT_FAMILY)
+            nfnetlink.set_sizes(NFT_TABLE, [n for n in wanted if n not in ban_sets + denied], NFT_FAMILY)
             if wanted
             else {}
         )
         if self.count_bans:
-            sizes.update(ban_set_sizes(intervals))
+            sizes.update(ban_set_sizes(ban_sets))
         sizes.update(ban_set_sizes(denied))
         rows: list[dict[str, Any]] = []
         for chain, rules in t.rules.items():
@@ -580,7 +581,7 @@ class NftablesBackend:
 
 
 def ban_set_sizes(names: list[str]) -> dict[str, int]:
-    """Prefixes in each interval set (an interval is two elements: count its starts)."""
+    """Prefixes in each ban set (an interval is two elements: count its starts)."""
     from . import elements as nfelements
 
     out: dict[str, int] = {}

@@ -55,6 +55,7 @@ from ..objects import (
     COMMENT_BANS,
     COMMENT_DENY,
     COMMENT_EXEMPT,
+    NFT_BAN_HOST_SETS,
     NFT_BAN_SETS,
     NFT_CHAINS,
     NFT_DENY_SETS,
@@ -370,12 +371,20 @@ def compile_nft(config: Config, ingress_problem: str | None = None) -> NftTable:
                 head.rule(c.name, family, "", body, [s], "deny: always dropped", owner=COMMENT_DENY)
     if config.bans_on:  # after exempt (never banned), before every limit
         for family in (4, 6):
+            # single addresses in a hash set (one element each, O(1) per packet), wider
+            # prefixes in an interval set (two elements each): a start writes 100,000
+            # bans into both (issue 35), the kernel's time goes with the elements
+            hosts = head.set(
+                NFT_BAN_HOST_SETS[family], f"type {ADDR_TYPE[family]}; flags timeout;", "", "", owner=COMMENT_BANS
+            )
             s = head.set(
                 NFT_BAN_SETS[family], f"type {ADDR_TYPE[family]}; flags interval,timeout;", "", "", owner=COMMENT_BANS
             )
             for c in bases:
-                body = f"meta nfproto {NFPROTO[family]} {ADDR[family]} saddr @{s.name} counter drop"
-                head.rule(c.name, family, "", body, [s], "banned (netlimit ban list)", owner=COMMENT_BANS)
+                for banned, what in ((hosts, "address"), (s, "prefix")):
+                    body = f"meta nfproto {NFPROTO[family]} {ADDR[family]} saddr @{banned.name} counter drop"
+                    note = f"banned {what} (netlimit ban list)"
+                    head.rule(c.name, family, "", body, [banned], note, owner=COMMENT_BANS)
         for family, key, bans in kernel_bans:
             for c in bases:
                 body = f"meta nfproto {NFPROTO[family]} {key} @{bans.name} counter drop"

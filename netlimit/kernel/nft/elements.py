@@ -401,6 +401,28 @@ def _held_pattern(width: int):
 _first = operator.itemgetter(0)
 
 
+def held_addresses(table: str, set_name: str, width: int, family: str = "inet") -> dict[tuple[int, int], int] | None:
+    """held_prefixes() of a hash set of single addresses with timeouts (each element as
+    an interval's start is: its key and its time left): (address, full length) ->
+    milliseconds left. None when the set is missing or holds anything else."""
+    msgs = _dump(table, set_name, family)
+    if msgs is None:
+        return None
+    pat, _end_len, start_len = _held_pattern(width)
+    bits = 8 * width
+    out: dict[tuple[int, int], int] = {}
+    for buf in msgs:
+        for typ, off, ln in walk(buf, 0, len(buf)):
+            if typ != NFTA_SET_ELEM_LIST_ELEMENTS:
+                continue
+            found = pat.findall(buf, off, off + ln)
+            if len(found) * start_len != ln or any(map(_first, found)):
+                return None  # not every element is of netlimit's form (an interval's end: not a hash set)
+            for _e, a, left in found:
+                out[(int.from_bytes(a, "big"), bits)] = int.from_bytes(left, "big")
+    return out
+
+
 def held_prefixes(table: str, set_name: str, width: int, family: str = "inet") -> dict[tuple[int, int], int] | None:
     """What an interval set of prefixes with timeouts holds: (first address, prefix
     length) -> milliseconds left, read with one dump and matched as bytes (read() makes
