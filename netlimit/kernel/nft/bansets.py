@@ -42,13 +42,9 @@ class Held:
     at: float  # time.monotonic() at the read's end (the times left count down from then)
 
 
-def _hosts_and_nets(bans: dict[IPNetwork, float]) -> tuple[dict[IPNetwork, float], dict[IPNetwork, float]]:
-    """The single addresses (for the hash set) and the wider prefixes (the interval set)."""
-    hosts: dict[IPNetwork, float] = {}
-    nets: dict[IPNetwork, float] = {}
-    for n, left in bans.items():
-        (hosts if n.prefixlen == n.max_prefixlen else nets)[n] = left
-    return hosts, nets
+def _is_address(n: IPNetwork) -> bool:
+    """A single address (the hash set's), not a wider prefix (the interval set's)."""
+    return n.prefixlen == n.max_prefixlen
 
 
 def _changes(add: dict[IPNetwork, float], remove: list[IPNetwork], flush: bool) -> list[nfelements.Change]:
@@ -56,11 +52,10 @@ def _changes(add: dict[IPNetwork, float], remove: list[IPNetwork], flush: bool) 
     a, r = by_family(add), list_by_family(remove)
     out: list[nfelements.Change] = []
     for f in (4, 6):
-        hosts, nets = _hosts_and_nets(a[f])
-        gone_hosts = [n for n in r[f] if n.prefixlen == n.max_prefixlen]
-        gone_nets = [n for n in r[f] if n.prefixlen != n.max_prefixlen]
-        out.append(nfelements.Change(NFT_TABLE, NFT_BAN_HOST_SETS[f], False, flush=flush, add=hosts, delete=gone_hosts))
-        out.append(nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, flush=flush, add=nets, delete=gone_nets))
+        for name, addresses in ((NFT_BAN_HOST_SETS[f], True), (NFT_BAN_SETS[f], False)):
+            adds = {n: left for n, left in a[f].items() if _is_address(n) is addresses}
+            gone = [n for n in r[f] if _is_address(n) is addresses]
+            out.append(nfelements.Change(NFT_TABLE, name, not addresses, flush=flush, add=adds, delete=gone))
     return out
 
 
@@ -166,10 +161,11 @@ class NftBanSets:
             for v, a, p, left in prefixes:
                 if v != f:
                     continue
+                start = head + nfelements.to_timeout_ms(left).to_bytes(8, "big") + key + a.to_bytes(width, "big")
                 if p == bits:
-                    host(head + nfelements.to_timeout_ms(left).to_bytes(8, "big") + key + a.to_bytes(width, "big"))
+                    host(start)
                     continue
-                add(head + nfelements.to_timeout_ms(left).to_bytes(8, "big") + key + a.to_bytes(width, "big"))
+                add(start)
                 after = a + (1 << (bits - p))
                 if after < top:
                     add(tail + key + after.to_bytes(width, "big"))
