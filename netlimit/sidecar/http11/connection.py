@@ -253,8 +253,8 @@ class HttpConnection(asyncio.Protocol):
         except httptools.HttpParserCallbackError as exc:  # our own callback failed: not the client's fault
             self.refuse(self._failed(exc.__context__ or exc))
             return
-        except httptools.HttpParserError as exc:
-            self.refuse(self._parse_error(exc))
+        except httptools.HttpParserError as bad:
+            self.refuse(self._parse_error(bad))
             return
         if self.in_head:
             self._head_goes_on(data, head)
@@ -524,8 +524,8 @@ class HttpConnection(asyncio.Protocol):
                     out = responses.problem(exc.status, responses.REASONS.get(exc.status, "Error"), exc.detail,
                                             keep=False)  # fmt: skip
                     req.keep = False
-                except Exception as exc:  # never out of data_received: one 500, one bounded log line
-                    err = self._failed(exc)
+                except Exception as bug:  # never out of data_received: one 500, one bounded log line
+                    err = self._failed(bug)  # (a name of its own per except: mypyc, netlimit/compiled.py)
                     out = responses.problem(500, "Internal Server Error", err.detail, keep=False)
                     req.keep = False
             if isinstance(out, bytes):
@@ -546,8 +546,8 @@ class HttpConnection(asyncio.Protocol):
             req.keep = False
         except (asyncio.CancelledError, ConnectionError):
             raise
-        except Exception as exc:  # never leave the connection hanging; the log stays bounded
-            err = self._failed(exc)
+        except Exception as bug:  # never leave the connection hanging; the log stays bounded
+            err = self._failed(bug)
             out = responses.problem(500, "Internal Server Error", err.detail, keep=False)
             req.keep = False
         self.task = None

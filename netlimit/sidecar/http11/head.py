@@ -196,7 +196,7 @@ _LISTS = {"transfer-encoding": _JOINED, "x-forwarded-for": XFF}
 #: (the field's bit in Request._seen if it may appear once, whether tabs around its
 #: value are refused, whether its lines are joined: _LISTS)
 SPECIAL = {name: (1 << i if name in _UNIQUE else 0, name in _EDGE_TAB, _LISTS.get(name, 0))
-            for i, name in enumerate(sorted(_UNIQUE | _EDGE_TAB | _LISTS.keys()))}  # fmt: skip
+            for i, name in enumerate(sorted({*_UNIQUE, *_EDGE_TAB, *_LISTS}))}  # fmt: skip
 HOST_BIT = SPECIAL["host"][0]
 _HOSTS_OK: dict[str, bool] = {}  # Host values checked (they repeat: checked once)
 #: the authority of an absolute-form target, as nginx parses it: letters, digits, '.'
