@@ -17,6 +17,7 @@ APT_PACKAGES=(
   goaccess                           # the log analyser the simulate benchmark is measured beside
   systemd systemd-container debootstrap util-linux   # units tested under a real systemd (nspawn)
   python3-venv                       # the package's virtual environment
+  gcc libc6-dev python3-dev          # the compiled door (netlimit/compiled.py: mypyc's C), built by the release and tests/sidecar/test_compiled_door.py
   # the release (scripts/release.sh, scripts/release-test.sh): sdist/wheel, the .deb with
   # its lint, pipx for the install check, the OCI image of the sidecar
   python3-build debhelper dh-virtualenv lintian pipx buildah podman runc uidmap

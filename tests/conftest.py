@@ -27,6 +27,22 @@ if str(HELPERS) not in sys.path:
 from netns_topo import REQUIRED, Topo, _seq, _setup, _sh, require  # noqa: E402 - after the sys.path entry
 from redis_proc import RedisServer, _free_port, _require_redis_server  # noqa: E402 - after the sys.path entry
 
+# --- the compiled door ------------------------------------------------------------------
+
+
+def pytest_sessionstart(session):
+    """tests/sidecar/test_compiled_door.py runs the door's tests on the release build:
+    they must not quietly run on the source tree's Python instead."""
+    if os.environ.get("NETLIMIT_EXPECT_COMPILED") != "1":
+        return
+    import netlimit.sidecar.server  # noqa: F401  (imports every compiled module)
+    from netlimit import compiled
+
+    missing = sorted(set(compiled.module_names()) - set(compiled.running()))
+    if missing:
+        raise pytest.UsageError(f"NETLIMIT_EXPECT_COMPILED=1, but these run in Python: {', '.join(missing)}")
+
+
 # --- markers from fixtures -----------------------------------------------------------------
 
 # What a fixture needs from the environment is the test's marker too, so `-m "not redis"`

@@ -261,6 +261,7 @@ SHARED = (
     "netlimit.buildinfo",
     "netlimit.statusclient",
     "netlimit.prefixes",
+    "netlimit.compiled",  # setup.py reads it too: standard library only
     "netlimit.cliutil",  # the commands' helpers: only command modules import it (test_the_registry_...)
 )
 MAY_IMPORT = {

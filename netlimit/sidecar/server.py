@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..compiled import running as compiled_modules
 from ..config.model import redis_url_problem
 from ..errors import NetlimitError
 from ..extras import missing as missing_extra
@@ -216,7 +217,8 @@ async def _main_listener(
     mode = f"proxy to {sc.upstream}" if proxy else "decision and operator endpoints"
     rs = sc.limiter.rules
     log.info(
-        "listening on http://%s (%s; domain%s %s, %d rules, store %s, on_store_failure %s; HTTP parser llhttp %s)",
+        "listening on http://%s (%s; domain%s %s, %d rules, store %s, on_store_failure %s; "
+        "HTTP parser llhttp %s; door %s)",
         _shown(s, host, port),
         mode,
         "s" if len(rs.domains) > 1 else "",
@@ -225,6 +227,7 @@ async def _main_listener(
         "memory" if sc.storage == "memory" else "redis",
         sc.limiter.on_store_failure,
         _llhttp_version(),
+        "compiled (mypyc)" if compiled_modules() else "in Python (not compiled: netlimit/compiled.py)",
     )
     if not proxy:  # decision mode: this listener is the decision door (proxy mode: the public's)
         warn_exposed("decision listener", _shown(s, host, port), _bound(s, host), sc.admin_token is not None)

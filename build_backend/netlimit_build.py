@@ -1,0 +1,26 @@
+"""setuptools' build backend, plus mypy (for mypyc) among the build's requirements
+when NETLIMIT_MYPYC=1 asks for the compiled door (setup.py, netlimit/compiled.py).
+A build without the variable needs only setuptools, as before."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from setuptools import build_meta as _setuptools
+from setuptools.build_meta import *  # noqa: F403  (every hook as setuptools has it)
+
+#: the mypy (hence mypyc) the lint uses too (pyproject.toml's test extra)
+MYPYC = "mypy==2.4.1"
+
+
+def _compiler() -> list[str]:
+    return [MYPYC] if os.environ.get("NETLIMIT_MYPYC") == "1" else []
+
+
+def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:
+    return _setuptools.get_requires_for_build_wheel(config_settings) + _compiler()
+
+
+def get_requires_for_build_editable(config_settings: dict[str, Any] | None = None) -> list[str]:
+    return _setuptools.get_requires_for_build_editable(config_settings) + _compiler()
