@@ -6,7 +6,9 @@ import os
 from setuptools import setup
 
 ext_modules = []
-if os.environ.get("NETLIMIT_MYPYC") == "1":
+# NETLIMIT_MYPYC_ASKING: the build backend is only listing what the build needs
+# (build_backend/netlimit_build.py), mypy is not installed yet
+if os.environ.get("NETLIMIT_MYPYC") == "1" and not os.environ.get("NETLIMIT_MYPYC_ASKING"):
     from mypyc.build import mypycify
 
     ns: dict = {}

@@ -18,9 +18,19 @@ def _compiler() -> list[str]:
     return [MYPYC] if os.environ.get("NETLIMIT_MYPYC") == "1" else []
 
 
+def _asking(hook: Any, config_settings: dict[str, Any] | None) -> list[str]:
+    """setuptools runs setup.py to list the requirements, before mypy is installed:
+    setup.py leaves the extensions out while this is set."""
+    os.environ["NETLIMIT_MYPYC_ASKING"] = "1"
+    try:
+        return list(hook(config_settings)) + _compiler()
+    finally:
+        del os.environ["NETLIMIT_MYPYC_ASKING"]
+
+
 def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:
-    return _setuptools.get_requires_for_build_wheel(config_settings) + _compiler()
+    return _asking(_setuptools.get_requires_for_build_wheel, config_settings)
 
 
 def get_requires_for_build_editable(config_settings: dict[str, Any] | None = None) -> list[str]:
-    return _setuptools.get_requires_for_build_editable(config_settings) + _compiler()
+    return _asking(_setuptools.get_requires_for_build_editable, config_settings)
