@@ -5,17 +5,20 @@ A build without the variable needs only setuptools, as before."""
 from __future__ import annotations
 
 import os
+import tomllib
 from typing import Any
 
 from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F403  (every hook as setuptools has it)
 
-#: the mypy (hence mypyc) the lint uses too (pyproject.toml's test extra)
-MYPYC = "mypy==2.4.1"
-
 
 def _compiler() -> list[str]:
-    return [MYPYC] if os.environ.get("NETLIMIT_MYPYC") == "1" else []
+    """The mypy (hence mypyc) the lint pins in pyproject.toml's test extra."""
+    if os.environ.get("NETLIMIT_MYPYC") != "1":
+        return []
+    with open("pyproject.toml", "rb") as f:  # the build runs in the source tree
+        test = tomllib.load(f)["project"]["optional-dependencies"]["test"]
+    return [r for r in test if r.startswith("mypy==")]
 
 
 def _asking(hook: Any, config_settings: dict[str, Any] | None) -> list[str]:
