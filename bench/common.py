@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,3 +257,27 @@ def redis_cluster(primaries: int = 3, replicas: int = 1, timeout: float = 60.0) 
             stop(proc)
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
+
+
+def door(mode: Mode, where: Path) -> tuple[dict[str, str] | None, str]:
+    """The sidecar's environment for the door a release ships, and a note saying which
+    door ran.  Full runs build the compiled door as the .deb and the image do
+    (``NETLIMIT_MYPYC=1``: netlimit/compiled.py) into ``where`` and put it first on
+    PYTHONPATH; ``--quick`` runs keep the source tree's Python (the build takes
+    about 45 s, and quick figures are not judged)."""
+    if mode.quick:
+        return None, "door in Python (--quick)"
+    out = where / "door-wheel"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["NETLIMIT_MYPYC"] = "1"
+    r = subprocess.run(
+        [PY, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    if r.returncode != 0:
+        raise RuntimeError(f"building the compiled door failed: {r.stderr[-2000:]}")
+    (whl,) = out.glob("netlimit-*.whl")
+    tree = where / "door"
+    with zipfile.ZipFile(whl) as z:
+        z.extractall(tree)
+    return {**os.environ, "PYTHONPATH": str(tree)}, "door compiled (mypyc), as the .deb and the image ship it"

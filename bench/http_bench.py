@@ -38,7 +38,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from .common import Mode, Section, free_port, median, need, row, stop, wait_port
+from .common import Mode, Section, door, free_port, median, need, row, stop, wait_port
 
 GOAL_RATIO = 0.5
 GOAL_P99_MS = 2.0
@@ -208,7 +208,7 @@ def _pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p / 100 * len(s)))]
 
 
-def _sidecar(cfg: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
+def _sidecar(cfg: Path, port: int, log: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "netlimit"
     argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "netlimit.cli"]
     fh = open(log, "w")
@@ -217,6 +217,7 @@ def _sidecar(cfg: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
             argv + ["sidecar", "--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *extra],
             stdout=subprocess.DEVNULL,
             stderr=fh,
+            env=env,
         )
     finally:
         fh.close()
@@ -248,7 +249,8 @@ def run(mode: Mode) -> Section:
         procs.append(ng)
         wait_port(p_limit, ng)
         wait_port(p_static, ng)
-        procs.append(_sidecar(cfg, p_dec, d / "sidecar.log"))
+        env, which_door = door(mode, d)
+        procs.append(_sidecar(cfg, p_dec, d / "sidecar.log", env=env))
         procs.append(
             _sidecar(
                 cfg,
@@ -258,6 +260,7 @@ def run(mode: Mode) -> Section:
                 f"http://127.0.0.1:{p_static}",
                 "--admin-listen",
                 "127.0.0.1:0",
+                env=env,
             )
         )
         hdr = {"X-Original-URI": "/"}
@@ -294,7 +297,7 @@ def run(mode: Mode) -> Section:
                 ratio=ratio,
                 goal=f">= {GOAL_RATIO:g}x",
                 met=ratio >= GOAL_RATIO,
-                note=f"{spread}; non-2xx responses in all runs: {bad}; {load}",
+                note=f"{which_door}; {spread}; non-2xx responses in all runs: {bad}; {load}",
             )
         )
         sec.rows.append(

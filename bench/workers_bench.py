@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import Mode, Section, free_port, median, need, row, stop, wait_port
+from .common import Mode, Section, door, free_port, median, need, row, stop, wait_port
 from .http_bench import _nginx_conf, wrk
 
 GOAL_SCALING = 0.8  # netlimit's 2w/1w >= 0.8 x nginx's 2w/1w
@@ -85,10 +85,12 @@ def run(mode: Mode) -> Section:
         fw, sw = d / "fw.yaml", d / "sw.yaml"
         fw.write_text(_yaml())
         sw.write_text(_yaml("algorithm: sliding_window_counter"))
-        plain = {**os.environ, "NETLIMIT_SHARED_LEASES": "0"}
-        sidecars = [("netlimit1", fw, 1, None), ("netlimit2", fw, 2, None)]
+        door_env, which_door = door(mode, d)
+        base = door_env or dict(os.environ)
+        plain = {**base, "NETLIMIT_SHARED_LEASES": "0"}
+        sidecars = [("netlimit1", fw, 1, base), ("netlimit2", fw, 2, base)]
         if not mode.quick:  # the alternatives: full runs only (--quick stays short)
-            sidecars += [("netlimit2_no_leases", fw, 2, plain), ("netlimit2_sliding", sw, 2, None)]
+            sidecars += [("netlimit2_no_leases", fw, 2, plain), ("netlimit2_sliding", sw, 2, base)]
         for name, cfg, n, env in sidecars:
             port = free_port()
             procs.append(_sidecar(cfg, port, n, d / f"{name}.log", env))
@@ -143,7 +145,8 @@ def run(mode: Mode) -> Section:
                 ratio=median(ratios),
                 goal=f">= {GOAL_RATIO:g}x",
                 met=median(ratios) >= GOAL_RATIO,
-                note=f"ratio per round {min(ratios):.2f}-{max(ratios):.2f}; non-2xx in all runs: {bad}; {load}",
+                note=f"{which_door}; ratio per round {min(ratios):.2f}-{max(ratios):.2f}; "
+                f"non-2xx in all runs: {bad}; {load}",
             )
         )
     for name, what in (
