@@ -264,9 +264,14 @@ def door(mode: Mode, where: Path) -> tuple[dict[str, str] | None, str]:
     door ran.  Full runs build the compiled door as the .deb and the image do
     (``NETLIMIT_MYPYC=1``: netlimit/compiled.py) into ``where`` and put it first on
     PYTHONPATH; ``--quick`` runs keep the source tree's Python (the build takes
-    about 45 s, and quick figures are not judged)."""
+    about 45 s, and quick figures are not judged).  ``NETLIMIT_BENCH_DOOR=TREE``
+    uses a compiled tree built beforehand (an unpacked release wheel of the same
+    source) instead of building one."""
     if mode.quick:
         return None, "door in Python (--quick)"
+    given = os.environ.get("NETLIMIT_BENCH_DOOR")  # a compiled tree built beforehand (the same source)
+    if given:
+        return {**os.environ, "PYTHONPATH": given}, f"door compiled (mypyc), prebuilt in {given}"
     out = where / "door-wheel"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["NETLIMIT_MYPYC"] = "1"
