@@ -16,8 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from redis_proc import _free_port
-from sidecar_proc import wait_until
+from sidecar_proc import LogProc, netlimit_cmd
 
 from netlimit import compiled
 
@@ -99,34 +98,28 @@ def test_the_release_build_compiles_every_listed_module(build):
     assert running.split() == compiled.module_names()
 
 
-def test_a_sidecar_from_the_source_tree_says_it_runs_in_python(tmp_path):
-    # the suite's own interpreter imports the source tree: nothing compiled
-    import netlimit.sidecar.server  # noqa: F401
-
-    assert compiled.running() == []
+#: a config with an http: section on the memory store
+CONFIG = ROOT / "rules/http-descriptors.yaml"
 
 
-def test_a_sidecar_from_the_release_build_says_its_door_is_compiled(build, tmp_path):
-    _whl, tree = build
-    cfg = ROOT / "rules/http-descriptors.yaml"  # an http: section, the memory store
-    port = _free_port()
-    log = tmp_path / "sidecar.log"
-    with open(log, "w") as out:
-        p = subprocess.Popen(
-            [sys.executable, "-m", "netlimit.cli", "sidecar", "--config", str(cfg), "--listen", f"127.0.0.1:{port}"],
-            stdout=out, stderr=subprocess.STDOUT, env=_env(tree), cwd=tree,
-        )  # fmt: skip
+def _listening_line(argv: list[str], **kw) -> str:
+    """The sidecar's "listening on" line (it names the door), then the sidecar stopped."""
+    p = LogProc([*argv, "sidecar", "--config", str(CONFIG), "--listen", "127.0.0.1:0"], **kw)
     try:
-        wait_until(lambda: "listening on" in log.read_text() or p.poll() is not None, 60, what="the listening line")
-        line = next((s for s in log.read_text().splitlines() if "listening on" in s), log.read_text())
-        assert "door compiled (mypyc)" in line, line
+        return p.wait_line(r"listening on .*", timeout=60).group(0)
     finally:
-        p.terminate()
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        p.stop(timeout=30)
+
+
+def test_a_sidecar_from_the_source_tree_says_its_door_is_in_python():
+    line = _listening_line(netlimit_cmd())
+    assert "door in Python" in line, line
+
+
+def test_a_sidecar_from_the_release_build_says_its_door_is_compiled(build):
+    _whl, tree = build
+    line = _listening_line([sys.executable, "-m", "netlimit.cli"], env=_env(tree), cwd=tree)
+    assert "door compiled (mypyc)" in line, line
 
 
 def test_the_doors_tests_pass_on_the_compiled_door(build):
