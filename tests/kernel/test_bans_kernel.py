@@ -209,3 +209,81 @@ def test_what_the_sets_hold_read_fast_and_written_as_a_difference(topo):
         assert done["write"] == "whole", (odd, done)
         assert set(run_in_netns(topo.srv, held)) == set(after)
         assert set(run_in_netns(topo.srv, s.read)) == set(after)
+
+
+def _fill_list() -> dict:
+    """Bans whose interval elements make the cuts interesting: adjacent prefixes (a start
+    that is the previous one's end), prefixes that reach the top (no end element), and
+    addresses of both families (the hash sets)."""
+    bans = {N(f"10.0.{i}.0/24"): 600.0 for i in range(6)}  # adjacent
+    bans.update({N(f"10.1.{i}.7/32"): 500.0 for i in range(7)})
+    bans.update({N("255.255.255.0/24"): 400.0, N("ffff::/16"): 400.0})
+    bans.update({N(f"2001:db8:0:{i:x}::/64"): 300.0 for i in range(5)})
+    bans.update({N(f"2001:db9::{i:x}/128"): 200.0 for i in range(4)})
+    return bans
+
+
+def test_empty_sets_are_filled_in_steps_that_only_add(topo, monkeypatch):
+    """Sets that hold nothing (a start after a reboot) are filled in transactions of at
+    most FILL_STEP elements (kernel/nft/bansets.fill_in_steps: one transaction of 130,000
+    takes about 1 GiB of kernel memory for its change notifications): the sets end
+    holding the list exactly, each step cut where a prefix begins (the kernel refuses
+    an interval's end without its start); a refused step leaves what the steps before it
+    wrote, and the next sync writes the rest."""
+    from netlimit.kernel.nft import bansets
+
+    topo.apply(CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate=""))
+    bans = _fill_list()
+    prefixes = sorted((n.version, int(n.network_address), n.prefixlen, left) for n, left in bans.items())
+    s = ban_sets("nftables")
+    steps: list[list[int]] = []
+    real = nfelements.write
+
+    between: list[set] = []
+
+    def counted(changes, family="inet"):
+        steps.append([len(c.elements or []) for c in changes])
+        out = real(changes, family)
+        between.append(set(s.read() or {}))  # in the namespace: called inside run_in_netns
+        return out
+
+    monkeypatch.setattr(bansets, "FILL_STEP", 3)
+    monkeypatch.setattr(nfelements, "write", counted)
+    run_in_netns(topo.srv, lambda: s.replace({}))
+    steps.clear()
+    between.clear()
+    done = run_in_netns(topo.srv, lambda: s.sync_prefixes(prefixes))
+    assert (done["write"], done["why"]) == ("whole", "empty"), done
+    held = run_in_netns(topo.srv, s.read)
+    assert set(held) == set(bans)
+    assert all(bans[n] - 10 < left <= bans[n] for n, left in held.items()), held
+    assert steps[0] == [0, 0, 0, 0], steps  # the first transaction flushes the four sets
+    # after every step the sets hold part of the list and nothing else: never an
+    # interval's start without its end (a range from it up to the next end, banned)
+    assert all(held_then <= set(bans) for held_then in between), between
+    assert [len(h) for h in between] == sorted(len(h) for h in between)  # they only grow
+    # 3 elements a step, more only where a cut moved to the next prefix's start (an
+    # interval's start and end: one element more at most)
+    assert len(steps) > 8 and all(0 < sum(st) <= 4 for st in steps[1:]), steps
+    # every element once: 7 + 4 addresses; per interval set a lower bound, a start and
+    # an end per prefix, no end for the one reaching the top
+    assert sum(map(sum, steps)) == 7 + 4 + (1 + 6 * 2 + 1) + (1 + 5 * 2 + 1), steps
+
+    # a step refused half way: what the steps before it wrote stays, the next sync mends
+    run_in_netns(topo.srv, lambda: s.replace({}))
+    calls = []
+
+    def refused(changes, family="inet"):
+        calls.append(1)
+        if len(calls) == 4:
+            raise nfelements.NetlinkError(12, "refused for the test")
+        return real(changes, family)
+
+    monkeypatch.setattr(nfelements, "write", refused)
+    with pytest.raises(OSError):
+        run_in_netns(topo.srv, lambda: s.sync_prefixes(prefixes))
+    part = run_in_netns(topo.srv, s.read)
+    assert part and set(part) < set(bans), part
+    monkeypatch.setattr(nfelements, "write", real)
+    run_in_netns(topo.srv, lambda: s.sync_prefixes(prefixes))
+    assert set(run_in_netns(topo.srv, s.read)) == set(bans)

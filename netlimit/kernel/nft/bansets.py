@@ -9,6 +9,7 @@ drill's mix (70 % single addresses) are 130,000 elements instead of 200,000."""
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import time
 from dataclasses import dataclass
@@ -26,6 +27,48 @@ SYNC_SHORT_S = 2.0
 #: on a busy host (the kernel's clock starts at the write, the list's before it); netlimitd
 #: removes it when the list's time is up (its index's expiry), the kernel at its own
 SYNC_LONG_S = 60.0
+
+
+#: elements per transaction when filling empty sets (fill_in_steps): 5 netlink messages,
+#: 7-16 MiB of the kernel's notifications held at once (measured, 100,000 bans)
+FILL_STEP = 5000
+
+
+def fill_in_steps(changes: list[nfelements.Change], starts: dict[str, list[int]]) -> None:
+    """Write `changes` (each a flush and the elements of one set) into sets known to hold
+    nothing (a start after a reboot): one transaction flushes them all, then one per
+    FILL_STEP elements adds them. Why not one transaction: the kernel builds a change
+    notification of a page or two for every element (on the 6.18 test host even with
+    no listener to be found) and holds a transaction's until its commit ends: 100,000
+    bans (130,000 elements) in one transaction took 0.75-1.0 GiB of kernel memory at
+    once, and the write's time followed what fresh pages cost (0.4-2.0 s in a VM that
+    hands freed pages back to its hypervisor). In steps the same few MiB serve every
+    step (docs/reliability.md). Between steps the sets
+    hold part of the list and nothing else: from empty they only grow. An interval set
+    is cut only where a prefix begins (`starts`: the indexes of its prefixes' first
+    elements), so a start and its end go together and its lower bound goes first. A
+    refused step raises NetlinkError with the steps before it written; the caller's
+    next write finds them (sync_prefixes: a difference, or the sets written whole)."""
+    nfelements.write([nfelements.Change(c.table, c.set, c.interval, flush=True) for c in changes], NFT_FAMILY)
+    step: list[nfelements.Change] = []
+    room = FILL_STEP
+    for ch in changes:
+        els = ch.elements or []
+        cuts = starts.get(ch.set)
+        i = 0
+        while i < len(els):
+            j = min(len(els), i + room)
+            if cuts is not None and j < len(els):
+                k = bisect.bisect_left(cuts, j)
+                j = cuts[k] if k < len(cuts) else len(els)
+            step.append(nfelements.Change(ch.table, ch.set, ch.interval, elements=els[i:j]))
+            room -= j - i
+            i = j
+            if room <= 0:
+                nfelements.write(step, NFT_FAMILY)
+                step, room = [], FILL_STEP
+    if step:
+        nfelements.write(step, NFT_FAMILY)
 
 
 @dataclass(frozen=True)
@@ -145,11 +188,13 @@ class NftBanSets:
                         out.append((name, net, el.left_ms / 1000))
         return out
 
-    def replace_prefixes(self, prefixes: list[tuple[int, int, int, float]]) -> None:
+    def replace_prefixes(self, prefixes: list[tuple[int, int, int, float]], *, empty: bool = False) -> None:
         """replace() from (version, first address, prefix length, seconds left), ascending and
         none inside another: the elements are made from the integers, byte for byte what
-        `add=` makes (banset.replace_prefixes)."""
+        `add=` makes (banset.replace_prefixes). One transaction, unless `empty`: sets known
+        to hold nothing are filled in steps of FILL_STEP elements (fill_in_steps)."""
         changes = []
+        starts: dict[str, list[int]] = {}  # per interval set: where each prefix's elements begin
         for f, width in ((4, 4), (6, 16)):
             head, tail, key = nfelements.FIXED[width]
             bits = 8 * width
@@ -158,6 +203,8 @@ class NftBanSets:
             add = els.append
             hosts: list[bytes] = []  # a hash set's element is an interval's start, byte for byte
             host = hosts.append
+            begins = starts[NFT_BAN_SETS[f]] = []
+            begin = begins.append
             for v, a, p, left in prefixes:
                 if v != f:
                     continue
@@ -165,6 +212,7 @@ class NftBanSets:
                 if p == bits:
                     host(start)
                     continue
+                begin(len(els))
                 add(start)
                 after = a + (1 << (bits - p))
                 if after < top:
@@ -175,7 +223,10 @@ class NftBanSets:
             changes.append(
                 nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, flush=True, elements=els if len(els) > 1 else None)
             )
-        nfelements.write(changes, NFT_FAMILY)
+        if empty:
+            fill_in_steps(changes, starts)
+        else:
+            nfelements.write(changes, NFT_FAMILY)
 
     def sync_prefixes(
         self, prefixes: list[tuple[int, int, int, float]], held: Held | None = None
@@ -202,8 +253,8 @@ class NftBanSets:
         whole: dict[str, int | str] = {
             "write": "whole", "held": n_held, "added": len(prefixes), "removed": n_held, "held_from": source
         }  # fmt: skip
-        if not n_held:  # empty sets (a reboot, a new set): nothing to compare
-            self.replace_prefixes(prefixes)
+        if not n_held:  # empty sets (a reboot, a new set): nothing to compare, nothing to keep
+            self.replace_prefixes(prefixes, empty=True)
             return dict(whole, why="empty")
         # tuples first, networks only for a difference worth writing (100,000 network
         # objects cost more than the whole write)
