@@ -18,6 +18,13 @@ one after the other in each round, the order reversed every other round, and
 the ratios are taken per round (their medians reported).  On a 2-core host wrk
 takes a core's worth of time itself, so neither side can double: the goals
 are relative to nginx's own scaling on the same host in the same rounds.
+
+Where the time goes, per target (medians of the rounds): the CPU the server's
+processes took (user and system, the kernel's TCP work for its sockets
+included) and wrk's, each per request, and the host's idle share during the
+run (/proc/stat).  With one worker a server is bound by that worker's core
+unless the host sits idle; with two, both cores are busy and a request costs
+what the server and wrk together spend on it.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ def run(mode: Mode) -> Section:
     procs: list[subprocess.Popen] = []
     try:
         urls: dict[str, str] = {}
+        pids: dict[str, int] = {}
         for n in (1, 2):
             nd = d / f"nginx{n}"
             nd.mkdir()
@@ -82,6 +90,7 @@ def run(mode: Mode) -> Section:
             procs.append(p)
             wait_port(port, p)
             urls[f"nginx{n}"] = f"http://127.0.0.1:{port}/v1/check"
+            pids[f"nginx{n}"] = p.pid
         fw, sw = d / "fw.yaml", d / "sw.yaml"
         fw.write_text(_yaml())
         sw.write_text(_yaml("algorithm: sliding_window_counter"))
@@ -95,6 +104,7 @@ def run(mode: Mode) -> Section:
             port = free_port()
             procs.append(_sidecar(cfg, port, n, d / f"{name}.log", env))
             urls[name] = f"http://127.0.0.1:{port}/v1/check"
+            pids[name] = procs[-1].pid
         hdr = {"X-Original-URI": "/"}
         for url in urls.values() if not mode.quick else ():  # warm up: connections, first paths, keys hot
             wrk(url, CONNS, 1, hdr)
@@ -103,7 +113,7 @@ def run(mode: Mode) -> Section:
         names = list(urls)
         for r in range(rounds):
             for name in names if r % 2 == 0 else names[::-1]:
-                runs[name].append(_wrk(urls[name], seconds, hdr))
+                runs[name].append(_wrk(urls[name], seconds, hdr, pids[name]))
         load_after = os.getloadavg()
     finally:
         for p in procs:
@@ -168,25 +178,104 @@ def run(mode: Mode) -> Section:
                 note=f"per round {', '.join(f'{x:,.0f}' for x in rps[name])}",
             )
         )
+    cpu = {k: {m: median([x[m] for x in v]) for m in ("server_us", "wrk_us", "idle")} for k, v in runs.items()}
+    for n in (1, 2):
+        a, b = cpu[f"netlimit{n}"], cpu[f"nginx{n}"]
+        sec.rows.append(
+            row(
+                f"CPU per request, {n} worker{'s' if n > 1 else ''}: the server's processes (wrk's in the note)",
+                a["server_us"],
+                b["server_us"],
+                unit="µs",
+                better="lower",
+                peer_name=f"nginx ({n} worker{'s' if n > 1 else ''})",
+                note=f"wrk {a['wrk_us']:.1f} µs beside netlimit, {b['wrk_us']:.1f} beside nginx; host idle "
+                f"{a['idle']:.0%} beside netlimit, {b['idle']:.0%} beside nginx",
+            )
+        )
+    sec.details["cpu_per_request"] = cpu
     sec.details["rps_per_round"] = rps
     sec.details["load_average"] = {"before": load_before, "after": load_after}
     sec.details["what"] = __doc__.split("\n\n", 1)[1].strip()
     return sec
 
 
-def _wrk(url: str, seconds: float, hdr: dict[str, str]) -> dict:
-    """wrk with THREADS threads (http_bench.wrk runs one; 2 workers need two clients' worth)."""
+def _wrk(url: str, seconds: float, hdr: dict[str, str], server: int) -> dict:
+    """wrk with THREADS threads (http_bench.wrk runs one; 2 workers need two clients' worth),
+    and the CPU the server's processes (``server``'s tree) and wrk took per request."""
     import re
 
     cmd = [need("wrk"), f"-t{THREADS}", f"-c{CONNS}", f"-d{max(1, round(seconds))}s", "--timeout", "5s"]
     for k, v in hdr.items():
         cmd += ["-H", f"{k}: {v}"]
+    tree = _tree(server)
+    s0, w0, h0 = _cpu(tree), _children_cpu(), _host()
     p = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=seconds + 30)
+    s1, w1, h1 = _cpu(tree), _children_cpu(), _host()
     if p.returncode != 0:
         raise RuntimeError(f"wrk failed: {p.stderr.strip() or p.stdout.strip()}")
     m = re.search(r"Requests/sec:\s+([\d.]+)", p.stdout)
+    total = re.search(r"(\d+) requests in", p.stdout)
     non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", p.stdout)
-    return {"rps": float(m.group(1)) if m else 0.0, "non2xx": int(non2xx.group(1)) if non2xx else 0}
+    n = max(1, int(total.group(1)) if total else 1)
+    return {
+        "rps": float(m.group(1)) if m else 0.0,
+        "non2xx": int(non2xx.group(1)) if non2xx else 0,
+        "server_us": (s1 - s0) / n * 1e6,
+        "wrk_us": (w1 - w0) / n * 1e6,
+        "idle": (h1[0] - h0[0]) / max(1, h1[1] - h0[1]),
+    }
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a sidecar's supervisor, state owner and workers;
+    nginx's master and workers), as they are now."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def _cpu(pids: list[int]) -> float:
+    """Seconds of CPU (user and system) the processes took so far."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                f = fh.read().rsplit(")", 1)[1].split()
+            total += int(f[11]) + int(f[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / _TICK
+
+
+def _children_cpu() -> float:
+    """Seconds of CPU of this process's waited-for children (wrk, once it has ended)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _host() -> tuple[int, int]:
+    """(idle, all) jiffies of the host's CPUs so far (/proc/stat)."""
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:8]]
+    return f[3], sum(f)
 
 
 if __name__ == "__main__":

@@ -38,5 +38,8 @@ def test_bench_quick(tmp_path):
             assert isinstance(r["netlimit"], (int, float)) and math.isfinite(r["netlimit"]), (name, r)
             if r["peer"] is not None:
                 assert math.isfinite(r["peer"]), (name, r)
+    # workers: where each server's time went, per request (bench/workers_bench.py)
+    cpu = [r for r in doc["sections"]["workers"]["rows"] if r["case"].startswith("CPU per request")]
+    assert len(cpu) == 2 and all(r["netlimit"] > 0 and r["peer"] > 0 for r in cpu), cpu
     md = (tmp_path / "latest.md").read_text()
     assert all(doc["sections"][n]["title"] in md for n in SECTIONS)
