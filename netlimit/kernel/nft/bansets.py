@@ -43,12 +43,12 @@ def fill_in_steps(changes: list[nfelements.Change], starts: dict[str, list[int]]
     bans (130,000 elements) in one transaction took 0.75-1.0 GiB of kernel memory at
     once, and the write's time followed what fresh pages cost (0.4-2.0 s in a VM that
     hands freed pages back to its hypervisor). In steps the same few MiB serve every
-    step (docs/reliability.md). Between steps the sets
-    hold part of the list and nothing else: from empty they only grow. An interval set
-    is cut only where a prefix begins (`starts`: the indexes of its prefixes' first
-    elements), so a start and its end go together and its lower bound goes first. A
-    refused step raises NetlinkError with the steps before it written; the caller's
-    next write finds them (sync_prefixes: a difference, or the sets written whole)."""
+    step (docs/reliability.md). Between steps the sets hold part of the list and
+    nothing else: from empty they only grow. An interval set is cut only where a
+    prefix begins (`starts`: the indexes of its prefixes' first elements), so a start
+    and its end go together and its lower bound goes first. A refused step raises
+    NetlinkError with the steps before it written; the caller's next write finds them
+    (sync_prefixes: a difference, or the sets written whole)."""
     nfelements.write([nfelements.Change(c.table, c.set, c.interval, flush=True) for c in changes], NFT_FAMILY)
     step: list[nfelements.Change] = []
     room = FILL_STEP
