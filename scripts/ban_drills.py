@@ -29,6 +29,11 @@ ready    `--bans` prefixes straight into Redis, host B's daemon restarted with i
          kernel (goal <= 1.5 s for 100,000, issue 35; docs/reliability.md). netlimitd
          runs as installed, its bytecode compiled (`--no-bytecode`: compiled at start,
          as on the .deb's first start).
+write    (nftables; not in the default set) `--bans` prefixes written into host B's
+         emptied sets, its daemon stopped, `--rounds` times each way, interleaved: in one
+         transaction and in steps (kernel/nft/bansets.fill_in_steps, what a cold start
+         does): seconds, the writer's system CPU and the host's memory taken at the peak
+         (MemFree every 2 ms); each write read back whole (docs/reliability.md).
 outage   a client banned for 4 s; Redis is killed: host B keeps dropping it, then lets
          it through again when its time is up (measured against the expiry); Redis comes
          back empty and the daemons follow it again.
@@ -767,6 +772,69 @@ def _ready_once(f: Fleet, n: int, tree: Path | None, keep: bool) -> dict:
     )
 
 
+# --- write: one transaction against steps ----------------------------------------------------------
+
+
+def write(f: Fleet, n: int, rounds: int) -> dict:
+    """The `write` drill (module doc): per way, the seconds, system CPU seconds and MiB
+    taken at the peak of each write, and whether each read back whole."""
+    import resource
+    import threading
+
+    from netlimit.kernel.nft.bansets import FILL_STEP
+
+    f.stop_daemon("b")
+    nets = sorted(many_bans(n, seed=13), key=lambda x: (x.version, int(x.network_address)))
+    prefixes = [(x.version, int(x.network_address), x.prefixlen, 3600.0) for x in nets]
+    sets = ban_sets(f.backend)
+    ns = f.ns["b"]
+
+    def free_kib() -> int:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemFree:"):
+                    return int(line.split()[1])
+        return 0
+
+    def once(steps: bool) -> dict:
+        run_in_netns(ns, lambda: sets.replace({}))
+        low, done = [free_kib()], threading.Event()
+
+        def sample() -> None:
+            for _ in range(60_000):  # at most 2 min at one sample every 2 ms
+                if done.wait(0.002):
+                    return
+                low[0] = min(low[0], free_kib())
+
+        base = low[0]
+        watcher = threading.Thread(target=sample, daemon=True)
+        watcher.start()
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+        try:
+            run_in_netns(ns, lambda: sets.replace_prefixes(prefixes, empty=steps))
+        finally:
+            seconds = time.monotonic() - t0
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            done.set()
+            watcher.join(5)
+        held = run_in_netns(ns, sets.read) or {}
+        return {
+            "s": round(seconds, 3),
+            "sys_s": round(r1.ru_stime - r0.ru_stime, 3),
+            "peak_mib": (base - low[0]) // 1024,
+            "whole": set(held) == set(nets),
+        }
+
+    runs: dict[str, list[dict]] = {"one_transaction": [], "steps": []}
+    for _ in range(rounds):
+        runs["one_transaction"].append(once(False))
+        runs["steps"].append(once(True))
+    run_in_netns(ns, lambda: sets.replace({}))
+    f.start_daemon("b")
+    ok = all(r["whole"] for v in runs.values() for r in v)
+    return {"bans": n, "fill_step": FILL_STEP, **runs, "ok": ok}
+
+
 # --- outage: Redis down ----------------------------------------------------------------------------
 
 
@@ -848,6 +916,9 @@ def run(backend: str, args) -> dict:
             trees = [Path(t).resolve() for t in args.tree] or None
             out["ready"] = ready(f, args.bans, rounds=args.rounds, trees=trees, keep=args.keep)
             print(f"[{backend}] ready: {json.dumps(out['ready'])}")
+        if "write" in only and backend == "nftables":
+            out["write"] = write(f, args.bans, max(1, args.rounds))
+            print(f"[{backend}] write: {json.dumps(out['write'])}")
         if "outage" in only:
             out["outage"] = outage(f)
             print(f"[{backend}] outage: {json.dumps(out['outage'])}")
@@ -862,9 +933,9 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--bans", type=int, default=100_000)
     ap.add_argument("--backend", choices=("nftables", "restore", "both"), default="both")
-    ap.add_argument("--only", default="", help="comma-separated: latency,load,ready,outage,restart")
+    ap.add_argument("--only", default="", help="comma-separated: latency,load,ready,outage,restart,write")
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--rounds", type=int, default=1, help="ready: starts per tree")
+    ap.add_argument("--rounds", type=int, default=1, help="ready: starts per tree; write: writes each way")
     ap.add_argument("--tree", action="append", default=[], help="ready: netlimitd from this tree (repeat: interleaved)")
     ap.add_argument("--keep", action="store_true", help="ready: the kernel holds the list at start (on_stop: keep)")
     ap.add_argument("--xdp", action="store_true", help="host A and B drop in XDP (nftables, latency only)")
