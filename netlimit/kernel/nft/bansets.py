@@ -29,8 +29,8 @@ SYNC_SHORT_S = 2.0
 SYNC_LONG_S = 60.0
 
 
-#: elements per transaction when filling empty sets (fill_in_steps): 5 netlink messages,
-#: 7-16 MiB of the kernel's notifications held at once (measured, 100,000 bans)
+#: elements per transaction when filling empty sets (fill_in_steps): 5 netlink messages;
+#: 100,000 bans took 8-46 MiB at the peak in steps, 0.56-1.1 GiB in one (ban_drills --only write)
 FILL_STEP = 5000
 
 
@@ -40,7 +40,7 @@ def fill_in_steps(changes: list[nfelements.Change], starts: dict[str, list[int]]
     FILL_STEP elements adds them. Why not one transaction: the kernel builds a change
     notification of a page or two for every element (on the 6.18 test host even with
     no listener to be found) and holds a transaction's until its commit ends: 100,000
-    bans (130,000 elements) in one transaction took 0.75-1.0 GiB of kernel memory at
+    bans (130,000 elements) in one transaction took 0.56-1.1 GiB of kernel memory at
     once, and the write's time followed what fresh pages cost (0.4-2.0 s in a VM that
     hands freed pages back to its hypervisor). In steps the same few MiB serve every
     step (docs/reliability.md). Between steps the sets hold part of the list and
