@@ -227,9 +227,10 @@ def test_empty_sets_are_filled_in_steps_that_only_add(topo, monkeypatch):
     """Sets that hold nothing (a start after a reboot) are filled in transactions of at
     most FILL_STEP elements (kernel/nft/bansets.fill_in_steps: one transaction of 130,000
     takes about 1 GiB of kernel memory for its change notifications): the sets end
-    holding the list exactly, each step cut where a prefix begins (the kernel refuses
-    an interval's end without its start); a refused step leaves what the steps before it
-    wrote, and the next sync writes the rest."""
+    holding the list exactly, each step cut where a prefix begins (the kernel takes an
+    interval's start in one transaction and its end in the next, and between the two
+    everything from the start up to the next end is banned); a refused step leaves what
+    the steps before it wrote, and the next sync writes the rest."""
     from netlimit.kernel.nft import bansets
 
     topo.apply(CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate=""))
