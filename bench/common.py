@@ -286,3 +286,28 @@ def door(mode: Mode, where: Path) -> tuple[dict[str, str] | None, str]:
     with zipfile.ZipFile(whl) as z:
         z.extractall(tree)
     return {**os.environ, "PYTHONPATH": str(tree)}, "door compiled (mypyc), as the .deb and the image ship it"
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, as they are now (/proc's children lists)."""
+    out = [pid]
+    for p in out:
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """Seconds of CPU (user and system) the processes took so far; a gone one counts 0."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from .access_log import write as write_log
-from .common import Mode, Section, median, need, row
+from .common import Mode, Section, median, need, process_tree, row
 
 RULES = """\
 version: 1
@@ -57,24 +57,12 @@ def _netlimit() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "netlimit.cli"]
 
 
-def _tree(pid: int) -> list[int]:
-    """pid and its descendants (netlimit's figures helper)."""
-    out = [pid]
-    for p in out:
-        try:
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                out += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
-
-
 def _memory(pid: int) -> int:
     """A process tree's resident memory, in bytes: the RSS of the process plus the
     private pages of its descendants (a forked helper's shared, copy-on-write pages
     are the parent's, counted once)."""
     total = 0
-    for p in _tree(pid):
+    for p in process_tree(pid):
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
                 for line in f:

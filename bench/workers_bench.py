@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .common import Mode, Section, door, free_port, median, need, row, stop, wait_port
+from .common import Mode, Section, cpu_seconds, door, free_port, median, need, process_tree, row, stop, wait_port
 from .http_bench import _nginx_conf, wrk
 
 GOAL_SCALING = 0.8  # netlimit's 2w/1w >= 0.8 x nginx's 2w/1w
@@ -208,10 +208,10 @@ def _wrk(url: str, seconds: float, hdr: dict[str, str], server: int) -> dict:
     cmd = [need("wrk"), f"-t{THREADS}", f"-c{CONNS}", f"-d{max(1, round(seconds))}s", "--timeout", "5s"]
     for k, v in hdr.items():
         cmd += ["-H", f"{k}: {v}"]
-    tree = _tree(server)
-    s0, w0, h0 = _cpu(tree), _children_cpu(), _host()
+    tree = process_tree(server)
+    s0, w0, h0 = cpu_seconds(tree), _children_cpu(), _host()
     p = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=seconds + 30)
-    s1, w1, h1 = _cpu(tree), _children_cpu(), _host()
+    s1, w1, h1 = cpu_seconds(tree), _children_cpu(), _host()
     if p.returncode != 0:
         raise RuntimeError(f"wrk failed: {p.stderr.strip() or p.stdout.strip()}")
     m = re.search(r"Requests/sec:\s+([\d.]+)", p.stdout)
@@ -225,42 +225,6 @@ def _wrk(url: str, seconds: float, hdr: dict[str, str], server: int) -> dict:
         "wrk_us": (w1 - w0) / n * 1e6,
         "idle": (h1[0] - h0[0]) / max(1, h1[1] - h0[1]),
     }
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (a sidecar's supervisor, state owner and workers;
-    nginx's master and workers), as they are now."""
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, []))
-    return out
-
-
-def _cpu(pids: list[int]) -> float:
-    """Seconds of CPU (user and system) the processes took so far."""
-    total = 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as fh:
-                f = fh.read().rsplit(")", 1)[1].split()
-            total += int(f[11]) + int(f[12])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / _TICK
 
 
 def _children_cpu() -> float:
