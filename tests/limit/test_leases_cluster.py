@@ -34,14 +34,15 @@ KEY = "hot"
 
 @dataclass
 class Log:
-    """Every decision: (monotonic time, window, source, admitted, store index);
-    source: lease (from a lease in hand), store (a Redis call answered),
-    failure (the call failed: on_store_failure closed denies it)."""
+    """Every decision: (monotonic time, window, source, admitted, store index, units
+    the store was granted in leases so far); source: lease (from a lease in hand),
+    store (a Redis call answered), failure (the call failed: on_store_failure closed
+    denies it)."""
 
-    rows: list[tuple[float, int, str, bool, int]] = field(default_factory=list)
+    rows: list[tuple[float, int, str, bool, int, int]] = field(default_factory=list)
 
     def admitted_per_window(self) -> Counter[int]:
-        return Counter(w for _, w, _, ok, _ in self.rows if ok)
+        return Counter(r[1] for r in self.rows if r[3])
 
 
 async def _drive(store: LeasedRedisStore, i: int, lim: Limit, rate: float, log: Log, stop: asyncio.Event) -> None:
@@ -61,10 +62,10 @@ async def _drive(store: LeasedRedisStore, i: int, lim: Limit, rate: float, log: 
             try:
                 d = await store.hit_leasing(KEY, lim, 1)
             except StoreError:
-                log.rows.append((time.monotonic(), last_w, "failure", False, i))
+                log.rows.append((time.monotonic(), last_w, "failure", False, i, store.lease_stats.granted_units))
                 continue
         last_w = round((time.time() + d.reset) / lim.period) - 1
-        log.rows.append((time.monotonic(), last_w, src, d.allowed, i))
+        log.rows.append((time.monotonic(), last_w, src, d.allowed, i, store.lease_stats.granted_units))
 
 
 def _stores(url: str, n: int, prefix: str) -> list[LeasedRedisStore]:
@@ -165,8 +166,12 @@ def test_leases_through_a_killed_primary_never_over_the_limit(tmp_path):
             tasks = [asyncio.create_task(_drive(s, i, lim, 400.0, log, stop)) for i, s in enumerate(stores)]
             try:
                 await asyncio.sleep(1.5)
+                # reserved before the kill: each store's units in leases of their window (a lease whose
+                # time ran out is usable again if a renewal under way adds to it), and the units it was
+                # granted so far (a call the primary answered before the kill may be read after it)
                 now = time.monotonic()
-                held = sum(ls.left for s in stores for ls in s._leases.values() if now < ls.until and not ls.denied)
+                held = [sum(ls.left for ls in s._leases.values() if now < ls.wend and not ls.denied) for s in stores]
+                granted = [s.lease_stats.granted_units for s in stores]
                 t_kill = time.monotonic()
                 victim.primary.kill()
                 await asyncio.to_thread(wait_role, victim.replicas[0], b"master", 60)
@@ -181,9 +186,9 @@ def test_leases_through_a_killed_primary_never_over_the_limit(tmp_path):
                 await asyncio.gather(*tasks)
                 for s in stores:
                     await s.close()
-            return log, t_kill, held, stores
+            return log, t_kill, held, granted, stores
 
-        log, t_kill, held, stores = asyncio.run(main())
+        log, t_kill, held, granted, stores = asyncio.run(main())
 
     adm = log.admitted_per_window()
     before = [r for r in log.rows if r[0] <= t_kill]
@@ -192,16 +197,23 @@ def test_leases_through_a_killed_primary_never_over_the_limit(tmp_path):
     gap = [r for r in log.rows if r[0] > t_kill and (back is None or r[0] < back)]
     from_leases = [r for r in gap if r[2] == "lease"]
     failures = [r for r in gap if r[2] == "failure"]
+    # per store: its units in hand at the kill, and what it was granted after the kill by calls sent
+    # before it, up to its last decision of the gap (a dead primary grants nothing new)
+    reserved = [
+        held[i] + max((r[5] for r in gap if r[4] == i), default=granted[i]) - granted[i] for i in range(len(stores))
+    ]
+    used = Counter(r[4] for r in from_leases)
     confirms = sum(s.lease_stats.confirms for s in stores)
     print(
         f"failover: {len(log.rows)} decisions, admitted per window {dict(sorted(adm.items()))}; held at the kill "
-        f"{held}, answered from leases after it {len(from_leases)}, failed calls {len(failures)}, "
+        f"{held}, reserved with the calls under way {reserved}, answered from leases after it "
+        f"{[used[i] for i in range(len(stores))]}, failed calls {len(failures)}, "
         f"store again {(back - t_kill) if back else float('nan'):.2f} s after the kill; WAIT confirms {confirms}"
     )
     assert adm and max(adm.values()) <= limit, adm  # never over, in any window
-    assert held > 0 and confirms > 0, "no lease in hand (confirmed on the replica) at the kill"
+    assert sum(held) > 0 and confirms > 0, "no lease in hand (confirmed on the replica) at the kill"
     assert back is not None, "no store decision after the promotion"
-    assert len(from_leases) <= held  # only what was reserved before the kill
+    assert all(used[i] <= reserved[i] for i in range(len(stores))), (used, reserved)  # reserved before the kill
     assert all(r[3] for r in from_leases)
     assert from_leases, "the leases in hand were not answered after the kill"
     assert all(r[0] < t_kill + lease_mod.LEASE_TTL for r in from_leases)  # honoured to their end, no further
