@@ -512,21 +512,24 @@ def test_a_quiet_process_gives_back_its_lease_without_another_decision(redis_ser
         a = LeasedRedisStore(redis_server.url, key_prefix=pre, timeout_ms=1000)
         b = RedisStore(redis_server.url, key_prefix=pre, timeout_ms=1000)
         try:
-            admitted = 0
-            for _ in range(400):  # hot in `a`: leases
+            admitted = n = 0
+            # hot in `a`: leases; 400 decisions, then on until a lease holds units (the last
+            # one may have been used up by the 400th: a slow host leases a few at a time)
+            while n < 400 or (not a.held() and n < 800):
                 admitted += (await decide(a, "k", lim)).allowed
+                n += 1
             assert a.held() > 0 and a.lease_stats.granted > 0, a.lease_stats
             deadline = time.monotonic() + 10
             while a.held() and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)  # the poll's interval: `a` makes no decision meanwhile
             held = a.held()
             d = await b.hit("k", lim, limit - admitted)  # another process takes exactly the rest
-            return admitted, held, d.allowed, a.lease_stats
+            return n, admitted, held, d.allowed, a.lease_stats
         finally:
             await a.close()
             await b.close()
 
-    admitted, held, rest_allowed, st = asyncio.run(main())
-    assert admitted == 400, admitted
+    n, admitted, held, rest_allowed, st = asyncio.run(main())
+    assert admitted == n, (admitted, n)  # under the limit: every one
     assert held == 0 and st.returned_units > 0, st
     assert rest_allowed, (admitted, st)
