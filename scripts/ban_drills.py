@@ -33,7 +33,10 @@ write    (nftables; not in the default set) `--bans` prefixes written into host 
          emptied sets, its daemon stopped, `--rounds` times each way, interleaved: in one
          transaction and in steps (kernel/nft/bansets.fill_in_steps, what a cold start
          does): seconds, the writer's system CPU and the host's memory taken at the peak
-         (MemFree every 2 ms); each write read back whole (docs/reliability.md).
+         (MemFree every 2 ms); each write read back whole (docs/reliability.md). Then
+         the same list written over sets that hold another sharing a tenth of it (a
+         start after a long stop): whole in one transaction, and as sync_prefixes does
+         it (the difference in steps, kernel/nft/bansets.diff_steps).
 outage   a client banned for 4 s; Redis is killed: host B keeps dropping it, then lets
          it through again when its time is up (measured against the expiry); Redis comes
          back empty and the daemons follow it again.
@@ -798,6 +801,19 @@ def write(f: Fleet, n: int, rounds: int) -> dict:
 
     def once(steps: bool) -> dict:
         run_in_netns(ns, lambda: sets.replace({}))
+        return measure(lambda: sets.replace_prefixes(prefixes, empty=steps), nets)
+
+    def over(stepped: bool) -> dict:
+        """The list written into sets that hold another (a start after a long stop):
+        sync_prefixes' difference in steps, or the whole write in one transaction (what
+        it did before: a difference over half the list was written whole)."""
+        run_in_netns(ns, lambda: sets.replace({}))
+        run_in_netns(ns, lambda: sets.replace_prefixes(before, empty=True))
+        if stepped:
+            return measure(lambda: sets.sync_prefixes(prefixes), nets)
+        return measure(lambda: sets.replace_prefixes(prefixes), nets)
+
+    def measure(fn, want: list) -> dict:
         low, done = [free_kib()], threading.Event()
 
         def sample() -> None:
@@ -811,7 +827,7 @@ def write(f: Fleet, n: int, rounds: int) -> dict:
         watcher.start()
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
         try:
-            run_in_netns(ns, lambda: sets.replace_prefixes(prefixes, empty=steps))
+            what = run_in_netns(ns, fn)
         finally:
             seconds = time.monotonic() - t0
             r1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -821,14 +837,23 @@ def write(f: Fleet, n: int, rounds: int) -> dict:
         return {
             "s": round(seconds, 3),
             "sys_s": round(r1.ru_stime - r0.ru_stime, 3),
+            "user_s": round(r1.ru_utime - r0.ru_utime, 3),
             "peak_mib": (base - low[0]) // 1024,
-            "whole": set(held) == set(nets),
+            "whole": set(held) == set(want),
+            **({"steps": what["steps"]} if isinstance(what, dict) and "steps" in what else {}),
         }
 
-    runs: dict[str, list[dict]] = {"one_transaction": [], "steps": []}
+    # another list of n, sharing a tenth of this one's prefixes
+    other = sorted(many_bans(n, seed=14), key=lambda x: (x.version, int(x.network_address)))
+    keep = set(nets[::10])
+    other = sorted(keep | set(other[: n - len(keep)]), key=lambda x: (x.version, int(x.network_address)))
+    before = [(x.version, int(x.network_address), x.prefixlen, 3600.0) for x in other]
+    runs: dict[str, list[dict]] = {"one_transaction": [], "steps": [], "over_whole": [], "over_diff_steps": []}
     for _ in range(rounds):
         runs["one_transaction"].append(once(False))
         runs["steps"].append(once(True))
+        runs["over_whole"].append(over(False))
+        runs["over_diff_steps"].append(over(True))
     run_in_netns(ns, lambda: sets.replace({}))
     f.start_daemon("b")
     ok = all(r["whole"] for v in runs.values() for r in v)

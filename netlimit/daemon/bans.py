@@ -38,6 +38,8 @@ from ..prefixes import network_of
 from .kernel_ops import KernelOps
 from .readahead import AHEAD_SWITCH, ReadAhead
 
+#: what a kernel write reports that bans.last_load carries (banset.sync_prefixes)
+_LOAD_KEYS = ("write", "held", "added", "removed", "held_from", "why", "steps")
 log = logging.getLogger("netlimit.daemon")
 
 #: expiries are handled at most this often (a list of 100,000 bans expires continuously)
@@ -401,7 +403,7 @@ class BanFollower:
             "filter_s": round(t_wait - t_filter, 3),
             "ahead_wait_s": round(t0 - t_wait, 3),  # for the read of the sets begun beside the apply
             "kernel_s": round(self.load_seconds, 3),
-            **{k: v for k, v in (done or {}).items() if k in ("write", "held", "added", "removed", "held_from", "why")},
+            **{k: v for k, v in (done or {}).items() if k in _LOAD_KEYS},
         }
         if getattr(self.kernel, "ahead_from", None):  # the read ahead: begun before the imports or beside the apply
             self.load_timings["ahead_from"] = self.kernel.ahead_from

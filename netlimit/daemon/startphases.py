@@ -90,12 +90,13 @@ def _write(bans: dict[str, Any]) -> str:
     found the list there), or the sets written whole."""
     if bans.get("write") == "diff":
         ahead = _ahead_source(bans)
+        steps = f" in {bans['steps']} steps" if bans.get("steps") else ""
         return (
-            f": {bans.get('added', 0)} written, {bans.get('removed', 0)} removed,"
+            f": {bans.get('added', 0)} written, {bans.get('removed', 0)} removed{steps},"
             f" {bans.get('held', 0)} held before{ahead}"
         )
     if bans.get("write") == "whole":
-        why = {"empty": "the sets were empty", "differs": "over half of it differed", "unread": "the sets unreadable"}
+        why = {"empty": "the sets were empty", "refused": "a write refused twice", "unread": "the sets unreadable"}
         more = f" ({why.get(bans.get('why', ''), bans.get('why'))}, {bans.get('held_from')})" if "why" in bans else ""
         return f", written whole{more}"
     return ""

@@ -288,3 +288,76 @@ def test_empty_sets_are_filled_in_steps_that_only_add(topo, monkeypatch):
     monkeypatch.setattr(nfelements, "write", real)
     run_in_netns(topo.srv, lambda: s.sync_prefixes(prefixes))
     assert set(run_in_netns(topo.srv, s.read)) == set(bans)
+
+
+def test_a_large_difference_is_written_in_steps_that_never_drop_a_ban(topo, monkeypatch):
+    """Sets holding one list, a start with another that differs in more than FILL_STEP
+    prefixes (kernel/nft/bansets.diff_steps): written in steps, and after every step
+    the sets hold every ban the two lists share (those written anew too: removed and
+    added in one step), the new ones so far and the dropped ones not yet removed, and
+    nothing else; a new /16 over dropped /24s and a new /24 inside a dropped /16 go with
+    their removals (the kernel refuses overlapping intervals). A step refused once: the
+    sets are read again and the rest written in steps; they end holding the list."""
+    from netlimit.kernel.nft import bansets
+
+    topo.apply(CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate=""))
+    s = ban_sets("nftables")
+    old = {N(f"10.0.{i}.0/24"): 600.0 for i in range(6)}  # kept (0-2), written anew (3), dropped (4-5)
+    old.update({N(f"10.1.{i}.0/24"): 600.0 for i in range(4)})  # dropped: the new 10.1.0.0/16 holds them
+    old.update({N("10.2.0.0/16"): 600.0})  # dropped: the new 10.2.7.0/24 inside it
+    old.update({N(f"10.3.0.{i}/32"): 600.0 for i in range(5)})  # kept (0-1), anew (2), dropped (3-4)
+    old.update({N(f"2001:db8:0:{i:x}::/64"): 600.0 for i in range(3)})  # kept (0), dropped (1-2)
+    new = {n: left for n, left in old.items() if n in (N("10.0.0.0/24"), N("10.0.1.0/24"), N("10.0.2.0/24"))}
+    new.update({N("10.3.0.0/32"): 600.0, N("10.3.0.1/32"): 600.0, N("2001:db8::/64"): 600.0})
+    new.update({N("10.0.3.0/24"): 3000.0, N("10.3.0.2/32"): 3000.0})  # anew: far longer
+    new.update({N("10.1.0.0/16"): 600.0, N("10.2.7.0/24"): 600.0, N("255.255.255.0/24"): 600.0})
+    new.update({N(f"10.4.0.{i}/32"): 600.0 for i in range(6)})
+    new.update({N(f"2001:db9::{i:x}/128"): 600.0 for i in range(3)})
+    shared = set(old) & set(new)
+
+    def as_prefixes(bans):
+        return sorted((n.version, int(n.network_address), n.prefixlen, left) for n, left in bans.items())
+
+    run_in_netns(topo.srv, lambda: s.replace({}))
+    run_in_netns(topo.srv, lambda: s.sync_prefixes(as_prefixes(old)))
+    assert set(run_in_netns(topo.srv, s.read)) == set(old)
+
+    real = nfelements.write
+    between: list[set] = []
+
+    def counted(changes, family="inet"):
+        out = real(changes, family)
+        between.append(set(s.read() or {}))  # in the namespace: called inside run_in_netns
+        return out
+
+    monkeypatch.setattr(bansets, "FILL_STEP", 3)
+    monkeypatch.setattr(nfelements, "write", counted)
+    done = run_in_netns(topo.srv, lambda: s.sync_prefixes(as_prefixes(new)))
+    assert (done["write"], done["attempts"]) == ("diff", 1), done
+    assert done["steps"] == len(between) > 4, (done, between)
+    for held in between:
+        assert shared <= held <= set(old) | set(new), held
+    assert [len(h & set(new)) for h in between] == sorted(len(h & set(new)) for h in between)  # the list only grows
+    got = run_in_netns(topo.srv, s.read)
+    assert set(got) == set(new)
+    assert got[N("10.0.3.0/24")] > 2000 and got[N("10.3.0.2/32")] > 2000, got  # written anew with the new time
+
+    # a step refused once: read again, the rest in steps
+    run_in_netns(topo.srv, lambda: s.sync_prefixes(as_prefixes(old)))
+    assert set(run_in_netns(topo.srv, s.read)) == set(old)
+    calls: list[int] = []
+
+    def refused(changes, family="inet"):
+        calls.append(1)
+        if len(calls) == 3:
+            raise nfelements.NetlinkError(2, "refused for the test")
+        out = real(changes, family)
+        between.append(set(s.read() or {}))
+        return out
+
+    between.clear()
+    monkeypatch.setattr(nfelements, "write", refused)
+    done = run_in_netns(topo.srv, lambda: s.sync_prefixes(as_prefixes(new)))
+    assert (done["write"], done["attempts"]) == ("diff", 2), done
+    assert all(shared <= held for held in between), between
+    assert set(run_in_netns(topo.srv, s.read)) == set(new)

@@ -14,7 +14,7 @@ import ipaddress
 import time
 from dataclasses import dataclass
 
-from ...prefixes import IPNetwork, network_of
+from ...prefixes import IPNetwork
 from ..banset import by_family, list_by_family
 from ..objects import NFT_BAN_HOST_SETS, NFT_BAN_SETS, NFT_FAMILY, NFT_KERNEL_BAN_PREFIX, NFT_TABLE
 from . import elements as nfelements
@@ -71,6 +71,91 @@ def fill_in_steps(changes: list[nfelements.Change], starts: dict[str, list[int]]
         nfelements.write(step, NFT_FAMILY)
 
 
+Add = tuple[int, int, int, float]  # (version, first address, prefix length, seconds left)
+Remove = tuple[int, int, int]  # (version, first address, prefix length)
+
+
+def diff_steps(add_t: list[Add], remove_t: list[Remove], step: int) -> list[tuple[list[Add], list[Remove]]]:
+    """Cut a difference between what the sets hold and the list into transactions of
+    about `step` elements, such that no ban of the list is missing between two of them.
+    A prefix written anew (its time far off) is removed and added in one step. An
+    added prefix goes with the removal of every held prefix it overlaps: an interval
+    set refuses an overlapping interval, and a removal in an earlier step would leave a
+    gap. The steps that add go first, in the list's order, then those that only remove
+    prefixes the list dropped. Between steps the sets hold every ban of the list they
+    held before, those added so far, and the dropped ones not yet removed: a ban ends
+    a moment late, never early."""
+    n_add = len(add_t)
+    parent = list(range(n_add + len(remove_t)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def join(i: int, j: int) -> None:
+        a, b = root(i), root(j)
+        if a != b:
+            parent[max(a, b)] = min(a, b)  # the lower index leads: an add, where there is one
+
+    index = {(v, a, p): i for i, (v, a, p, _left) in enumerate(add_t)}
+    spans: dict[int, list[tuple[int, int, int]]] = {4: [], 6: []}  # the interval adds: (first, after, index)
+    for i, (v, a, p, _left) in enumerate(add_t):
+        bits = 32 if v == 4 else 128
+        if p < bits:
+            spans[v].append((a, a + (1 << (bits - p)), i))
+    firsts = {}
+    for v, sv in spans.items():
+        sv.sort()
+        firsts[v] = [f for f, _after, _i in sv]
+    for j, (v, a, p) in enumerate(remove_t, n_add):
+        same = index.get((v, a, p))
+        if same is not None:  # written anew: the list's prefixes overlap no other
+            join(same, j)
+            continue
+        bits = 32 if v == 4 else 128
+        if p == bits:  # an address of a hash set: overlaps nothing
+            continue
+        after = a + (1 << (bits - p))
+        sv = spans[v]
+        k = bisect.bisect_left(firsts[v], a)
+        if k and sv[k - 1][1] > a:  # an added prefix that holds it
+            join(sv[k - 1][2], j)
+        while k < len(sv) and sv[k][0] < after:  # added prefixes inside it
+            join(sv[k][2], j)
+            k += 1
+    # a group is led by its lowest index: an add's (in the list's order) where it has one,
+    # so ordering by the leader puts the steps that add first; a stable sort keeps each
+    # group's members together. Plain ints only: 180,000 small containers cost seconds of
+    # the garbage collector's time.
+    total = len(parent)
+    lead = [root(i) for i in range(total)]
+    size = [0] * total  # elements per group (at its leader): an address is one, an interval two
+    for i in range(total):
+        v, _a, p = add_t[i][:3] if i < n_add else remove_t[i - n_add]
+        size[lead[i]] += 1 if p == (32 if v == 4 else 128) else 2
+    out: list[tuple[list[Add], list[Remove]]] = []
+    adds: list[Add] = []
+    removes: list[Remove] = []
+    room, cur = step, -1
+    for i in sorted(range(total), key=lead.__getitem__):
+        g = lead[i]
+        if g != cur:  # a group begins: cut before it if it does not fit
+            cur = g
+            if (adds or removes) and size[g] > room:
+                out.append((adds, removes))
+                adds, removes, room = [], [], step
+            room -= size[g]
+        if i < n_add:
+            adds.append(add_t[i])
+        else:
+            removes.append(remove_t[i - n_add])
+    if adds or removes:
+        out.append((adds, removes))
+    return out
+
+
 @dataclass(frozen=True)
 class Held:
     """What the ban sets held (held_prefixes per family; None: a set missing or holding
@@ -112,6 +197,73 @@ def _generation_is(gen: int) -> bool:
         return generation() == gen
     except OSError:  # NetlinkError too: the generation unknown, the read ahead is not trusted
         return False
+
+
+def _difference(
+    prefixes: list[Add], found: dict[int, dict[tuple[int, int], int]], age: float
+) -> tuple[list[Add], list[Remove]]:
+    """What to add and remove so that sets holding `found` (ms left, read `age` s ago)
+    hold `prefixes`: a prefix held with its time about right stays untouched, one held
+    too short (or far too long) is written anew (removed and added), one not in the
+    list goes. Tuples only: 100,000 network objects cost more than a whole write."""
+    add_t: list[Add] = []
+    remove_t: list[Remove] = []
+    lo, hi = (age - SYNC_SHORT_S) * 1000, (age + SYNC_LONG_S) * 1000  # ms held then - ms wanted now
+    # what is left in `rest` after the walk is held but not wanted (a prefix twice in
+    # `prefixes`: its second is written again, never left out)
+    rest = {4: dict(found[4]), 6: dict(found[6])}
+    pop = {v: d.pop for v, d in rest.items()}
+    for t in prefixes:
+        v, a, p, left = t
+        ms = pop[v]((a, p), None)
+        if ms is None:
+            add_t.append(t)
+        elif not lo <= ms - left * 1000 <= hi:
+            add_t.append(t)
+            remove_t.append((v, a, p))
+    for v in (4, 6):
+        remove_t.extend((v, a, p) for a, p in rest[v])
+    return add_t, remove_t
+
+
+def _tuple_changes(add_t: list[Add], remove_t: list[Remove]) -> list[nfelements.Change]:
+    """One Change per set of each family: `remove_t` deleted, then `add_t` added, in
+    ascending order, every element byte for byte what change() makes of the prefixes."""
+    out: list[nfelements.Change] = []
+    for f, width in ((4, 4), (6, 16)):
+        head, tail, key = nfelements.FIXED[width]
+        plain, end = nfelements.KEYS[width]
+        bits = 8 * width
+        top = 1 << bits
+        hosts: list[bytes] = []
+        spans: list[bytes] = []
+        for _v, a, p, left in sorted(t for t in add_t if t[0] == f):
+            start = head + nfelements.to_timeout_ms(left).to_bytes(8, "big") + key + a.to_bytes(width, "big")
+            if p == bits:
+                hosts.append(start)
+                continue
+            spans.append(start)
+            after = a + (1 << (bits - p))
+            if after < top:
+                spans.append(tail + key + after.to_bytes(width, "big"))
+        gone_hosts: list[bytes] = []
+        gone_spans: list[bytes] = []
+        for _v, a, p in sorted(t for t in remove_t if t[0] == f):
+            if p == bits:
+                gone_hosts.append(plain + a.to_bytes(width, "big"))
+                continue
+            gone_spans.append(plain + a.to_bytes(width, "big"))
+            after = a + (1 << (bits - p))
+            if after < top:
+                gone_spans.append(end + after.to_bytes(width, "big"))
+        if spans:
+            spans.insert(0, nfelements.elem(bytes(width), end=True))  # the set's lower bound, as nft writes it
+        for name, interval, els, gone in (
+            (NFT_BAN_HOST_SETS[f], False, hosts, gone_hosts),
+            (NFT_BAN_SETS[f], True, spans, gone_spans),
+        ):
+            out.append(nfelements.Change(NFT_TABLE, name, interval, elements=els or None, removals=gone or None))
+    return out
 
 
 class NftBanSets:
@@ -233,16 +385,19 @@ class NftBanSets:
     ) -> dict[str, int | str]:
         """replace_prefixes() for sets that may hold the list already (a restart after
         on_stop: keep or a crash, issue 35): read what they hold (one dump, matched as
-        bytes) and write only the difference, in one transaction: a prefix held with its
-        time about right stays untouched, one held too short (or far too long) is written anew
-        (removed and added in that transaction: never missing), one not in the list goes.
-        Flushing and rewriting 100,000 elements costs the kernel 3-4 times what writing
-        them into empty sets does. Sets holding anything netlimit does not write, a
-        difference of more than half the list, or a refused write: the sets are written
-        whole (replace_prefixes). `held`: what the sets held a moment ago (held(), read
-        beside the start's other work), used when no commit was made since (the ruleset's
-        generation is the same), else the sets are read now. What was done: {"write":
-        "diff"|"whole", "held", "added", "removed", "held_from": "prefetch"|"dump"}."""
+        bytes) and write only the difference (_difference): a prefix held with its time
+        about right stays untouched, one held too short (or far too long) is written anew
+        (removed and added in one transaction: never missing), one not in the list goes.
+        Up to FILL_STEP changes are one transaction; more are written in steps that never
+        leave a ban of the list out (diff_steps): one transaction of 100,000 takes about
+        1 GiB of kernel memory (fill_in_steps). Empty sets are filled in steps; sets
+        holding anything netlimit does not write, or a write refused twice: the sets are
+        written whole in one transaction (replace_prefixes). `held`: what the sets held a
+        moment ago (held(), read beside the start's other work), used when no commit was
+        made since (the ruleset's generation is the same), else the sets are read now.
+        What was done: {"write": "diff"|"whole", "held", "added", "removed", "held_from":
+        "prefetch"|"dump", and "why" (whole: "empty"|"unread"|"refused") or "steps" and
+        "attempts" (a diff in steps)}."""
         found, age, source = self._held_now(held)
         if found is None:
             self.replace_prefixes(prefixes)
@@ -256,36 +411,38 @@ class NftBanSets:
         if not n_held:  # empty sets (a reboot, a new set): nothing to compare, nothing to keep
             self.replace_prefixes(prefixes, empty=True)
             return dict(whole, why="empty")
-        # tuples first, networks only for a difference worth writing (100,000 network
-        # objects cost more than the whole write)
-        add_t: list[tuple[int, int, int, float]] = []
-        remove_t: list[tuple[int, int, int]] = []
-        lo, hi = (age - SYNC_SHORT_S) * 1000, (age + SYNC_LONG_S) * 1000  # ms held then - ms wanted now
-        # what is left in `rest` after the walk is held but not wanted (a prefix twice in
-        # `prefixes`: its second is written again, never left out)
-        rest = {4: dict(found[4]), 6: dict(found[6])}
-        pop = {v: d.pop for v, d in rest.items()}
-        for t in prefixes:
-            v, a, p, left = t
-            ms = pop[v]((a, p), None)
-            if ms is None:
-                add_t.append(t)
-            elif not lo <= ms - left * 1000 <= hi:
-                add_t.append(t)
-                remove_t.append((v, a, p))
-        for v in (4, 6):
-            remove_t.extend((v, a, p) for a, p in rest[v])
-        if 2 * (len(add_t) + len(remove_t)) > len(prefixes):
-            self.replace_prefixes(prefixes)
-            return dict(whole, why="differs")
-        add = {network_of(v, a, p): left for v, a, p, left in add_t}
-        remove = [network_of(*k) for k in remove_t]
+        add_t, remove_t = _difference(prefixes, found, age)
         done: dict[str, int | str] = {
-            "write": "diff", "held": n_held, "added": len(add), "removed": len(remove), "held_from": source
+            "write": "diff", "held": n_held, "added": len(add_t), "removed": len(remove_t), "held_from": source
         }  # fmt: skip
-        try:
-            self.change(add, remove)
-        except NetlinkError:  # an element expired between the dump and the write: the sets whole
-            self.replace_prefixes(prefixes)
-            return dict(whole, why="refused")
-        return done
+        if len(add_t) + len(remove_t) <= FILL_STEP:
+            try:
+                self._change_t(add_t, remove_t)
+            except NetlinkError:  # an element expired between the dump and the write: the sets whole
+                self.replace_prefixes(prefixes)
+                return dict(whole, why="refused")
+            return done
+        # a difference too large for one transaction (a start after a long stop, a list
+        # that changed under a stopped daemon): in steps that never leave a ban out
+        # (diff_steps). A refused step -- most often a dropped prefix that expired in the
+        # kernel before its removal came -- leaves the steps before it; the sets are read
+        # again and what still differs is written in steps once more, then whole.
+        for attempt in (1, 2):
+            steps = diff_steps(add_t, remove_t, FILL_STEP)
+            try:
+                for adds, removes in steps:
+                    self._change_t(adds, removes)
+                return dict(done, steps=len(steps), attempts=attempt)
+            except NetlinkError:
+                found = self._read_held()
+                if found is None or attempt == 2:
+                    break
+                add_t, remove_t = _difference(prefixes, found, 0.0)
+        self.replace_prefixes(prefixes)
+        return dict(whole, why="refused")
+
+    def _change_t(self, add_t: list[Add], remove_t: list[Remove]) -> None:
+        """change() from tuples (one transaction), its elements made from the integers as
+        replace_prefixes makes them (100,000 network objects and their elements made one
+        by one took 3 s of a 180,000-prefix difference)."""
+        nfelements.write(_tuple_changes(add_t, remove_t), NFT_FAMILY)

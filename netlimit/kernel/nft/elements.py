@@ -103,6 +103,10 @@ def _fixed(width: int) -> tuple[bytes, bytes, bytes]:
 
 
 FIXED = {4: _fixed(4), 16: _fixed(16)}
+#: per key width, the bytes before the key of an element without a timeout (a start, an
+#: address: what a removal names) and of an interval's end: elem() of a key is one of
+#: these and the key (the key comes last and needs no padding at 4 or 16 bytes)
+KEYS = {w: (elem(bytes(w))[:-w], elem(bytes(w), end=True)[:-w]) for w in (4, 16)}
 
 
 def _intervals(nets: dict[IPNetwork, float]) -> list[bytes]:
@@ -151,10 +155,11 @@ class Change:
     add: dict[IPNetwork, float] | None = None
     delete: list[IPNetwork] | None = None
     elements: list[bytes] | None = None  # elements to add, made by the caller (banset.py), in order
+    removals: list[bytes] | None = None  # elements to delete, made by the caller (KEYS), in order: after `delete`
 
     @property
     def empty(self) -> bool:
-        return not self.flush and not self.add and not self.delete and not self.elements
+        return not self.flush and not self.add and not self.delete and not self.elements and not self.removals
 
 
 def _messages(ch: Change, family: int, seq0: int) -> list[bytes]:
@@ -176,6 +181,8 @@ def _messages(ch: Change, family: int, seq0: int) -> list[bytes]:
         for net in sorted(ch.delete, key=_order):
             dels.extend(_interval(net, None) if ch.interval else [elem(net.network_address.packed)])
         emit(NFT_MSG_DELSETELEM, dels)
+    if ch.removals:
+        emit(NFT_MSG_DELSETELEM, ch.removals)
     if ch.add:
         adds: list[bytes] = []
         if ch.interval:
