@@ -21,7 +21,7 @@ are relative to nginx's own scaling on the same host in the same rounds.
 The goals are judged at 32 connections, the load this section has always used;
 full runs then repeat the four main targets at 8 and 128 connections (SWEEP),
 rows without a goal: the scaling of both servers moves with wrk's connection
-count, and so does their ratio (0.6-0.9 across 8-256 connections on the 2-core
+count, and so does their ratio (0.6-1.0 across 8-256 connections on the 2-core
 test host, docs/performance.md).
 
 Where the time goes, per target (medians of the rounds): the CPU the server's
