@@ -90,7 +90,7 @@ def _write(bans: dict[str, Any]) -> str:
     found the list there), or the sets written whole."""
     if bans.get("write") == "diff":
         ahead = _ahead_source(bans)
-        steps = f" in {bans['steps']} steps" if bans.get("steps") else ""
+        steps = f" in {bans['steps']} steps" if bans.get("steps", 0) > 1 else ""
         return (
             f": {bans.get('added', 0)} written, {bans.get('removed', 0)} removed{steps},"
             f" {bans.get('held', 0)} held before{ahead}"

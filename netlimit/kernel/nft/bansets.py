@@ -226,26 +226,46 @@ def _difference(
     return add_t, remove_t
 
 
+def _add_elements(prefixes: list[Add], f: int, width: int) -> tuple[list[bytes], list[bytes], list[int]]:
+    """The elements that add `prefixes` of family `f` (ascending), made from the integers,
+    byte for byte what change() makes of network objects: the hash set's (an address's
+    element is an interval's start) and the interval set's (the set's lower bound, as nft
+    writes it, then a start and, below the top of the space, an end per prefix; none at
+    all without a prefix), and the index in the latter where each prefix's elements begin
+    (fill_in_steps cuts only there)."""
+    head, tail, key = nfelements.FIXED[width]
+    bits = 8 * width
+    top = 1 << bits
+    spans = [nfelements.elem(bytes(width), end=True)]
+    add = spans.append
+    hosts: list[bytes] = []
+    host = hosts.append
+    begins: list[int] = []
+    begin = begins.append
+    for v, a, p, left in prefixes:
+        if v != f:
+            continue
+        start = head + nfelements.to_timeout_ms(left).to_bytes(8, "big") + key + a.to_bytes(width, "big")
+        if p == bits:
+            host(start)
+            continue
+        begin(len(spans))
+        add(start)
+        after = a + (1 << (bits - p))
+        if after < top:
+            add(tail + key + after.to_bytes(width, "big"))
+    return hosts, spans if begins else [], begins
+
+
 def _tuple_changes(add_t: list[Add], remove_t: list[Remove]) -> list[nfelements.Change]:
     """One Change per set of each family: `remove_t` deleted, then `add_t` added, in
     ascending order, every element byte for byte what change() makes of the prefixes."""
     out: list[nfelements.Change] = []
     for f, width in ((4, 4), (6, 16)):
-        head, tail, key = nfelements.FIXED[width]
         plain, end = nfelements.KEYS[width]
         bits = 8 * width
         top = 1 << bits
-        hosts: list[bytes] = []
-        spans: list[bytes] = []
-        for _v, a, p, left in sorted(t for t in add_t if t[0] == f):
-            start = head + nfelements.to_timeout_ms(left).to_bytes(8, "big") + key + a.to_bytes(width, "big")
-            if p == bits:
-                hosts.append(start)
-                continue
-            spans.append(start)
-            after = a + (1 << (bits - p))
-            if after < top:
-                spans.append(tail + key + after.to_bytes(width, "big"))
+        hosts, spans, _begins = _add_elements(sorted(t for t in add_t if t[0] == f), f, width)
         gone_hosts: list[bytes] = []
         gone_spans: list[bytes] = []
         for _v, a, p in sorted(t for t in remove_t if t[0] == f):
@@ -256,8 +276,6 @@ def _tuple_changes(add_t: list[Add], remove_t: list[Remove]) -> list[nfelements.
             after = a + (1 << (bits - p))
             if after < top:
                 gone_spans.append(end + after.to_bytes(width, "big"))
-        if spans:
-            spans.insert(0, nfelements.elem(bytes(width), end=True))  # the set's lower bound, as nft writes it
         for name, interval, els, gone in (
             (NFT_BAN_HOST_SETS[f], False, hosts, gone_hosts),
             (NFT_BAN_SETS[f], True, spans, gone_spans),
@@ -348,33 +366,11 @@ class NftBanSets:
         changes = []
         starts: dict[str, list[int]] = {}  # per interval set: where each prefix's elements begin
         for f, width in ((4, 4), (6, 16)):
-            head, tail, key = nfelements.FIXED[width]
-            bits = 8 * width
-            top = 1 << bits
-            els = [nfelements.elem(bytes(width), end=True)]  # the set's lower bound, as nft writes it
-            add = els.append
-            hosts: list[bytes] = []  # a hash set's element is an interval's start, byte for byte
-            host = hosts.append
-            begins = starts[NFT_BAN_SETS[f]] = []
-            begin = begins.append
-            for v, a, p, left in prefixes:
-                if v != f:
-                    continue
-                start = head + nfelements.to_timeout_ms(left).to_bytes(8, "big") + key + a.to_bytes(width, "big")
-                if p == bits:
-                    host(start)
-                    continue
-                begin(len(els))
-                add(start)
-                after = a + (1 << (bits - p))
-                if after < top:
-                    add(tail + key + after.to_bytes(width, "big"))
+            hosts, spans, starts[NFT_BAN_SETS[f]] = _add_elements(prefixes, f, width)
             changes.append(
                 nfelements.Change(NFT_TABLE, NFT_BAN_HOST_SETS[f], False, flush=True, elements=hosts or None)
             )
-            changes.append(
-                nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, flush=True, elements=els if len(els) > 1 else None)
-            )
+            changes.append(nfelements.Change(NFT_TABLE, NFT_BAN_SETS[f], True, flush=True, elements=spans or None))
         if empty:
             fill_in_steps(changes, starts)
         else:
@@ -388,16 +384,16 @@ class NftBanSets:
         bytes) and write only the difference (_difference): a prefix held with its time
         about right stays untouched, one held too short (or far too long) is written anew
         (removed and added in one transaction: never missing), one not in the list goes.
-        Up to FILL_STEP changes are one transaction; more are written in steps that never
-        leave a ban of the list out (diff_steps): one transaction of 100,000 takes about
-        1 GiB of kernel memory (fill_in_steps). Empty sets are filled in steps; sets
+        It is written in steps of about FILL_STEP elements that never leave a ban of the
+        list out (diff_steps; a small difference is one step): one transaction of 100,000
+        takes about 1 GiB of kernel memory (fill_in_steps). Empty sets are filled in steps; sets
         holding anything netlimit does not write, or a write refused twice: the sets are
         written whole in one transaction (replace_prefixes). `held`: what the sets held a
         moment ago (held(), read beside the start's other work), used when no commit was
         made since (the ruleset's generation is the same), else the sets are read now.
         What was done: {"write": "diff"|"whole", "held", "added", "removed", "held_from":
         "prefetch"|"dump", and "why" (whole: "empty"|"unread"|"refused") or "steps" and
-        "attempts" (a diff in steps)}."""
+        "attempts" (a diff)}."""
         found, age, source = self._held_now(held)
         if found is None:
             self.replace_prefixes(prefixes)
@@ -415,18 +411,11 @@ class NftBanSets:
         done: dict[str, int | str] = {
             "write": "diff", "held": n_held, "added": len(add_t), "removed": len(remove_t), "held_from": source
         }  # fmt: skip
-        if len(add_t) + len(remove_t) <= FILL_STEP:
-            try:
-                self._change_t(add_t, remove_t)
-            except NetlinkError:  # an element expired between the dump and the write: the sets whole
-                self.replace_prefixes(prefixes)
-                return dict(whole, why="refused")
-            return done
-        # a difference too large for one transaction (a start after a long stop, a list
-        # that changed under a stopped daemon): in steps that never leave a ban out
-        # (diff_steps). A refused step -- most often a dropped prefix that expired in the
-        # kernel before its removal came -- leaves the steps before it; the sets are read
-        # again and what still differs is written in steps once more, then whole.
+        # in steps of about FILL_STEP elements that never leave a ban out (diff_steps; a
+        # small difference is one step): one transaction of 100,000 takes about 1 GiB of
+        # kernel memory. A refused step -- most often a dropped prefix that expired in the
+        # kernel between the dump and its removal -- leaves the steps before it; the sets
+        # are read again and what still differs is written in steps once more, then whole.
         for attempt in (1, 2):
             steps = diff_steps(add_t, remove_t, FILL_STEP)
             try:
