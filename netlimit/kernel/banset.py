@@ -7,8 +7,10 @@ never touches them (a no-op apply leaves them, a changed rule keeps them); this 
 is the only writer, and each element carries its own timeout, so a ban ends in the
 kernel on time even while netlimitd is down.
 
-* nftables (`NftBanSets`, nft/bansets.py): one netlink batch per change (nft/elements.py),
-  one for a whole reload (flush + every element: no moment without bans);
+* nftables (`NftBanSets`, nft/bansets.py): netlink batches (nft/elements.py), one per
+  change up to about 5,000 elements; a larger change and a whole write of the list
+  (sync_prefixes: a start, a reload) go in steps of that size that never leave a ban out
+  (one transaction of 100,000 takes over 1 GiB of kernel memory);
 * legacy x_tables (`IpsetBanSets`): `ipset restore` (xtables/ipset.py); a whole
   reload fills a fresh set and swaps it in.
 
@@ -37,7 +39,8 @@ class BanSets(Protocol):
         ...
 
     def change(self, add: dict[IPNetwork, float], remove: list[IPNetwork]) -> None:
-        """Remove, then add or renew, in one transaction per family at most."""
+        """Remove, then add or renew: one transaction per family at most (nftables: a
+        change of more than about 5,000 elements in steps, none leaving a ban out)."""
         ...
 
     def read(self) -> dict[IPNetwork, float | None] | None:

@@ -361,3 +361,69 @@ def test_a_large_difference_is_written_in_steps_that_never_drop_a_ban(topo, monk
     assert (done["write"], done["attempts"]) == ("diff", 2), done
     assert all(shared <= held for held in between), between
     assert set(run_in_netns(topo.srv, s.read)) == set(new)
+
+
+def test_a_large_change_is_written_in_steps_that_never_drop_a_ban(topo, monkeypatch):
+    """A change() of more than FILL_STEP elements (netlimitd's difference after a long
+    outage of the list's store) is written in steps (kernel/nft/bansets.diff_steps):
+    after every step the sets hold every ban the change leaves alone, the additions so
+    far and the removals not yet made, nothing else; a new /16 goes in the step that
+    removes the /24s inside it (the kernel refuses overlapping intervals). A small
+    change stays one transaction. A refused step raises and leaves the steps before it
+    (netlimitd then reloads: sync_prefixes writes what still differs)."""
+    from netlimit.kernel.nft import bansets
+
+    topo.apply(CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate=""))
+    s = ban_sets("nftables")
+    held = {N(f"10.0.{i}.0/24"): 600.0 for i in range(6)}
+    held.update({N(f"10.1.{i}.0/24"): 600.0 for i in range(4)})  # removed: the new 10.1.0.0/16 holds them
+    held.update({N(f"10.3.0.{i}/32"): 600.0 for i in range(5)})
+    held.update({N(f"2001:db8:0:{i:x}::/64"): 600.0 for i in range(3)})
+    add = {N("10.1.0.0/16"): 600.0, N("255.255.255.0/24"): 600.0}
+    add.update({N(f"10.4.0.{i}/32"): 600.0 for i in range(6)})
+    add.update({N(f"2001:db9::{i:x}/128"): 600.0 for i in range(3)})
+    remove = [N("10.0.4.0/24"), N("10.0.5.0/24"), N("10.3.0.3/32"), N("10.3.0.4/32"), N("2001:db8:0:2::/64")]
+    remove += [N(f"10.1.{i}.0/24") for i in range(4)]
+    untouched = set(held) - set(remove)
+    run_in_netns(topo.srv, lambda: s.replace(held))
+
+    real = nfelements.write
+    between: list[set] = []
+
+    def counted(changes, family="inet"):
+        out = real(changes, family)
+        between.append(set(s.read() or {}))  # in the namespace: called inside run_in_netns
+        return out
+
+    monkeypatch.setattr(bansets, "FILL_STEP", 3)
+    monkeypatch.setattr(nfelements, "write", counted)
+    run_in_netns(topo.srv, lambda: s.change(add, remove))
+    assert len(between) > 4, between
+    for now in between:
+        assert untouched <= now <= set(held) | set(add), now
+    assert [len(h & set(add)) for h in between] == sorted(len(h & set(add)) for h in between)  # additions only grow
+    assert set(run_in_netns(topo.srv, s.read)) == untouched | set(add)
+
+    # a small change: one transaction
+    monkeypatch.setattr(bansets, "FILL_STEP", 5000)
+    between.clear()
+    run_in_netns(topo.srv, lambda: s.change({N("10.5.0.0/24"): 60.0}, [N("10.4.0.0/32"), N("10.1.0.0/16")]))
+    assert len(between) == 1
+    assert N("10.5.0.0/24") in between[0] and not {N("10.4.0.0/32"), N("10.1.0.0/16")} & between[0]
+
+    # a step refused: it raises, the steps before it stay, no ban left alone is missing
+    run_in_netns(topo.srv, lambda: s.replace(held))
+    monkeypatch.setattr(bansets, "FILL_STEP", 3)
+    calls: list[int] = []
+
+    def refused(changes, family="inet"):
+        calls.append(1)
+        if len(calls) == 3:
+            raise nfelements.NetlinkError(2, "refused for the test")
+        return real(changes, family)
+
+    monkeypatch.setattr(nfelements, "write", refused)
+    with pytest.raises(OSError):
+        run_in_netns(topo.srv, lambda: s.change(add, remove))
+    part = set(run_in_netns(topo.srv, s.read))
+    assert untouched <= part and part & set(add) and not set(add) <= part, part

@@ -89,9 +89,10 @@ def test_steps_hold_about_step_elements_and_keep_groups_whole():
     assert [len(a) for a, _r in steps[1:]] == [4, 4, 2], steps
 
 
-def test_elements_made_from_integers_are_those_change_makes():
-    """_tuple_changes (a step's elements made from the integers) sends the kernel byte
-    for byte the messages change() sends for the same prefixes as network objects."""
+def test_elements_made_from_integers_are_those_made_of_network_objects():
+    """_tuple_changes (a step's elements made from the integers: change() and
+    sync_prefixes) sends the kernel byte for byte the messages elements.py makes of the
+    same prefixes as network objects (_changes, which replace() writes)."""
     import ipaddress
 
     from netlimit.kernel.nft import elements as nfelements

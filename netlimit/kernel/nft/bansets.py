@@ -325,7 +325,17 @@ class NftBanSets:
         nfelements.write(_changes(bans, [], flush=True), NFT_FAMILY)
 
     def change(self, add: dict[IPNetwork, float], remove: list[IPNetwork]) -> None:
-        nfelements.write(_changes(add, remove, flush=False), NFT_FAMILY)
+        """Remove, then add or renew: one transaction for a change of up to about
+        FILL_STEP elements (a ban, an unban, an expiry tick), steps of that size that
+        never leave a ban out for a larger one (diff_steps: a reconnect to the list's
+        store after a long outage may bring 100,000 at once, and one transaction of that
+        size takes over 1 GiB of kernel memory). A refused step raises, leaving the steps
+        before it: the caller's reload (sync_prefixes) writes what still differs."""
+        add_t: list[Add] = [(n.version, int(n.network_address), n.prefixlen, left) for n, left in add.items()]
+        remove_t: list[Remove] = [(n.version, int(n.network_address), n.prefixlen) for n in remove]
+        add_t.sort()
+        for adds, removes in diff_steps(add_t, remove_t, FILL_STEP):
+            self._change_t(adds, removes)
 
     def read(self) -> dict[IPNetwork, float | None] | None:
         out: dict[IPNetwork, float | None] = {}
@@ -380,7 +390,8 @@ class NftBanSets:
         self, prefixes: list[tuple[int, int, int, float]], held: Held | None = None
     ) -> dict[str, int | str]:
         """replace_prefixes() for sets that may hold the list already (a restart after
-        on_stop: keep or a crash, issue 35): read what they hold (one dump, matched as
+        on_stop: keep or a crash, issue 35; netlimitd's reload after an apply or drift):
+        read what they hold (one dump, matched as
         bytes) and write only the difference (_difference): a prefix held with its time
         about right stays untouched, one held too short (or far too long) is written anew
         (removed and added in one transaction: never missing), one not in the list goes.
