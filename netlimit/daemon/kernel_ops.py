@@ -122,16 +122,9 @@ class KernelOps:
 
         return ban_sets(self.backend).cover
 
-    def bans_replace(self, bans) -> None:
-        self._bans(lambda s, b: s.replace(b), bans)
-
-    def bans_replace_prefixes(self, prefixes) -> None:
-        from ..kernel.banset import replace_prefixes
-
-        self._bans(replace_prefixes, prefixes)
-
     def bans_sync_prefixes(self, prefixes, held: Any = None) -> dict:
-        """bans_replace_prefixes writing only the difference from what the sets hold
+        """Make the ban sets hold `prefixes` (every whole write of the list: a start, a
+        reload), writing only the difference from what they hold where the backend can
         (`held`: what bans_held_ahead read, if it still stands)."""
         from ..kernel.banset import sync_prefixes
 

@@ -89,6 +89,35 @@ def test_a_read_ahead_still_running_is_waited_for_at_most_ahead_wait(monkeypatch
         release.set()
 
 
+def test_a_reload_writes_the_list_through_the_sync(monkeypatch):
+    """A reload (after an apply, drift, a refused write) goes through the same sync as a
+    start (banset.sync_prefixes: only what differs, in steps), never one transaction of
+    the whole list; the status's last_load says why and what it wrote. A refused sync
+    leaves a reload due."""
+    from netlimit.bans.model import Ban
+    from netlimit.prefixes import network_of
+
+    k = Kernel(lambda: None)
+    f = follower(k)
+    nets = [network_of(v, a, p) for v, a, p, _left in PREFIXES]
+    for net in reversed(nets):
+        f.index.put(Ban(net, expires=0.0), 600.0)
+    f.reload("drift")
+    assert len(k.syncs) == 1 and k.syncs[0][1] == ()  # no read ahead: the sync reads the sets itself
+    assert [p[:3] for p in k.syncs[0][0]] == sorted(p[:3] for p in PREFIXES)  # ascending, as the sync takes them
+    assert all(599 < p[3] <= 600 for p in k.syncs[0][0])
+    assert f.load_timings["reason"] == "drift" and f.load_timings["write"] == "diff", f.load_timings
+    assert f.kernel_known and not f.need_reload
+
+    def refused(prefixes, *held):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(k, "bans_sync_prefixes", refused)
+    f.reload("after an apply")
+    assert f.need_reload and not f.kernel_known
+    assert "Cannot allocate memory" in f.last_error
+
+
 def test_read_ahead_returns_the_result_or_none():
     assert ReadAhead(lambda: 42).take(10) == 42
     assert ReadAhead(lambda: 1 / 0).take(10) is None

@@ -192,9 +192,20 @@ def test_drift_of_the_elements_is_repaired(hosts, daemons, redis_server, redis_l
     d = daemons(hosts[0], text(redis_server.url, prefix), "a", resync=0.5)
     d.start()
     lst.add(N("198.51.100.0/24"), 600)
-    wait_for(lambda: kernel(hosts[0]), 10, "the ban in the kernel")
-    sh("ip", "netns", "exec", hosts[0], "nft", "flush", "set", "inet", "netlimit", "bans4")
-    wait_for(lambda: N("198.51.100.0/24") in kernel(hosts[0]), 10, "the ban put back")
+    lst.add(N("198.51.100.7/32"), 600)  # hidden in the /24: the kernel holds the /24 only
+    lst.add(N("203.0.113.5/32"), 600)
+    want = {N("198.51.100.0/24"), N("203.0.113.5/32")}
+    wait_for(lambda: set(kernel(hosts[0])) == want, 10, "the bans in the kernel")
+    loads = d.status()["bans"]["loads"]
+    # one transaction: the /24 gone, two strangers in (of the form netlimit writes: with a
+    # timeout; an element without one makes the sync write the sets whole)
+    drift = "flush set inet netlimit bans4; add element inet netlimit banhosts4 "
+    drift += "{ 192.0.2.9 timeout 1h, 192.0.2.10 timeout 1h }"
+    sh("ip", "netns", "exec", hosts[0], "nft", drift)
+    wait_for(lambda: set(kernel(hosts[0])) == want, 10, "the ban put back, the strangers gone")
+    # the repair wrote only what drifted (banset.sync_prefixes), not the whole list anew
+    last = wait_for(lambda: (s := d.status()["bans"])["loads"] > loads and s["last_load"], 10, "the repair's report")
+    assert (last["reason"], last["write"], last["added"], last["removed"]) == ("drift", "diff", 1, 2), last
     sh("ip", "netns", "exec", hosts[0], "nft", "delete", "table", "inet", "netlimit")
     wait_for(lambda: N("198.51.100.0/24") in kernel(hosts[0]), 10, "the table and the ban put back")
     assert d.status()["drift_repairs"] >= 2
