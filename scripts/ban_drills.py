@@ -35,8 +35,10 @@ write    (nftables; not in the default set) `--bans` prefixes written into host 
          does): seconds, the writer's system CPU and the host's memory taken at the peak
          (MemFree every 2 ms); each write read back whole (docs/reliability.md). Then
          the same list written over sets that hold another sharing a tenth of it (a
-         start after a long stop): whole in one transaction, and as sync_prefixes does
-         it (the difference in steps, kernel/nft/bansets.diff_steps).
+         start after a long stop, a reload after drift): whole in one transaction, and
+         as sync_prefixes does it (the difference in steps, kernel/nft/bansets.diff_steps);
+         and that difference handed to change() (netlimitd back from a long outage of
+         the list's store): in one transaction (change() before stop 46) and in steps.
 outage   a client banned for 4 s; Redis is killed: host B keeps dropping it, then lets
          it through again when its time is up (measured against the expiry); Redis comes
          back empty and the daemons follow it again.
@@ -813,6 +815,20 @@ def write(f: Fleet, n: int, rounds: int) -> dict:
             return measure(lambda: sets.sync_prefixes(prefixes), nets)
         return measure(lambda: sets.replace_prefixes(prefixes), nets)
 
+    def change(stepped: bool) -> dict:
+        """The difference from another held list handed to change(), as netlimitd does
+        after a long outage of the list's store: in steps, or in one transaction (what
+        change() did before stop 46)."""
+        from netlimit.kernel.nft import elements as nfelements
+        from netlimit.kernel.nft.bansets import _changes
+        from netlimit.kernel.objects import NFT_FAMILY
+
+        run_in_netns(ns, lambda: sets.replace({}))
+        run_in_netns(ns, lambda: sets.replace_prefixes(before, empty=True))
+        if stepped:
+            return measure(lambda: sets.change(added, removed), nets)
+        return measure(lambda: nfelements.write(_changes(added, removed, flush=False), NFT_FAMILY), nets)
+
     def measure(fn, want: list) -> dict:
         low, done = [free_kib()], threading.Event()
 
@@ -848,12 +864,17 @@ def write(f: Fleet, n: int, rounds: int) -> dict:
     keep = set(nets[::10])
     other = sorted(keep | set(other[: n - len(keep)]), key=lambda x: (x.version, int(x.network_address)))
     before = [(x.version, int(x.network_address), x.prefixlen, 3600.0) for x in other]
-    runs: dict[str, list[dict]] = {"one_transaction": [], "steps": [], "over_whole": [], "over_diff_steps": []}
+    added = dict.fromkeys(set(nets) - set(other), 3600.0)
+    removed = sorted(set(other) - set(nets), key=lambda x: (x.version, int(x.network_address)))
+    ways = ("one_transaction", "steps", "over_whole", "over_diff_steps", "change_one_transaction", "change_steps")
+    runs: dict[str, list[dict]] = {w: [] for w in ways}
     for _ in range(rounds):
         runs["one_transaction"].append(once(False))
         runs["steps"].append(once(True))
         runs["over_whole"].append(over(False))
         runs["over_diff_steps"].append(over(True))
+        runs["change_one_transaction"].append(change(False))
+        runs["change_steps"].append(change(True))
     run_in_netns(ns, lambda: sets.replace({}))
     f.start_daemon("b")
     ok = all(r["whole"] for v in runs.values() for r in v)
