@@ -11,9 +11,10 @@ on nftables, whose interval sets refuse overlaps).
 
 Consistency: the kernel is written with changes while they apply cleanly; any refusal
 (a set recreated by an apply, an element that expired as it was removed) makes the next
-step a full reload (flush + every element in one transaction: no moment without bans).
-After an apply that changed anything, and when the periodic check finds the sets
-differing from the list (drift), the sets are reloaded whole.
+step a full reload. After an apply that changed anything, and when the periodic check
+finds the sets differing from the list (drift), the sets are reloaded too. A reload
+makes the sets hold the whole list as a start does (banset.sync_prefixes: on nftables
+only what differs, in steps that never leave a ban out -- no moment without bans).
 
 Bans are never written for exempt addresses or trusted proxies (skipped, counted).
 """
