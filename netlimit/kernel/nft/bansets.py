@@ -391,8 +391,8 @@ class NftBanSets:
     ) -> dict[str, int | str]:
         """replace_prefixes() for sets that may hold the list already (a restart after
         on_stop: keep or a crash, issue 35; netlimitd's reload after an apply or drift):
-        read what they hold (one dump, matched as
-        bytes) and write only the difference (_difference): a prefix held with its time
+        read what they hold (one dump, matched as bytes) and write only the difference
+        (_difference): a prefix held with its time
         about right stays untouched, one held too short (or far too long) is written anew
         (removed and added in one transaction: never missing), one not in the list goes.
         It is written in steps of about FILL_STEP elements that never leave a ban of the
