@@ -16,6 +16,7 @@ from netlimit.kernel.netns import run_in_netns
 from netlimit.kernel.nft import elements as nfelements
 
 pytestmark = pytest.mark.netns
+_WRITE = nfelements.write  # the real writer (steps_seen wraps it)
 N = ipaddress.ip_network
 
 CONFIG = """
@@ -290,6 +291,27 @@ def test_empty_sets_are_filled_in_steps_that_only_add(topo, monkeypatch):
     assert set(run_in_netns(topo.srv, s.read)) == set(bans)
 
 
+def steps_seen(monkeypatch, s, refuse_at: int = 0) -> list[set]:
+    """Patch the netlink writer so that each transaction is followed by a read of the
+    sets (what they held after each step, in order; called inside run_in_netns, so in
+    the namespace); with `refuse_at`, that transaction is refused instead (ENOENT). A
+    second call replaces the first's recorder."""
+    real = _WRITE
+    between: list[set] = []
+    calls: list[int] = []
+
+    def write(changes, family="inet"):
+        calls.append(1)
+        if len(calls) == refuse_at:  # once: the retry's writes go through (and are read)
+            raise nfelements.NetlinkError(2, "refused for the test")
+        out = real(changes, family)
+        between.append(set(s.read() or {}))
+        return out
+
+    monkeypatch.setattr(nfelements, "write", write)
+    return between
+
+
 def test_a_large_difference_is_written_in_steps_that_never_drop_a_ban(topo, monkeypatch):
     """Sets holding one list, a start with another that differs in more than FILL_STEP
     prefixes (kernel/nft/bansets.diff_steps): written in steps, and after every step
@@ -322,16 +344,8 @@ def test_a_large_difference_is_written_in_steps_that_never_drop_a_ban(topo, monk
     run_in_netns(topo.srv, lambda: s.sync_prefixes(as_prefixes(old)))
     assert set(run_in_netns(topo.srv, s.read)) == set(old)
 
-    real = nfelements.write
-    between: list[set] = []
-
-    def counted(changes, family="inet"):
-        out = real(changes, family)
-        between.append(set(s.read() or {}))  # in the namespace: called inside run_in_netns
-        return out
-
     monkeypatch.setattr(bansets, "FILL_STEP", 3)
-    monkeypatch.setattr(nfelements, "write", counted)
+    between = steps_seen(monkeypatch, s)
     done = run_in_netns(topo.srv, lambda: s.sync_prefixes(as_prefixes(new)))
     assert (done["write"], done["attempts"]) == ("diff", 1), done
     assert done["steps"] == len(between) > 4, (done, between)
@@ -345,18 +359,7 @@ def test_a_large_difference_is_written_in_steps_that_never_drop_a_ban(topo, monk
     # a step refused once: read again, the rest in steps
     run_in_netns(topo.srv, lambda: s.sync_prefixes(as_prefixes(old)))
     assert set(run_in_netns(topo.srv, s.read)) == set(old)
-    calls: list[int] = []
-
-    def refused(changes, family="inet"):
-        calls.append(1)
-        if len(calls) == 3:
-            raise nfelements.NetlinkError(2, "refused for the test")
-        out = real(changes, family)
-        between.append(set(s.read() or {}))
-        return out
-
-    between.clear()
-    monkeypatch.setattr(nfelements, "write", refused)
+    between = steps_seen(monkeypatch, s, refuse_at=3)
     done = run_in_netns(topo.srv, lambda: s.sync_prefixes(as_prefixes(new)))
     assert (done["write"], done["attempts"]) == ("diff", 2), done
     assert all(shared <= held for held in between), between
@@ -387,16 +390,8 @@ def test_a_large_change_is_written_in_steps_that_never_drop_a_ban(topo, monkeypa
     untouched = set(held) - set(remove)
     run_in_netns(topo.srv, lambda: s.replace(held))
 
-    real = nfelements.write
-    between: list[set] = []
-
-    def counted(changes, family="inet"):
-        out = real(changes, family)
-        between.append(set(s.read() or {}))  # in the namespace: called inside run_in_netns
-        return out
-
     monkeypatch.setattr(bansets, "FILL_STEP", 3)
-    monkeypatch.setattr(nfelements, "write", counted)
+    between = steps_seen(monkeypatch, s)
     run_in_netns(topo.srv, lambda: s.change(add, remove))
     assert len(between) > 4, between
     for now in between:
@@ -414,15 +409,7 @@ def test_a_large_change_is_written_in_steps_that_never_drop_a_ban(topo, monkeypa
     # a step refused: it raises, the steps before it stay, no ban left alone is missing
     run_in_netns(topo.srv, lambda: s.replace(held))
     monkeypatch.setattr(bansets, "FILL_STEP", 3)
-    calls: list[int] = []
-
-    def refused(changes, family="inet"):
-        calls.append(1)
-        if len(calls) == 3:
-            raise nfelements.NetlinkError(2, "refused for the test")
-        return real(changes, family)
-
-    monkeypatch.setattr(nfelements, "write", refused)
+    steps_seen(monkeypatch, s, refuse_at=3)
     with pytest.raises(OSError):
         run_in_netns(topo.srv, lambda: s.change(add, remove))
     part = set(run_in_netns(topo.srv, s.read))
