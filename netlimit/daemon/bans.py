@@ -38,6 +38,7 @@ from ..logevery import LogEvery
 from ..prefixes import network_of
 from .kernel_ops import KernelOps
 from .readahead import AHEAD_SWITCH, ReadAhead
+from .startphases import difference
 
 #: what a kernel write reports that bans.last_load carries (banset.sync_prefixes)
 _LOAD_KEYS = ("write", "held", "added", "removed", "held_from", "why", "steps")
@@ -63,11 +64,8 @@ MAX_RULE_LABELS = 100
 
 
 def _written(done: dict[str, Any] | None) -> str:
-    """What a sync wrote, for the log line: its difference and, past one, its steps."""
-    if not done or done.get("write") != "diff":
-        return ""
-    steps = done.get("steps") or 1
-    return f"; {done['added']} written, {done['removed']} removed" + (f" in {steps} steps" if steps > 1 else "")
+    """What a sync wrote, for the log line: its difference, if it wrote one."""
+    return f"; {difference(done)}" if done and done.get("write") == "diff" else ""
 
 
 class BanFollower:

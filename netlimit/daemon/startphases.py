@@ -85,16 +85,20 @@ def _ahead_source(bans: dict[str, Any]) -> str:
     return ""
 
 
+def difference(done: dict[str, Any]) -> str:
+    """What a difference written to the ban sets was (banset.sync_prefixes' report, a
+    "diff"): for the ready line and netlimitd's log lines of every load."""
+    steps = done.get("steps") or 1
+    return f"{done.get('added', 0)} written, {done.get('removed', 0)} removed" + (
+        f" in {steps} steps" if steps > 1 else ""
+    )
+
+
 def _write(bans: dict[str, Any]) -> str:
     """How the kernel write went: the difference from what the sets held (a restart that
     found the list there), or the sets written whole."""
     if bans.get("write") == "diff":
-        ahead = _ahead_source(bans)
-        steps = f" in {bans['steps']} steps" if bans.get("steps", 0) > 1 else ""
-        return (
-            f": {bans.get('added', 0)} written, {bans.get('removed', 0)} removed{steps},"
-            f" {bans.get('held', 0)} held before{ahead}"
-        )
+        return f": {difference(bans)}, {bans.get('held', 0)} held before{_ahead_source(bans)}"
     if bans.get("write") == "whole":
         why = {"empty": "the sets were empty", "refused": "a write refused twice", "unread": "the sets unreadable"}
         more = f" ({why.get(bans.get('why', ''), bans.get('why'))}, {bans.get('held_from')})" if "why" in bans else ""

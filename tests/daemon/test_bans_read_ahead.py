@@ -118,6 +118,19 @@ def test_a_reload_writes_the_list_through_the_sync(monkeypatch):
     assert "Cannot allocate memory" in f.last_error
 
 
+def test_a_difference_is_told_the_same_on_the_ready_line_and_in_the_log():
+    """startphases.difference: one wording for the ready line and netlimitd's log lines."""
+    from netlimit.daemon.bans import _written
+    from netlimit.daemon.startphases import _write, difference
+
+    done = {"write": "diff", "held": 9, "added": 3, "removed": 2, "steps": 1, "held_from": "dump"}
+    assert difference(done) == "3 written, 2 removed"
+    assert difference(dict(done, steps=4)) == "3 written, 2 removed in 4 steps"
+    assert _written(dict(done, steps=4)) == "; 3 written, 2 removed in 4 steps"
+    assert _write(dict(done, steps=4)).startswith(": 3 written, 2 removed in 4 steps, 9 held before")
+    assert _written({"write": "whole", "added": 5}) == _written(None) == ""
+
+
 def test_read_ahead_returns_the_result_or_none():
     assert ReadAhead(lambda: 42).take(10) == 42
     assert ReadAhead(lambda: 1 / 0).take(10) is None

@@ -228,7 +228,7 @@ def _difference(
 
 def _add_elements(prefixes: list[Add], f: int, width: int) -> tuple[list[bytes], list[bytes], list[int]]:
     """The elements that add `prefixes` of family `f` (ascending), made from the integers,
-    byte for byte what change() makes of network objects: the hash set's (an address's
+    byte for byte what elements.py makes of network objects (_changes): the hash set's (an address's
     element is an interval's start) and the interval set's (the set's lower bound, as nft
     writes it, then a start and, below the top of the space, an end per prefix; none at
     all without a prefix), and the index in the latter where each prefix's elements begin
@@ -259,7 +259,8 @@ def _add_elements(prefixes: list[Add], f: int, width: int) -> tuple[list[bytes],
 
 def _tuple_changes(add_t: list[Add], remove_t: list[Remove]) -> list[nfelements.Change]:
     """One Change per set of each family: `remove_t` deleted, then `add_t` added, in
-    ascending order, every element byte for byte what change() makes of the prefixes."""
+    ascending order, every element byte for byte what elements.py makes of the prefixes
+    as network objects (_changes)."""
     out: list[nfelements.Change] = []
     for f, width in ((4, 4), (6, 16)):
         plain, end = nfelements.KEYS[width]
@@ -333,7 +334,7 @@ class NftBanSets:
         before it: the caller's reload (sync_prefixes) writes what still differs."""
         add_t: list[Add] = [(n.version, int(n.network_address), n.prefixlen, left) for n, left in add.items()]
         remove_t: list[Remove] = [(n.version, int(n.network_address), n.prefixlen) for n in remove]
-        add_t.sort()
+        add_t.sort()  # ascending across the steps too: the order the kernel's interval tree takes fastest
         for adds, removes in diff_steps(add_t, remove_t, FILL_STEP):
             self._change_t(adds, removes)
 
@@ -392,14 +393,14 @@ class NftBanSets:
         """replace_prefixes() for sets that may hold the list already (a restart after
         on_stop: keep or a crash, issue 35; netlimitd's reload after an apply or drift):
         read what they hold (one dump, matched as bytes) and write only the difference
-        (_difference): a prefix held with its time
-        about right stays untouched, one held too short (or far too long) is written anew
-        (removed and added in one transaction: never missing), one not in the list goes.
-        It is written in steps of about FILL_STEP elements that never leave a ban of the
-        list out (diff_steps; a small difference is one step): one transaction of 100,000
-        takes about 1 GiB of kernel memory (fill_in_steps). Empty sets are filled in steps; sets
-        holding anything netlimit does not write, or a write refused twice: the sets are
-        written whole in one transaction (replace_prefixes). `held`: what the sets held a
+        (_difference): a prefix held with its time about right stays untouched, one held
+        too short (or far too long) is written anew (removed and added in one
+        transaction: never missing), one not in the list goes. It is written in steps of
+        about FILL_STEP elements that never leave a ban of the list out (diff_steps; a
+        small difference is one step): one transaction of 100,000 takes about 1 GiB of
+        kernel memory (fill_in_steps). Empty sets are filled in steps; sets holding
+        anything netlimit does not write, or a write refused twice: the sets are written
+        whole in one transaction (replace_prefixes). `held`: what the sets held a
         moment ago (held(), read beside the start's other work), used when no commit was
         made since (the ruleset's generation is the same), else the sets are read now.
         What was done: {"write": "diff"|"whole", "held", "added", "removed", "held_from":
