@@ -498,7 +498,7 @@ class BanFollower:
             for n, dl in self.index.shown.items()
             if dl - now > 0.05
         ]
-        prefixes.sort()  # ascending, as sync_prefixes takes them (the index shows no prefix inside another)
+        prefixes.sort()  # ascending, as sync_prefixes takes them (on nftables the index shows none inside another)
         t0 = time.monotonic()
         try:
             done = self.kernel.bans_sync_prefixes(prefixes)
