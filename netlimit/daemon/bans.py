@@ -41,7 +41,7 @@ from .readahead import AHEAD_SWITCH, ReadAhead
 from .startphases import difference
 
 #: what a kernel write reports that bans.last_load carries (banset.sync_prefixes)
-_LOAD_KEYS = ("write", "held", "added", "removed", "held_from", "why", "steps")
+_LOAD_KEYS = ("write", "held", "added", "removed", "held_from", "why", "steps", "foreign")
 log = logging.getLogger("netlimit.daemon")
 
 #: expiries are handled at most this often (a list of 100,000 bans expires continuously)

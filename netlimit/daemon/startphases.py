@@ -89,8 +89,11 @@ def difference(done: dict[str, Any]) -> str:
     """What a difference written to the ban sets was (banset.sync_prefixes' report, a
     "diff"): for the ready line and netlimitd's log lines of every load."""
     steps = done.get("steps") or 1
-    return f"{done.get('added', 0)} written, {done.get('removed', 0)} removed" + (
-        f" in {steps} steps" if steps > 1 else ""
+    foreign = done.get("foreign") or 0
+    return (
+        f"{done.get('added', 0)} written, {done.get('removed', 0)} removed"
+        + (f" ({foreign} of them not written by netlimit)" if foreign else "")
+        + (f" in {steps} steps" if steps > 1 else "")
     )
 
 

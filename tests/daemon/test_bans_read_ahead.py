@@ -126,6 +126,9 @@ def test_a_difference_is_told_the_same_on_the_ready_line_and_in_the_log():
     done = {"write": "diff", "held": 9, "added": 3, "removed": 2, "steps": 1, "held_from": "dump"}
     assert difference(done) == "3 written, 2 removed"
     assert difference(dict(done, steps=4)) == "3 written, 2 removed in 4 steps"
+    assert difference(dict(done, steps=4, foreign=1)) == (
+        "3 written, 2 removed (1 of them not written by netlimit) in 4 steps"
+    )
     assert _written(dict(done, steps=4)) == "; 3 written, 2 removed in 4 steps"
     assert _write(dict(done, steps=4)).startswith(": 3 written, 2 removed in 4 steps, 9 held before")
     assert _written({"write": "whole", "added": 5}) == _written(None) == ""

@@ -198,7 +198,7 @@ def test_drift_of_the_elements_is_repaired(hosts, daemons, redis_server, redis_l
     wait_for(lambda: set(kernel(hosts[0])) == want, 10, "the bans in the kernel")
     loads = d.status()["bans"]["loads"]
     # one transaction: the /24 gone, two strangers in (of the form netlimit writes: with a
-    # timeout; an element without one makes the sync write the sets whole)
+    # timeout; an element without one is taken out first, below)
     drift = "flush set inet netlimit bans4; add element inet netlimit banhosts4 "
     drift += "{ 192.0.2.9 timeout 1h, 192.0.2.10 timeout 1h }"
     sh("ip", "netns", "exec", hosts[0], "nft", drift)
@@ -206,6 +206,13 @@ def test_drift_of_the_elements_is_repaired(hosts, daemons, redis_server, redis_l
     # the repair wrote only what drifted (banset.sync_prefixes), not the whole list anew
     last = wait_for(lambda: (s := d.status()["bans"])["loads"] > loads and s["last_load"], 10, "the repair's report")
     assert (last["reason"], last["write"], last["added"], last["removed"]) == ("drift", "diff", 1, 2), last
+    # an address added by hand to the interval set without a timeout: taken out in one
+    # small transaction, not by a whole write of the list (bansets.foreign_clearing)
+    loads = d.status()["bans"]["loads"]
+    sh("ip", "netns", "exec", hosts[0], "nft", "add element inet netlimit bans4 { 192.0.2.77 }")
+    wait_for(lambda: set(kernel(hosts[0])) == want, 10, "the hand-added address gone")
+    last = wait_for(lambda: (s := d.status()["bans"])["loads"] > loads and s["last_load"], 10, "the repair's report")
+    assert (last["write"], last["added"], last["removed"], last.get("foreign")) == ("diff", 0, 1, 1), last
     sh("ip", "netns", "exec", hosts[0], "nft", "delete", "table", "inet", "netlimit")
     wait_for(lambda: N("198.51.100.0/24") in kernel(hosts[0]), 10, "the table and the ban put back")
     assert d.status()["drift_repairs"] >= 2

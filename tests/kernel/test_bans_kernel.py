@@ -155,7 +155,8 @@ def test_what_the_sets_hold_read_fast_and_written_as_a_difference(topo):
     """held_prefixes() (one dump matched as bytes, a restart's diff, issue 35) reads what
     read() reads, the top of the address space and adjacent prefixes included; a set
     holding what netlimit does not write (a range that is no prefix, an element without
-    a timeout) reads as None, and sync_prefixes() then writes the sets whole."""
+    a timeout) reads as None, and sync_prefixes() then takes that out first (one small
+    transaction) and writes the difference."""
     import subprocess
 
     topo.apply(CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate=""))
@@ -207,7 +208,7 @@ def test_what_the_sets_hold_read_fast_and_written_as_a_difference(topo):
                         f"{{ {odd} }}"], check=True, capture_output=True)  # fmt: skip
         assert run_in_netns(topo.srv, s._read_held) is None, odd
         done = run_in_netns(topo.srv, lambda: s.sync_prefixes(less))
-        assert done["write"] == "whole", (odd, done)
+        assert (done["write"], done["added"], done["removed"], done["foreign"]) == ("diff", 0, 1, 1), (odd, done)
         assert set(run_in_netns(topo.srv, held)) == set(after)
         assert set(run_in_netns(topo.srv, s.read)) == set(after)
 
@@ -414,3 +415,66 @@ def test_a_large_change_is_written_in_steps_that_never_drop_a_ban(topo, monkeypa
         run_in_netns(topo.srv, lambda: s.change(add, remove))
     part = set(run_in_netns(topo.srv, s.read))
     assert untouched <= part and part & set(add) and not set(add) <= part, part
+
+
+def test_what_netlimit_does_not_write_is_taken_out_without_dropping_a_ban(topo, monkeypatch):
+    """Elements added by hand (no timeout, an address or a range in the interval set)
+    made every sync write the list whole in one transaction (over 1 GiB of kernel
+    memory for 100,000 bans). Now one small transaction takes them out first
+    (bansets.foreign_clearing), adding with them each list prefix they overlap (a
+    wider one takes out the held prefixes it overlaps), and the rest is a difference
+    in steps. Between any two steps every address the list bans and something banned
+    before stays banned; the sets end holding the list, every element with its time."""
+    import subprocess
+
+    from netlimit.kernel.nft import bansets
+
+    topo.apply(CONFIG.format(exempt=topo.cli4b, limit="100/second", escalate=""))
+    s = ban_sets("nftables")
+    old = {N(f"10.0.{i}.0/24"): 600.0 for i in range(4)}
+    old.update({N(f"10.1.0.{i}/32"): 600.0 for i in range(4)})
+    old.update({N("10.8.2.0/24"): 600.0, N("10.10.0.0/16"): 600.0, N("2001:db8::/64"): 600.0})
+    run_in_netns(topo.srv, lambda: s.replace(old))
+    for where, odd in (
+        ("bans4", "10.9.3.3"),  # an address in the interval set, no timeout: on no list
+        ("bans4", "10.5.0.0/24"),  # no timeout: the new list has it
+        ("banhosts4", "10.6.0.6"),  # no timeout: the new list holds it in 10.6.0.0/16
+        ("bans4", "10.7.0.1-10.7.0.5 timeout 1h"),  # a range: the new list has 10.7.0.4
+        ("bans6", "2001:db8:9::1"),  # an address in the interval set: on no list
+        ("bans4", "10.8.1.1"),  # inside the new 10.8.0.0/16, beside the held 10.8.2.0/24 it drops
+        ("banhosts4", "10.10.0.5"),  # in the new 10.10.0.0/24, inside the held 10.10.0.0/16 it drops
+    ):
+        subprocess.run(["ip", "netns", "exec", topo.srv, "nft", "add", "element", "inet", "netlimit", where,
+                        f"{{ {odd} }}"], check=True, capture_output=True)  # fmt: skip
+    new = {n: left for n, left in old.items() if n not in (N("10.8.2.0/24"), N("10.10.0.0/16"))}
+    new.update({N("10.10.0.0/24"): 500.0, N("10.10.7.0/24"): 500.0})  # the latter: held only by the /16
+    new.update({N("10.5.0.0/24"): 500.0, N("10.6.0.0/16"): 500.0, N("10.7.0.4/32"): 500.0, N("10.8.0.0/16"): 500.0})
+    new.update({N(f"10.4.0.{i}/32"): 400.0 for i in range(5)})  # more to write: several steps
+    keep = [a for n in new for a in (n.network_address, n.broadcast_address)]
+    odd_ones = ("10.5.0.9", "10.6.0.6", "10.7.0.4", "10.8.1.1", "10.8.2.2", "10.10.0.5", "10.10.7.7")
+    keep += [ipaddress.ip_address(a) for a in odd_ones]
+    banned_before = {a for a in keep if any(a in n for n in run_in_netns(topo.srv, s.read))}
+    keep_banned = {a for a in banned_before if any(a in n for n in new)}
+    assert {ipaddress.ip_address(a) for a in odd_ones} - {ipaddress.ip_address("10.8.2.2")} <= keep_banned
+
+    monkeypatch.setattr(bansets, "FILL_STEP", 4)
+    between = steps_seen(monkeypatch, s)
+    prefixes = sorted((n.version, int(n.network_address), n.prefixlen, left) for n, left in new.items())
+    done = run_in_netns(topo.srv, lambda: s.sync_prefixes(prefixes))
+    assert (done["write"], done["foreign"]) == ("diff", 7), done
+    assert len(between) >= 3, between  # the clearing, then the difference in steps
+    for now in between:
+        missing = {a for a in keep_banned if not any(a in n for n in now)}
+        assert not missing, (missing, now)
+    got = run_in_netns(topo.srv, s.read)
+    assert set(got) == set(new), got
+    assert all(left is not None and left > 300 for left in got.values()), got
+    assert run_in_netns(topo.srv, s._read_held) is not None
+
+    # more foreign elements than one small transaction takes: written whole, as before
+    monkeypatch.setattr(bansets, "FOREIGN_MOST", 3)
+    subprocess.run(["ip", "netns", "exec", topo.srv, "nft", "add", "element", "inet", "netlimit", "bans4",
+                    "{ 10.9.0.1, 10.9.0.3 }"], check=True, capture_output=True)  # fmt: skip
+    done = run_in_netns(topo.srv, lambda: s.sync_prefixes(prefixes))
+    assert (done["write"], done["why"]) == ("whole", "unread"), done
+    assert set(run_in_netns(topo.srv, s.read)) == set(new)

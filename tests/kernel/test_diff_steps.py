@@ -112,3 +112,85 @@ def test_elements_made_from_integers_are_those_made_of_network_objects():
         want = [m for c in _changes(a, r, flush=False) if not c.empty for m in nfelements._messages(c, 1, 1)]
         got = [m for c in _tuple_changes(ta, tr) if not c.empty for m in nfelements._messages(c, 1, 1)]
         assert got == want
+
+
+# --- what netlimit does not write, taken out in one transaction (foreign_plan) ---------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    held=st.lists(st.one_of(_V4, _V6), max_size=30),
+    odd=st.lists(
+        st.tuples(st.one_of(_V4, _V6), st.sampled_from(["host", "prefix", "single", "range"]), st.integers(1, 9)),
+        max_size=8,
+    ),
+    wanted=st.lists(st.one_of(_V4, _V6), max_size=30),
+)
+def test_taking_out_what_netlimit_does_not_write_keeps_every_ban(held, odd, wanted):
+    """On a model of the four sets: the one transaction foreign_plan() makes takes out
+    every element netlimit does not write (no timeout, an address or a range that is no
+    prefix in an interval set), removes only what the sets hold, leaves no two
+    overlapping intervals (the kernel refuses them), and every address the list bans
+    that was banned before it (by netlimit's elements or the foreign ones) still is."""
+    from netlimit.kernel.nft import elements as nfelements
+    from netlimit.kernel.nft.bansets import foreign_plan
+
+    h = _disjoint([_prefix(t) for t in held])
+    w = sorted(_disjoint([_prefix(t) for t in wanted]))
+    hosts = {(v, a): True for v, a, p in h if p == (32 if v == 4 else 128)}  # -> has a timeout
+    spans = {(v,) + _span(v, a, p): True for v, a, p in h if p < (32 if v == 4 else 128)}
+    for t, kind, length in odd:  # foreign elements, where the kernel would take them
+        v, a, p = _prefix(t)
+        bits = 32 if v == 4 else 128
+        if kind == "host":
+            hosts.setdefault((v, a), False)
+            continue
+        lo, hi = (a, a + 1) if kind == "single" else (a, a + length + 1) if kind == "range" else _span(v, a, p)
+        if any(u == v and f < hi and lo < e for u, f, e in spans):
+            continue  # the kernel refuses an overlapping interval
+        spans[(v, lo, hi)] = kind in ("single", "range") and length % 2 == 0  # some with a timeout
+    raw: dict[tuple[int, bool], list] = {(4, False): [], (4, True): [], (6, False): [], (6, True): []}
+    for (v, a), timed in hosts.items():
+        width = 4 if v == 4 else 16
+        raw[(v, False)].append(nfelements.Element(a.to_bytes(width, "big"), False, 1000 if timed else None))
+    for v in (4, 6):
+        raw[(v, True)].append(nfelements.Element(bytes(4 if v == 4 else 16), True, None))  # the lower bound
+    for (v, lo, hi), timed in spans.items():
+        width = 4 if v == 4 else 16
+        raw[(v, True)].append(nfelements.Element(lo.to_bytes(width, "big"), False, 1000 if timed else None))
+        raw[(v, True)].append(nfelements.Element(hi.to_bytes(width, "big"), True, None))
+
+    def banned(state_hosts, state_spans, v, x):
+        return (v, x) in state_hosts or any(u == v and lo <= x < hi for u, lo, hi in state_spans)
+
+    prefixes = [(v, a, p, 600.0) for v, a, p in w]
+    adds, removes, gone = foreign_plan(prefixes, raw)
+    ours = {(v, lo, hi) for v, lo, hi in spans if not _foreign_span(lo, hi, spans[(v, lo, hi)])}
+    foreign_hosts = {k for k, timed in hosts.items() if not timed}
+    assert sorted((v, a) for v, interval, a, _e in gone if not interval) == sorted(foreign_hosts)
+    assert sorted((v, a, e) for v, interval, a, e in gone if interval) == sorted(set(spans) - ours)
+    after_hosts = set(hosts) - foreign_hosts
+    after_spans = set(ours)
+    for v, a, p in removes:  # only netlimit's own, held
+        bits = 32 if v == 4 else 128
+        assert p < bits and (v,) + _span(v, a, p) in after_spans, (v, a, p)
+        after_spans.remove((v,) + _span(v, a, p))
+    for v, a, p, _left in adds:
+        if p == (32 if v == 4 else 128):
+            after_hosts.add((v, a))
+        else:
+            after_spans.add((v,) + _span(v, a, p))
+    ordered = sorted(after_spans)
+    for (v1, _lo1, hi1), (v2, lo2, _hi2) in zip(ordered, ordered[1:]):
+        assert v1 != v2 or hi1 <= lo2, ordered  # no two overlapping intervals
+    points = {(v, x) for v, a, p in w for x in (a, _span(v, a, p)[1] - 1)}
+    points |= {(v, x) for v, lo, hi in spans for x in (lo, hi - 1)} | set(hosts)
+    for v, x in points:
+        listed = any(u == v and _span(u, a, p)[0] <= x < _span(u, a, p)[1] for u, a, p in w)
+        if listed and banned(set(hosts), set(spans), v, x):
+            assert banned(after_hosts, after_spans, v, x), (v, x, adds, removes, gone)
+
+
+def _foreign_span(lo: int, hi: int, timed: bool) -> bool:
+    size = hi - lo
+    return not timed or size == 1 or bool(size & (size - 1)) or bool(lo & (size - 1))

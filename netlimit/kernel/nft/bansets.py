@@ -32,6 +32,9 @@ SYNC_LONG_S = 60.0
 #: elements per transaction when filling empty sets (fill_in_steps): 5 netlink messages;
 #: 100,000 bans took 8-46 MiB at the peak in steps, 0.56-1.1 GiB in one (ban_drills --only write)
 FILL_STEP = 5000
+#: at most this many elements in the one transaction that takes out of the sets what
+#: netlimit does not write (foreign_clearing; more: the sets are written whole)
+FOREIGN_MOST = FILL_STEP
 
 
 def fill_in_steps(changes: list[nfelements.Change], starts: dict[str, list[int]]) -> None:
@@ -154,6 +157,133 @@ def diff_steps(add_t: list[Add], remove_t: list[Remove], step: int) -> list[tupl
     if adds or removes:
         out.append((adds, removes))
     return out
+
+
+Raw = list[nfelements.Element]  # one set's elements as the kernel holds them (nfelements.read)
+
+
+Gone = tuple[int, bool, int, int]  # an element netlimit did not write: (version, interval set?, first, after)
+
+
+def foreign_plan(prefixes: list[Add], held: dict[tuple[int, bool], Raw]) -> tuple[list[Add], list[Remove], list[Gone]]:
+    """What to take out of the sets that netlimit does not write -- an element without a
+    timeout (`nft add element` by hand), an address or a range that is no CIDR prefix in
+    an interval set (netlimit before the hash sets, or a hand) -- and what to write with
+    it so that no ban of the list is left out: each list prefix that overlaps such an
+    element and is not held as netlimit writes it, with its time; a wider one takes
+    out the held prefixes it overlaps too (the kernel refuses overlapping intervals, and
+    the list holds no prefix inside another, so they are not on it), and with each of
+    those the list's prefixes inside it are written too. `held`: (family,
+    interval set?) -> its elements (nfelements.read). Returns (adds, removes, gone)."""
+    add_t: list[Add] = []
+    remove_t: list[Remove] = []
+    gone: list[Gone] = []
+    for v, width in ((4, 4), (6, 16)):
+        bits = 8 * width
+        top = 1 << bits
+        ours_hosts: set[int] = set()
+        ours_spans: list[tuple[int, int]] = []  # netlimit's prefixes in the interval set: (first, after)
+        foreign: list[tuple[int, int]] = []  # what foreign elements ban: (first, after)
+        for el in held.get((v, False), []):
+            a = int.from_bytes(el.key, "big")
+            if el.left_ms is None:
+                foreign.append((a, a + 1))
+                gone.append((v, False, a, a + 1))
+            else:
+                ours_hosts.add(a)
+        els = sorted(held.get((v, True), []), key=lambda el: (el.key, not el.end))
+        i = 0
+        while i < len(els):
+            first = els[i]
+            i += 1
+            if first.end:  # the set's lower bound (an end at 0): netlimit's, left alone
+                continue
+            a = int.from_bytes(first.key, "big")
+            last = els[i] if i < len(els) and els[i].end else None  # none: it reaches the top
+            after = top if last is None else int.from_bytes(last.key, "big")
+            i += last is not None
+            size = after - a
+            if first.left_ms is not None and size > 1 and not size & (size - 1) and not a & (size - 1):
+                ours_spans.append((a, after))
+            else:  # no timeout, a single address, or a range no prefix
+                foreign.append((a, after))
+                gone.append((v, True, a, after))
+        if not foreign:
+            continue
+        ours_spans.sort()
+        firsts = [a for a, _after in ours_spans]
+        ours_set = set(ours_spans)
+        mine = [t for t in prefixes if t[0] == v]
+        starts = [t[1] for t in mine]
+        todo = [t for f, after in foreign for t in _overlapping(mine, starts, bits, f, after)]
+        seen: set[tuple[int, int]] = set()
+        dropped: set[tuple[int, int]] = set()
+        while todo:
+            t = todo.pop()
+            _v, a, p, _left = t
+            if (a, p) in seen:
+                continue
+            seen.add((a, p))
+            if p == bits:
+                if a not in ours_hosts:
+                    add_t.append(t)
+                continue
+            after = a + (1 << (bits - p))
+            if (a, after) in ours_set:
+                continue
+            add_t.append(t)
+            k = max(0, bisect.bisect_right(firsts, a) - 1)
+            while k < len(ours_spans) and ours_spans[k][0] < after:  # held prefixes it overlaps: not on the list
+                f0, a0 = ours_spans[k]
+                if a0 > a and (f0, a0) not in dropped:
+                    dropped.add((f0, a0))
+                    remove_t.append((v, f0, bits - (a0 - f0).bit_length() + 1))
+                    todo += _overlapping(mine, starts, bits, f0, a0)  # the list's inside it: written with it
+                k += 1
+    return sorted(add_t), sorted(set(remove_t)), gone
+
+
+def _overlapping(mine: list[Add], starts: list[int], bits: int, f: int, after: int) -> list[Add]:
+    """The prefixes of `mine` (one family's, sorted, disjoint; `starts` their first
+    addresses) that overlap [f, after)."""
+    out = []
+    k = max(0, bisect.bisect_right(starts, f) - 1)
+    while k < len(mine) and mine[k][1] < after:
+        t = mine[k]
+        if t[1] + (1 << (bits - t[2])) > f:
+            out.append(t)
+        k += 1
+    return out
+
+
+def foreign_clearing(
+    prefixes: list[Add], held: dict[tuple[int, bool], Raw], limit: int
+) -> tuple[list[nfelements.Change], dict[str, int]] | None:
+    """foreign_plan() as one transaction, so that held_prefixes() can read the sets
+    again and the difference be written in steps (sync_prefixes) instead of the whole
+    list in one transaction of over 1 GiB. None when nothing is foreign, or the
+    transaction would pass `limit` elements (the caller writes the sets whole, as
+    before). Returns the changes and their counts: "foreign" (what netlimit did not
+    write: an address, a prefix or a range each), "added" and "removed" (the list's
+    prefixes written with them, the held ones they overlapped)."""
+    add_t, remove_t, gone = foreign_plan(prefixes, held)
+    raw: dict[tuple[int, bool], list[bytes]] = {}
+    for v, interval, a, after in gone:
+        width = 4 if v == 4 else 16
+        plain, end = nfelements.KEYS[width]
+        els = raw.setdefault((v, interval), [])
+        els.append(plain + a.to_bytes(width, "big"))  # an address, or an interval's start
+        if interval and after < 1 << (8 * width):
+            els.append(end + after.to_bytes(width, "big"))
+    n_elements = sum(map(len, raw.values()))
+    if not gone or n_elements + 2 * (len(add_t) + len(remove_t)) > limit:
+        return None
+    out = []
+    for c in _tuple_changes(add_t, remove_t):
+        v = 4 if c.set in (NFT_BAN_HOST_SETS[4], NFT_BAN_SETS[4]) else 6
+        removals = (c.removals or []) + raw.get((v, c.interval), [])
+        out.append(nfelements.Change(c.table, c.set, c.interval, elements=c.elements, removals=removals or None))
+    return out, {"foreign": len(gone), "added": len(add_t), "removed": len(remove_t)}
 
 
 @dataclass(frozen=True)
@@ -398,15 +528,24 @@ class NftBanSets:
         transaction: never missing), one not in the list goes. It is written in steps of
         about FILL_STEP elements that never leave a ban of the list out (diff_steps; a
         small difference is one step): one transaction of 100,000 takes about 1 GiB of
-        kernel memory (fill_in_steps). Empty sets are filled in steps; sets holding
-        anything netlimit does not write, or a write refused twice: the sets are written
-        whole in one transaction (replace_prefixes). `held`: what the sets held a
-        moment ago (held(), read beside the start's other work), used when no commit was
-        made since (the ruleset's generation is the same), else the sets are read now.
+        kernel memory (fill_in_steps). Empty sets are filled in steps. Sets holding
+        what netlimit does not write (an element added by hand without a timeout, an
+        address or a range in an interval set) have that taken out first, in one small
+        transaction that keeps every ban (foreign_clearing); more of it than FOREIGN_MOST
+        elements, or a write refused twice: the sets are written whole in one transaction
+        (replace_prefixes). `held`: what the sets held a moment ago (held(), read
+        beside the start's other work), used when no commit was made since (the
+        ruleset's generation is the same), else the sets are read now.
         What was done: {"write": "diff"|"whole", "held", "added", "removed", "held_from":
         "prefetch"|"dump", and "why" (whole: "empty"|"unread"|"refused") or "steps" and
-        "attempts" (a diff)}."""
+        "attempts" (a diff, and "foreign": what netlimit did not write, taken out first;
+        it and what was written with it are counted in "added" and "removed")}."""
         found, age, source = self._held_now(held)
+        cleared = {"foreign": 0, "added": 0, "removed": 0}
+        if found is None:  # something netlimit does not write: taken out first, if it is a few
+            cleared = self._clear_foreign(prefixes) or cleared
+            if cleared["foreign"]:
+                found, age, source = self._read_held(), 0.0, "dump"
         if found is None:
             self.replace_prefixes(prefixes)
             return {
@@ -421,8 +560,11 @@ class NftBanSets:
             return dict(whole, why="empty")
         add_t, remove_t = _difference(prefixes, found, age)
         done: dict[str, int | str] = {
-            "write": "diff", "held": n_held, "added": len(add_t), "removed": len(remove_t), "held_from": source
+            "write": "diff", "held": n_held, "added": len(add_t) + cleared["added"],
+            "removed": len(remove_t) + cleared["removed"] + cleared["foreign"], "held_from": source,
         }  # fmt: skip
+        if cleared["foreign"]:
+            done["foreign"] = cleared["foreign"]
         # in steps of about FILL_STEP elements that never leave a ban out (diff_steps; a
         # small difference is one step): one transaction of 100,000 takes about 1 GiB of
         # kernel memory. A refused step -- most often a dropped prefix that expired in the
@@ -441,6 +583,28 @@ class NftBanSets:
                 add_t, remove_t = _difference(prefixes, found, 0.0)
         self.replace_prefixes(prefixes)
         return dict(whole, why="refused")
+
+    def _clear_foreign(self, prefixes: list[Add]) -> dict[str, int] | None:
+        """foreign_clearing() of what the sets hold now (read() of each: slower than the
+        byte match, but only where that failed), written; its counts. None: nothing
+        foreign found, too much of it, a set missing, or the transaction refused (the
+        caller then writes the sets whole)."""
+        held: dict[tuple[int, bool], Raw] = {}
+        for v in (4, 6):
+            for interval, name in ((False, NFT_BAN_HOST_SETS[v]), (True, NFT_BAN_SETS[v])):
+                els = nfelements.read(NFT_TABLE, name, NFT_FAMILY)
+                if els is None:
+                    return None
+                held[(v, interval)] = els
+        plan = foreign_clearing(prefixes, held, FOREIGN_MOST)
+        if plan is None:
+            return None
+        changes, counts = plan
+        try:
+            nfelements.write(changes, NFT_FAMILY)
+        except NetlinkError:
+            return None
+        return counts
 
     def _change_t(self, add_t: list[Add], remove_t: list[Remove]) -> None:
         """change() from tuples (one transaction), its elements made from the integers as
