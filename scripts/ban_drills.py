@@ -39,6 +39,9 @@ write    (nftables; not in the default set) `--bans` prefixes written into host 
          as sync_prefixes does it (the difference in steps, kernel/nft/bansets.diff_steps);
          and that difference handed to change() (netlimitd back from a long outage of
          the list's store): in one transaction (change() before stop 46) and in steps.
+         Last, the list held with one address added by hand without a timeout: written
+         whole in one transaction (before stop 47), and as sync_prefixes does it now
+         (the address taken out in one small transaction, bansets.foreign_clearing).
 outage   a client banned for 4 s; Redis is killed: host B keeps dropping it, then lets
          it through again when its time is up (measured against the expiry); Redis comes
          back empty and the daemons follow it again.
@@ -829,6 +832,18 @@ def write(f: Fleet, n: int, rounds: int) -> dict:
             return measure(lambda: sets.change(added, removed), nets)
         return measure(lambda: nfelements.write(_changes(added, removed, flush=False), NFT_FAMILY), nets)
 
+    def foreign(cleared: bool) -> dict:
+        """The list held, and one address added to it by hand without a timeout (`nft add
+        element`): sync_prefixes takes it out in one small transaction and finds nothing
+        else to write, or the whole write in one transaction (what it did before stop 47)."""
+        run_in_netns(ns, lambda: sets.replace({}))
+        run_in_netns(ns, lambda: sets.replace_prefixes(prefixes, empty=True))
+        hand = next(str(a) for a in ipaddress.ip_network("198.51.100.0/24") if not any(a in x for x in nets))
+        sh("ip", "netns", "exec", ns, "nft", "add", "element", "inet", "netlimit", "banhosts4", f"{{ {hand} }}")
+        if cleared:
+            return measure(lambda: sets.sync_prefixes(prefixes), nets)
+        return measure(lambda: sets.replace_prefixes(prefixes), nets)
+
     def measure(fn, want: list) -> dict:
         low, done = [free_kib()], threading.Event()
 
@@ -866,7 +881,10 @@ def write(f: Fleet, n: int, rounds: int) -> dict:
     before = [(x.version, int(x.network_address), x.prefixlen, 3600.0) for x in other]
     added = dict.fromkeys(set(nets) - set(other), 3600.0)
     removed = sorted(set(other) - set(nets), key=lambda x: (x.version, int(x.network_address)))
-    ways = ("one_transaction", "steps", "over_whole", "over_diff_steps", "change_one_transaction", "change_steps")
+    ways = (
+        "one_transaction", "steps", "over_whole", "over_diff_steps", "change_one_transaction", "change_steps",
+        "foreign_whole", "foreign_cleared",
+    )  # fmt: skip
     runs: dict[str, list[dict]] = {w: [] for w in ways}
     for _ in range(rounds):
         runs["one_transaction"].append(once(False))
@@ -875,6 +893,8 @@ def write(f: Fleet, n: int, rounds: int) -> dict:
         runs["over_diff_steps"].append(over(True))
         runs["change_one_transaction"].append(change(False))
         runs["change_steps"].append(change(True))
+        runs["foreign_whole"].append(foreign(False))
+        runs["foreign_cleared"].append(foreign(True))
     run_in_netns(ns, lambda: sets.replace({}))
     f.start_daemon("b")
     ok = all(r["whole"] for v in runs.values() for r in v)
