@@ -85,6 +85,23 @@ def test_too_many_nodes_is_refused_where_the_count_runs_out():
     ]
 
 
+def test_a_5000_rule_file_is_within_the_budgets():
+    """The largest file the benchmarks apply (docs/benchmarks.md: kernel apply, 5,000
+    rules, about 60,000 nodes in 450 KB) loads: a budget of 50,000 nodes refused it."""
+    rules = []
+    for i in range(5000):
+        if i % 2:
+            rules.append(f"  - {{name: r{i}, protocol: tcp, ports: [{10000 + i}], max_connections: 20}}")
+        else:
+            rules.append(
+                f"  - {{name: r{i}, protocol: tcp, ports: [{10000 + i}], limit: 100/second, burst: 10, "
+                "per: source, htable_size: 256}"
+            )
+    text = "version: 1\nexempt: [127.0.0.0/8]\nnetwork:\n" + "\n".join(rules) + "\n"
+    assert len(text) < MAX_FILE_BYTES
+    assert len(load_string(text, "big.yaml").config.network) == 5000
+
+
 def test_deep_nesting_is_refused_at_the_level_past_the_cap():
     text = "x: " + "[" * 100 + "]" * 100 + "\n"
     # the root mapping is level 1, so the 64th "[" (column 67) is level 65
