@@ -196,9 +196,22 @@ def test_sighup_reloads_every_worker(tmp_path):
         mark = w.mark()
         w.proc.send_signal(signal.SIGHUP)
         w.wait_count(r"reloaded \(SIGHUP\)", 3, timeout=30, start=mark)
-        # a new limit is a new state: 50 more, whichever worker answers
+        # a new limit is a new state: 50 more, whichever worker answers, never more. A
+        # unit still held in one worker's lease when another is asked is denied early
+        # (the price of leases, 20 ms of demand at most); given back within LEASE_TTL
+        # and a tick, it goes to a later request (seen once in CI: 49 of the 60)
         got = [request(w.port, "GET", "/v1/check", key).status for _ in range(60)]
-        assert got.count(200) == 50
+        admitted = [got.count(200)]
+        assert admitted[0] <= 50, got
+
+        def topped_up() -> bool:
+            admitted[0] += request(w.port, "GET", "/v1/check", key).status == 200
+            return admitted[0] >= 50
+
+        if admitted[0] < 50:
+            wait_for(topped_up, 10, f"the units held in leases admitted ({admitted[0]} of 50)")
+        assert admitted[0] == 50
+        assert request(w.port, "GET", "/v1/check", key).status == 429
         # a broken file keeps every worker's rules
         (tmp_path / "netlimit.yaml").write_text("version: 1\nhttp: {descriptors: [{key: 7}]}\n")
         mark = w.mark()
